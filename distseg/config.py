@@ -1,0 +1,200 @@
+"""The resolved configuration of a training run: one frozen tree of dataclasses.
+
+Layering: preset defaults -> optional JSON file (``--config``) -> command-line flags.
+``Config.validate()`` raises ``ValueError`` naming the offending field; the resolved
+config is written to ``RUN/config.json`` by rank 0 and hashed into every rank's
+``run`` log record, so runs of different configs can be told apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+LR_SCALINGS = ("linear", "sqrt", "none")
+LOSSES = ("dice", "dice_ce")
+NORMS = ("batch", "none")
+CLASS_NAMES = ("background", "liver", "lesion")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """U-Net hyper-parameters (see ``distseg.model.build_unet``)."""
+
+    image_size: int = 240
+    """Input height and width; must be divisible by 2**depth."""
+    depth: int = 4
+    """Number of poolings (the classic U-Net has 4)."""
+    base_filters: int = 64
+    """Filters of the first level; doubled at each pooling."""
+    dropout: float = 0.0
+    """Dropout rate applied in the bottleneck (0 disables it)."""
+    norm: str = "batch"
+    """Normalisation after each convolution: ``batch`` or ``none``."""
+    num_classes: int = len(CLASS_NAMES)
+    """Output classes: 0 background, 1 liver, 2 lesion."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and distribution settings."""
+
+    epochs: int = 10
+    batch_size: int = 8
+    """Samples per rank per step (the global batch is ``batch_size * size``)."""
+    lr: float = 1e-4
+    """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
+    lr_scaling: str = "linear"
+    """``linear`` (lr * size), ``sqrt`` (lr * sqrt(size)) or ``none``."""
+    warmup_epochs: float = 1.0
+    """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
+    loss: str = "dice"
+    """``dice`` (negative mean soft Dice over classes) or ``dice_ce`` (plus cross-entropy)."""
+    seed: int = 0
+    """Global seed: model init (rank 0's, broadcast) and the per-epoch shard permutation."""
+    intra_op_threads: int = 0
+    """TensorFlow intra-op threads per rank; 0 means OMP_NUM_THREADS or cores / ranks per node."""
+    inter_op_threads: int = 0
+    """TensorFlow inter-op threads per rank; 0 means 1 with <= 2 cores per rank, else 2."""
+    checkpoint_every: int = 1
+    """Save a checkpoint (rank 0 only) every this many epochs; 0 saves only the last."""
+    keep_checkpoints: int = 3
+    """How many epoch checkpoints to keep."""
+    max_steps_per_epoch: int = 0
+    """Cap on steps per epoch (0: a full pass); for smoke tests and benchmarks."""
+    validate: bool = True
+    """Run the sharded validation after each epoch."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from and how it is fed."""
+
+    path: str = ""
+    """HDF5 file in the distseg format (see README, 'Data format')."""
+    resize: bool = False
+    """Resize slices whose size differs from ``model.image_size`` instead of refusing them."""
+    prefetch: int = 2
+    """Batches read ahead by a background thread."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs; written to ``RUN/config.json``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run_dir: str = ""
+
+    def validate(self) -> "Config":
+        """Raises ``ValueError`` naming the first bad field; returns self."""
+        m, t = self.model, self.train
+        checks = [
+            (m.image_size >= 8, "model.image_size", f"must be >= 8, got {m.image_size}"),
+            (m.depth >= 1, "model.depth", f"must be >= 1, got {m.depth}"),
+            (m.image_size % (2 ** m.depth) == 0, "model.image_size",
+             f"{m.image_size} is not divisible by 2**depth = {2 ** m.depth}"),
+            (m.base_filters >= 1, "model.base_filters", f"must be >= 1, got {m.base_filters}"),
+            (0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}"),
+            (m.norm in NORMS, "model.norm", f"must be one of {NORMS}, got {m.norm!r}"),
+            (m.num_classes >= 2, "model.num_classes", f"must be >= 2, got {m.num_classes}"),
+            (t.epochs >= 1, "train.epochs", f"must be >= 1, got {t.epochs}"),
+            (t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}"),
+            (t.lr > 0, "train.lr", f"must be > 0, got {t.lr}"),
+            (t.lr_scaling in LR_SCALINGS, "train.lr_scaling",
+             f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
+            (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
+            (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
+            (t.intra_op_threads >= 0, "train.intra_op_threads", "must be >= 0"),
+            (t.inter_op_threads >= 0, "train.inter_op_threads", "must be >= 0"),
+            (t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0"),
+            (t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1"),
+            (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
+            (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
+            (bool(self.data.path), "data.path", "is required (--data FILE.h5)"),
+            (bool(self.run_dir), "run_dir", "is required (--run-dir DIR)"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"config field {name} {why}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default() -> Config:
+    """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params)."""
+    return Config()
+
+
+def liver2d() -> Config:
+    return default()
+
+
+def demo() -> Config:
+    """The bundled LiTS case at 128x128 with a small U-Net: minutes on a laptop."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, image_size=128, base_filters=16),
+        train=dataclasses.replace(base.train, epochs=8, batch_size=8, lr=1e-3, warmup_epochs=1.0),
+    )
+
+
+def smoke() -> Config:
+    """A tiny model on tiny data for tests: seconds per epoch."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4),
+        train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0),
+    )
+
+
+PRESETS = {"liver2d": liver2d, "demo": demo, "smoke": smoke}
+
+
+def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
+    """Returns a copy of dataclass ``obj`` with nested ``updates`` applied."""
+    names = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in updates.items():
+        if key not in names:
+            raise ValueError(f"config field {where}{key} is unknown (known: {', '.join(names)})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config field {where}{key} must be a mapping")
+            changes[key] = _merge(current, value, f"{where}{key}.")
+        else:
+            changes[key] = type(current)(value) if current is not None else value
+    return dataclasses.replace(obj, **changes)
+
+
+def resolve(preset: str = "liver2d", file: str | None = None,
+            overrides: Mapping[str, Any] | None = None) -> Config:
+    """Layers preset -> JSON file -> overrides (``{"train.lr": 0.1}`` style) and validates."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset {preset!r} is unknown (known: {', '.join(PRESETS)})")
+    cfg = PRESETS[preset]()
+    if file:
+        try:
+            with open(file, encoding="utf-8") as f:
+                loaded = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"config file {file}: cannot be read as JSON ({e})") from e
+        cfg = _merge(cfg, loaded, "")
+    nested: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = nested
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return _merge(cfg, nested, "").validate()

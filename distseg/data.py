@@ -1,0 +1,322 @@
+"""The distseg HDF5 dataset format, its reader, and per-rank sharding.
+
+One HDF5 file per dataset (``FORMAT_VERSION`` 1):
+
+``images``   (N, H, W, 1) float32 or float16, already windowed and normalised to [0, 1].
+``masks``    (N, H, W) uint8 class ids: 0 background, 1 liver, 2 lesion.
+``case_id``  (N,) int: the volume each slice came from.
+``split``    (N,) uint8: 0 train, 1 val, 2 test; assigned per case, never per slice.
+
+File attributes: ``format_version``, ``source``, ``num_classes``, ``class_names``,
+``hu_window`` (low, high), ``spacing`` (z, y, x in mm; NaN where unknown).
+
+Datasets are chunked one slice per chunk, so a batch reads only its own slices: the
+file is never loaded whole. Nothing here imports TensorFlow or Horovod; callers pass
+``rank`` and ``size`` as ints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+SPLITS = {"train": 0, "val": 1, "test": 2}
+REQUIRED = ("images", "masks", "case_id", "split")
+
+
+class DatasetError(ValueError):
+    """A data file is missing, unreadable or not in the distseg format."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset holds, read from its metadata (no pixel data)."""
+
+    path: str
+    samples: int
+    height: int
+    width: int
+    dtype: str
+    num_classes: int
+    train_indices: np.ndarray
+    val_indices: np.ndarray
+    attrs: dict
+
+    def summary(self) -> dict:
+        return {
+            "path": os.path.abspath(self.path),
+            "samples": self.samples,
+            "train_samples": int(len(self.train_indices)),
+            "val_samples": int(len(self.val_indices)),
+            "image_size": [self.height, self.width],
+            "dtype": self.dtype,
+            "num_classes": self.num_classes,
+            "source": self.attrs.get("source", ""),
+        }
+
+
+def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.ndarray,
+                  split: np.ndarray, *, source: str, hu_window: Sequence[float],
+                  spacing: Sequence[float] = (math.nan, math.nan, math.nan),
+                  class_names: Sequence[str] = ("background", "liver", "lesion")) -> None:
+    """Writes arrays in the distseg format (one chunk per slice), atomically."""
+    images = np.asarray(images)
+    if images.ndim == 3:
+        images = images[..., None]
+    n, h, w, _ = images.shape
+    if masks.shape != (n, h, w):
+        raise DatasetError(f"{path}: masks shape {masks.shape} != images {(n, h, w)}")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("images", data=images, chunks=(1, h, w, 1))
+        f.create_dataset("masks", data=masks.astype(np.uint8), chunks=(1, h, w))
+        f.create_dataset("case_id", data=np.asarray(case_id, dtype=np.int32))
+        f.create_dataset("split", data=np.asarray(split, dtype=np.uint8))
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["source"] = source
+        f.attrs["num_classes"] = len(class_names)
+        f.attrs["class_names"] = list(class_names)
+        f.attrs["hu_window"] = np.asarray(hu_window, dtype=np.float64)
+        f.attrs["spacing"] = np.asarray(spacing, dtype=np.float64)
+    os.replace(tmp, path)
+
+
+def _open(path: str) -> h5py.File:
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: no such data file")
+    try:
+        # Locking off: many ranks open the same file read-only, often on Lustre/NFS.
+        return h5py.File(path, "r", locking=False)
+    except OSError as e:
+        raise DatasetError(f"{path}: not a readable HDF5 file ({e.__class__.__name__})") from e
+
+
+def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
+    """Validates a data file's structure and returns what it holds.
+
+    Reads metadata plus, with ``check_labels``, every mask once (slice by slice, uint8,
+    so a few MB at a time) to catch labels outside the declared classes before training.
+
+    Raises:
+      DatasetError: one line naming the file, the field and what was expected.
+    """
+    with _open(path) as f:
+        for name in REQUIRED:
+            if name not in f:
+                raise DatasetError(f"{path}: missing dataset '{name}' (need {', '.join(REQUIRED)})")
+        images, masks = f["images"], f["masks"]
+        if images.ndim != 4 or images.shape[-1] != 1:
+            raise DatasetError(f"{path}: 'images' has shape {images.shape}, expected (N, H, W, 1)")
+        if images.dtype not in (np.float32, np.float16):
+            raise DatasetError(f"{path}: 'images' has dtype {images.dtype}, expected float32 or float16")
+        n, h, w, _ = images.shape
+        if masks.shape != (n, h, w):
+            raise DatasetError(
+                f"{path}: 'masks' has shape {masks.shape}, expected {(n, h, w)} to match 'images'")
+        if masks.dtype != np.uint8:
+            raise DatasetError(f"{path}: 'masks' has dtype {masks.dtype}, expected uint8")
+        for name in ("case_id", "split"):
+            if f[name].shape != (n,):
+                raise DatasetError(f"{path}: '{name}' has shape {f[name].shape}, expected ({n},)")
+        if n == 0:
+            raise DatasetError(f"{path}: 'images' holds no slices")
+        num_classes = int(f.attrs.get("num_classes", 3))
+        split = f["split"][:]
+        case_id = f["case_id"][:]
+        if not np.isin(split, list(SPLITS.values())).all():
+            raise DatasetError(f"{path}: 'split' holds values other than 0 (train), 1 (val), 2 (test)")
+        for case in np.unique(case_id):
+            if len(np.unique(split[case_id == case])) > 1:
+                raise DatasetError(f"{path}: case {case} has slices in more than one split "
+                                   "(splits must be by case, never by slice)")
+        if check_labels:
+            for start in range(0, n, 64):
+                block = masks[start:start + 64]
+                top = int(block.max())
+                if top >= num_classes:
+                    bad = start + int(np.argmax(block.reshape(len(block), -1).max(axis=1) >= num_classes))
+                    raise DatasetError(f"{path}: 'masks' slice {bad} has label {top}, expected "
+                                       f"0..{num_classes - 1} (attribute num_classes={num_classes})")
+        attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+        return DatasetInfo(
+            path=path, samples=n, height=h, width=w, dtype=str(images.dtype),
+            num_classes=num_classes,
+            train_indices=np.flatnonzero(split == SPLITS["train"]),
+            val_indices=np.flatnonzero(split == SPLITS["val"]),
+            attrs=attrs,
+        )
+
+
+def resize_nearest(a: np.ndarray, size: int) -> np.ndarray:
+    """Nearest-neighbour resize of (B, H, W[, C]) to (B, size, size[, C])."""
+    h, w = a.shape[1:3]
+    rows = (np.arange(size) * h // size).astype(np.intp)
+    cols = (np.arange(size) * w // size).astype(np.intp)
+    return a[:, rows][:, :, cols]
+
+
+def resize_bilinear(a: np.ndarray, size: int) -> np.ndarray:
+    """Bilinear resize of (B, H, W, C) float images to (B, size, size, C)."""
+    h, w = a.shape[1:3]
+    def grid(n_in):
+        x = (np.arange(size) + 0.5) * n_in / size - 0.5
+        x = np.clip(x, 0, n_in - 1)
+        lo = np.floor(x).astype(np.intp)
+        hi = np.minimum(lo + 1, n_in - 1)
+        return lo, hi, (x - lo).astype(np.float32)
+    r0, r1, fr = grid(h)
+    c0, c1, fc = grid(w)
+    top = a[:, r0] * (1 - fr)[None, :, None, None] + a[:, r1] * fr[None, :, None, None]
+    return top[:, :, c0] * (1 - fc)[None, None, :, None] + top[:, :, c1] * fc[None, None, :, None]
+
+
+class SliceReader:
+    """Reads batches of slices by index from an open dataset, chunk by chunk."""
+
+    def __init__(self, path: str, image_size: int | None = None, resize: bool = False):
+        self._file = _open(path)
+        self._images = self._file["images"]
+        self._masks = self._file["masks"]
+        self.height, self.width = self._images.shape[1:3]
+        self.image_size = image_size
+        if image_size and (self.height, self.width) != (image_size, image_size) and not resize:
+            self._file.close()
+            raise DatasetError(
+                f"{path}: slices are {self.height}x{self.width} but --image-size is {image_size}; "
+                "pass --resize to resize them on the fly or --image-size "
+                f"{self.height} to match")
+        self._resize = bool(image_size) and (self.height, self.width) != (image_size, image_size)
+
+    def read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (images float32 (B,S,S,1), masks uint8 (B,S,S)) in the order given."""
+        idx = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        # h5py wants increasing, unique indices for fancy selection.
+        uniq, inverse = np.unique(sorted_idx, return_inverse=True)
+        images = self._images[uniq][inverse].astype(np.float32, copy=False)
+        masks = self._masks[uniq][inverse]
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        images, masks = images[back], masks[back]
+        if self._resize:
+            images = resize_bilinear(images, self.image_size)
+            masks = resize_nearest(masks, self.image_size)
+        return images, masks
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def epoch_permutation(indices: np.ndarray, epoch: int, seed: int) -> np.ndarray:
+    """The global order of ``indices`` for ``epoch``: the same on every rank."""
+    rng = np.random.default_rng([seed, epoch])
+    return np.asarray(indices)[rng.permutation(len(indices))]
+
+
+def steps_per_epoch(n: int, size: int, batch_size: int) -> int:
+    """Steps every rank runs per epoch over ``n`` samples (see ``shard_batches``)."""
+    per_rank = n // size if batch_size == 1 else math.ceil(n / size)
+    return math.ceil(per_rank / batch_size)
+
+
+def shard_batches(indices: np.ndarray, rank: int, size: int, batch_size: int,
+                  epoch: int, seed: int) -> list[np.ndarray]:
+    """This rank's batches of sample ids for one epoch.
+
+    A seeded permutation of ``indices`` (new each epoch, identical on all ranks) is cut
+    into ``size`` contiguous shards whose lengths differ by at most one; shards are
+    disjoint and together cover every sample. Each shard is split into the same number
+    of batches on every rank (``steps_per_epoch``), of at most ``batch_size`` samples
+    and sizes differing by at most one, so all ranks run the same number of allreduce
+    steps.
+
+    Remainder: when ``n`` is not a multiple of ``size * batch_size``, some batches hold
+    one sample fewer than ``batch_size`` rather than dropping or repeating samples. The
+    single exception is ``batch_size == 1`` with ``n % size != 0``: the last ``n % size``
+    samples of the epoch's permutation are skipped (a random few, new every epoch),
+    since a rank cannot run a step on an empty batch.
+
+    Raises:
+      ValueError: fewer samples than ``size * batch_size``.
+    """
+    n = len(indices)
+    if n < size * batch_size:
+        raise ValueError(f"{n} samples are fewer than ranks x batch size = {size} x {batch_size}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+    order = epoch_permutation(indices, epoch, seed)
+    if batch_size == 1:
+        order = order[: n - n % size]
+    shard = np.array_split(order, size)[rank]
+    steps = steps_per_epoch(n, size, batch_size)
+    return np.array_split(shard, steps)
+
+
+def shard_eval(indices: np.ndarray, rank: int, size: int, batch_size: int) -> list[np.ndarray]:
+    """This rank's validation batches: a contiguous shard, every sample exactly once.
+
+    Ranks may get different numbers of batches (evaluation needs no collectives until
+    its single allreduce at the end), and a rank may get none when there are fewer
+    validation samples than ranks.
+    """
+    shard = np.array_split(np.asarray(indices), size)[rank]
+    return [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
+
+
+class Prefetcher:
+    """Reads batches in a background thread and times how long the consumer waits.
+
+    h5py releases the GIL during chunk I/O and decompression, so reading the next
+    batch overlaps with the training step.
+    """
+
+    _DONE = object()
+
+    def __init__(self, reader: SliceReader, batches: Sequence[np.ndarray], depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._work, args=(reader, list(batches)), daemon=True)
+        self._stop = threading.Event()
+        self._thread.start()
+
+    def _work(self, reader, batches):
+        try:
+            for ids in batches:
+                if self._stop.is_set():
+                    return
+                images, masks = reader.read(ids)
+                self._queue.put((ids, images, masks))
+            self._queue.put(self._DONE)
+        except BaseException as e:  # surfaced in the consumer thread
+            self._queue.put(e)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.1)
+            except queue.Empty:
+                pass

@@ -1,0 +1,149 @@
+"""The per-rank run-log schema: the one place that says what a log line holds.
+
+Every rank of a run writes ``RUN/logs/rank-NNNNN.jsonl``: one JSON object per line,
+flushed per line, so a killed job leaves at most one truncated last line. Each object
+says what it is in its ``type`` field. This module is plain Python (no TensorFlow, no
+Horovod) so that ``analysis`` can import it to read logs.
+
+Record types and their fields (``FIELDS``); every record also carries ``type``,
+``rank`` and ``time`` (Unix seconds on this rank's clock). Readers must ignore fields
+they do not know, and producers may add fields freely; only removing or renaming a
+field needs a new ``SCHEMA_VERSION``.
+
+``run``   once, at start (and again after each resume):
+    schema_version, rank, size, local_rank, local_size, host, pid, run_id (shared by the
+    ranks), start_time (Unix seconds, rank 0's clock, agreed by broadcast), versions
+    (python, tensorflow, keras, horovod, mpi, numpy, h5py), controller (mpi|gloo|none),
+    threads {intra_op, inter_op}, horovod_env (HOROVOD_* settings in force),
+    config_hash (sha256 of the resolved config, first 16 hex digits), model, dataset
+    {path, samples, train_samples, val_samples, image_size, ...}, global_seed,
+    steps_per_epoch, batch_size (per rank), global_batch_size, lr_base, lr_scaled.
+``step``  each training step:
+    epoch, step (within the epoch), global_step, t (seconds since the agreed start),
+    step_time (seconds for the whole step on this rank), data_wait (seconds of that
+    spent waiting for input), loss (mean over ranks), loss_local (this rank's batch),
+    lr, samples (this rank's batch size).
+``epoch`` each finished epoch:
+    epoch, t, epoch_time, samples (this rank's count), sample_digest (order-independent
+    digest of the sample ids this rank saw, see ``sample_digest``), train_loss (mean
+    over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
+    (global, from counts summed over ranks), val_dice_local {class: dice or null},
+    val_samples_local, weight_checksum.
+``end``   once, at the end, whatever happened:
+    status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Mapping
+
+SCHEMA_VERSION = 1
+
+#: Log file name of a rank, relative to the run directory.
+LOG_DIR = "logs"
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def log_name(rank: int) -> str:
+    """Returns the file name of ``rank``'s log, e.g. ``rank-00003.jsonl``."""
+    return f"rank-{rank:05d}.jsonl"
+
+
+COMMON = ("type", "rank", "time")
+
+#: Required fields of each record type (besides ``COMMON``). Extra fields are allowed.
+FIELDS: dict[str, tuple[str, ...]] = {
+    "run": (
+        "schema_version", "size", "local_rank", "local_size", "host", "run_id",
+        "start_time", "versions", "controller", "threads", "config_hash", "dataset",
+        "global_seed", "steps_per_epoch", "batch_size", "global_batch_size",
+    ),
+    "step": (
+        "epoch", "step", "global_step", "t", "step_time", "data_wait", "loss",
+        "loss_local", "lr", "samples",
+    ),
+    "epoch": (
+        "epoch", "t", "epoch_time", "samples", "sample_digest", "train_loss",
+        "val_loss", "val_dice", "val_dice_local",
+    ),
+    "end": ("status", "reason", "t", "epochs_done"),
+}
+
+END_STATUSES = ("ok", "error", "interrupted")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64 finaliser: spreads ids so that sums of them rarely collide."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_digest(ids: Iterable[int]) -> str:
+    """Order-independent digest of a multiset of sample ids, as 16 hex digits.
+
+    The digest is the sum, modulo 2**64, of a 64-bit mix of each id. Because it is a
+    sum, digests combine: the digests of disjoint shards add up (``combine_digests``)
+    to the digest of their union, which is how ``analysis`` checks that the ranks'
+    shards covered the dataset exactly once.
+    """
+    total = 0
+    for i in ids:
+        total = (total + _mix64(int(i))) & _MASK64
+    return f"{total:016x}"
+
+
+def combine_digests(digests: Iterable[str]) -> str:
+    """Digest of the union of disjoint id multisets, from their digests."""
+    total = 0
+    for d in digests:
+        total = (total + int(d, 16)) & _MASK64
+    return f"{total:016x}"
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Stable hash of a JSON-able config (key order does not matter)."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def validate_record(record: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming the first problem of a parsed log record."""
+    kind = record.get("type")
+    if kind not in FIELDS:
+        raise ValueError(f"record type {kind!r} is not one of {sorted(FIELDS)}")
+    missing = [f for f in COMMON + FIELDS[kind] if f not in record]
+    if missing:
+        raise ValueError(f"{kind} record lacks field(s) {', '.join(missing)}")
+    if kind == "end" and record["status"] not in END_STATUSES:
+        raise ValueError(f"end record status {record['status']!r} is not one of {END_STATUSES}")
+
+
+def read_log(path: str) -> tuple[list[dict], list[str]]:
+    """Parses one rank's log, skipping lines that do not parse.
+
+    Returns:
+      The records, and one message per skipped line (a job killed mid-write leaves a
+      truncated last line; that is expected, not fatal).
+    """
+    records, problems = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                problems.append(f"{path}:{lineno}: not valid JSON (truncated line?)")
+                continue
+            if not isinstance(rec, dict) or "type" not in rec:
+                problems.append(f"{path}:{lineno}: not a log record")
+                continue
+            records.append(rec)
+    return records, problems
