@@ -204,6 +204,22 @@ def first_error(message: str | None) -> str | None:
     return f"{msg} [rank {rank}{others}]"
 
 
+def find_divergence(values, rtol: float = 1e-6):
+    """Compares a few numbers (e.g. weight checksums) across ranks.
+
+    Returns None when every rank agrees with rank 0 within ``rtol``, else
+    ``(rank, its values, rank 0's values, relative difference)`` for the first rank
+    that differs. Every rank gets the same answer.
+    """
+    gathered = allgather_object([float(v) for v in values])
+    ref = np.asarray(gathered[0])
+    for r, other in enumerate(gathered):
+        diff = np.abs(np.asarray(other) - ref) / np.maximum(np.abs(ref), 1e-12)
+        if float(diff.max()) > rtol:
+            return r, other, gathered[0], float(diff.max())
+    return None
+
+
 def barrier() -> None:
     allreduce(np.zeros(1), op="sum")
 

@@ -124,8 +124,12 @@ def run(cfg: config_lib.Config) -> int:
     intra, inter = resolve_threads(cfg.train, ctx.cores)
     os.environ.setdefault("OMP_NUM_THREADS", str(intra))
     import tensorflow as tf  # after dist.init(): threads must be set before first use
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # TF already running in this process (a second run in tests)
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        inter = tf.config.threading.get_inter_op_parallelism_threads()
     import keras
 
     from distseg import model as model_lib
@@ -185,14 +189,12 @@ def run(cfg: config_lib.Config) -> int:
     def check_weights(where: str, variables) -> list[float]:
         """Aborts on every rank if any rank's weights differ from rank 0's."""
         mine = checksum(variables)
-        sums = dist.allgather_object(mine)
-        ref = np.asarray(sums[0])
-        for r, other in enumerate(sums):
-            diff = np.abs(np.asarray(other) - ref) / np.maximum(np.abs(ref), 1e-12)
-            if float(diff.max()) > 1e-6:
-                raise RunError(f"ranks diverged {where}: rank {r}'s weight checksum {other} "
-                               f"differs from rank 0's {sums[0]} (relative {diff.max():.2e}); "
-                               "check that every rank runs the same code, data file and config")
+        diverged = dist.find_divergence(mine)
+        if diverged:
+            r, other, ref, rel = diverged
+            raise RunError(f"ranks diverged {where}: rank {r}'s weight checksum {other} differs "
+                           f"from rank 0's {ref} (relative {rel:.2e}); check that every rank "
+                           "runs the same code, data file and config")
         return mine
 
     reader = data.SliceReader(cfg.data.path, image_size=size, resize=cfg.data.resize)

@@ -1,0 +1,199 @@
+"""Sharding, the HDF5 format, lazy slice reading and bad data files."""
+
+import io
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from distseg import data, schema, synth
+
+
+# ---------------------------------------------------------------- sharding
+
+SHAPES = [
+    # (n, size, batch)
+    (100, 2, 8), (101, 2, 8), (17, 2, 8), (33, 4, 8), (64, 4, 4), (7, 7, 1),
+    (10, 3, 1), (1000, 16, 8), (96, 1, 8), (50, 3, 16),
+]
+
+
+@pytest.mark.parametrize("n,size,batch", SHAPES)
+def test_shards_are_disjoint_cover_and_have_equal_steps(n, size, batch):
+    ids = np.arange(1000, 1000 + n)  # ids need not start at 0
+    for epoch in range(3):
+        shards = [data.shard_batches(ids, r, size, batch, epoch, seed=7) for r in range(size)]
+        steps = {len(s) for s in shards}
+        assert steps == {data.steps_per_epoch(n, size, batch)}
+        flat = np.concatenate([np.concatenate(s) for s in shards])
+        assert len(np.unique(flat)) == len(flat), "a sample went to two ranks"
+        expected = n if (batch > 1 or n % size == 0) else n - n % size
+        assert len(flat) == expected
+        assert set(flat) <= set(ids)
+        assert max(len(b) for s in shards for b in s) <= batch
+        assert min(len(b) for s in shards for b in s) >= 1
+        # the digests of the shards add up to the digest of what was seen
+        total = schema.combine_digests(schema.sample_digest(np.concatenate(s)) for s in shards)
+        assert total == schema.sample_digest(flat)
+        if expected == n:
+            assert total == schema.sample_digest(ids)
+
+
+def test_shards_change_across_epochs_and_repeat_for_a_seed():
+    ids = np.arange(200)
+    a0 = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
+    a1 = data.shard_batches(ids, 0, 4, 8, epoch=1, seed=1)
+    again = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
+    other_seed = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=2)
+    assert not np.array_equal(np.concatenate(a0), np.concatenate(a1))
+    assert all(np.array_equal(x, y) for x, y in zip(a0, again))
+    assert not np.array_equal(np.concatenate(a0), np.concatenate(other_seed))
+
+
+def test_too_few_samples_for_ranks_times_batch():
+    with pytest.raises(ValueError, match="fewer than ranks x batch size = 4 x 8"):
+        data.shard_batches(np.arange(31), 0, 4, 8, 0, 0)
+
+
+def test_eval_shards_cover_every_sample_once():
+    ids = np.arange(23)
+    got = [np.concatenate(data.shard_eval(ids, r, 4, 5) or [np.array([], int)]) for r in range(4)]
+    assert sorted(np.concatenate(got).tolist()) == ids.tolist()
+    assert data.shard_eval(np.arange(2), 3, 4, 5) == []  # more ranks than samples
+
+
+def test_digest_is_order_independent_and_sensitive():
+    assert schema.sample_digest([3, 1, 2]) == schema.sample_digest([1, 2, 3])
+    assert schema.sample_digest([1, 2, 3]) != schema.sample_digest([1, 2, 4])
+    assert schema.sample_digest([1, 2]) != schema.sample_digest([1, 2, 2])
+
+
+# ---------------------------------------------------------------- HDF5 format
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("d") / "phantom.h5")
+    info = synth.make_dataset(path, cases=5, size=64, seed=3, slices_per_case=6)
+    return path, info
+
+
+def test_synth_round_trip(phantom, tmp_path):
+    path, info = phantom
+    assert info.samples == 30 and (info.height, info.width) == (64, 64)
+    with h5py.File(path, "r") as f:
+        images, masks = f["images"][:], f["masks"][:]
+        case_id, split = f["case_id"][:], f["split"][:]
+        assert f["images"].chunks == (1, 64, 64, 1)
+        assert list(f.attrs["hu_window"]) == [-150.0, 250.0]
+        assert "phantom" in f.attrs["source"]
+        assert len(f.attrs["spacing"]) == 3
+    assert images.dtype == np.float32 and 0.0 <= images.min() and images.max() <= 1.0
+    assert set(np.unique(masks)) <= {0, 1, 2} and (masks == 1).any() and (masks == 2).any()
+    # split by case: every case lies in exactly one split, and there is validation
+    for c in np.unique(case_id):
+        assert len(np.unique(split[case_id == c])) == 1
+    assert len(info.val_indices) == 6 and len(info.train_indices) == 24
+    # same seed, same bytes; other seed, other data
+    again = str(tmp_path / "again.h5")
+    synth.make_dataset(again, cases=5, size=64, seed=3, slices_per_case=6)
+    with h5py.File(again, "r") as f:
+        assert np.array_equal(f["images"][:], images)
+    # the reader returns slices in the order asked, duplicates included
+    with data.SliceReader(path, image_size=64) as reader:
+        img, msk = reader.read([7, 2, 7, 29])
+    assert np.array_equal(img, images[[7, 2, 7, 29]])
+    assert np.array_equal(msk, masks[[7, 2, 7, 29]])
+
+
+class CountingFile(io.RawIOBase):
+    """A real file that counts the bytes h5py reads through it."""
+
+    def __init__(self, path):
+        self._f = open(path, "rb")
+        self.bytes_read = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=0):
+        return self._f.seek(offset, whence)
+
+    def tell(self):
+        return self._f.tell()
+
+    def readinto(self, buf):
+        n = self._f.readinto(buf)
+        self.bytes_read += n
+        return n
+
+
+def test_reading_one_slice_reads_only_that_slice(tmp_path):
+    path = str(tmp_path / "big.h5")
+    synth.make_dataset(path, cases=8, size=128, seed=0, slices_per_case=16)  # 128 slices
+    file_size = os.path.getsize(path)
+    slice_bytes = 128 * 128 * 4
+    counting = CountingFile(path)
+    with h5py.File(counting, "r") as f:
+        opened = counting.bytes_read
+        one = f["images"][77]
+    assert one.shape == (128, 128, 1)
+    read = counting.bytes_read - opened
+    assert slice_bytes <= read < 3 * slice_bytes, (read, file_size)
+    assert counting.bytes_read < file_size / 20
+
+
+def test_resize_or_refuse(phantom):
+    path, _ = phantom
+    with pytest.raises(data.DatasetError, match="slices are 64x64 but --image-size is 32"):
+        data.SliceReader(path, image_size=32)
+    with data.SliceReader(path, image_size=32, resize=True) as reader:
+        img, msk = reader.read([0, 1])
+    assert img.shape == (2, 32, 32, 1) and msk.shape == (2, 32, 32)
+    assert set(np.unique(msk)) <= {0, 1, 2}
+
+
+# ---------------------------------------------------------------- bad files
+
+def _write(path, **arrays):
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(k, data=v)
+        f.attrs["num_classes"] = 3
+
+
+def _good(n=4, s=16):
+    return dict(images=np.zeros((n, s, s, 1), np.float32), masks=np.zeros((n, s, s), np.uint8),
+                case_id=np.arange(n, dtype=np.int32), split=np.zeros(n, np.uint8))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.pop("images"), "missing dataset 'images'"),
+    (lambda d: d.pop("masks"), "missing dataset 'masks'"),
+    (lambda d: d.update(masks=np.zeros((4, 16, 15), np.uint8)), r"'masks' has shape \(4, 16, 15\), expected \(4, 16, 16\)"),
+    (lambda d: d.update(images=np.zeros((4, 16, 16), np.float32)), r"expected \(N, H, W, 1\)"),
+    (lambda d: d.update(images=np.zeros((4, 16, 16, 1), np.int16)), "expected float32 or float16"),
+    (lambda d: d["masks"].__setitem__((2, 3, 3), 7), "'masks' slice 2 has label 7, expected 0..2"),
+    (lambda d: d.update(split=np.array([0, 1, 0, 0], np.uint8), case_id=np.zeros(4, np.int32)),
+     "case 0 has slices in more than one split"),
+])
+def test_bad_files_get_one_clear_line(tmp_path, change, message):
+    arrays = _good()
+    change(arrays)
+    path = str(tmp_path / "bad.h5")
+    _write(path, **arrays)
+    with pytest.raises(data.DatasetError, match=message) as err:
+        data.inspect(path)
+    assert str(err.value).startswith(path) and "\n" not in str(err.value)
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(data.DatasetError, match="no such data file"):
+        data.inspect(str(tmp_path / "nope.h5"))
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"this is not HDF5" * 10)
+    with pytest.raises(data.DatasetError, match="not a readable HDF5 file"):
+        data.inspect(str(junk))

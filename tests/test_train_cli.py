@@ -1,0 +1,163 @@
+"""End to end: `distseg-train` as a user runs it, one process and 2 Horovod ranks.
+
+Each launch has a timeout so that a hang fails fast instead of eating CI's time.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distseg import schema, synth
+
+BIN = os.path.dirname(sys.executable)
+TIMEOUT = 300
+pytestmark = pytest.mark.timeout(TIMEOUT + 60)
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    env.pop("OMPI_COMM_WORLD_RANK", None)
+    return env
+
+
+def horovodrun(*args, np_=2, gloo=False):
+    cmd = [f"{BIN}/horovodrun", "-np", str(np_), "-H", f"localhost:{np_}"]
+    if gloo:
+        cmd.append("--gloo")
+    return subprocess.run(cmd + [f"{BIN}/distseg-train", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env())
+
+
+def single(*args):
+    return subprocess.run([f"{BIN}/distseg-train", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env())
+
+
+def records(run_dir, rank):
+    recs, problems = schema.read_log(os.path.join(run_dir, "logs", schema.log_name(rank)))
+    assert not problems
+    for r in recs:
+        schema.validate_record(r)
+    return recs
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "tiny.h5")
+    synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)  # 128 train slices
+    return path
+
+
+def test_two_ranks_one_epoch_loss_goes_down(tiny, tmp_path):
+    run_dir = str(tmp_path / "np2")
+    out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir, "--epochs", "1",
+                     "--lr", "0.01")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for rank in (0, 1):
+        recs = records(run_dir, rank)
+        assert recs[0]["size"] == 2 and recs[-1]["status"] == "ok"
+        losses = [r["loss"] for r in recs if r["type"] == "step"]
+        assert len(losses) == 16
+        assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.02, losses
+        epoch = [r for r in recs if r["type"] == "epoch"][0]
+        assert epoch["samples"] == 64 and epoch["epoch_time"] > 0
+    with open(os.path.join(run_dir, "config.json")) as f:
+        assert json.load(f)["data"]["path"] == tiny
+
+
+def test_single_process_and_gloo_give_valid_runs(tiny, tmp_path):
+    one = single("--preset", "smoke", "--data", tiny, "--run-dir", str(tmp_path / "np1"),
+                 "--max-steps-per-epoch", "3", "--no-validate")
+    assert one.returncode == 0, one.stderr[-3000:]
+    run = records(str(tmp_path / "np1"), 0)[0]
+    assert run["size"] == 1 and run["steps_per_epoch"] == 3
+
+    gloo = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", str(tmp_path / "gloo"),
+                      "--max-steps-per-epoch", "3", gloo=True)
+    assert gloo.returncode == 0, gloo.stdout[-3000:] + gloo.stderr[-3000:]
+    for rank in (0, 1):
+        recs = records(str(tmp_path / "gloo"), rank)
+        assert recs[0]["controller"] == "gloo" and recs[-1]["status"] == "ok"
+
+
+def test_mpirun_launch(tiny, tmp_path):
+    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = subprocess.run(
+        ["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+         f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir",
+         str(tmp_path / "mpi"), "--max-steps-per-epoch", "2", "--no-validate"],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert {records(str(tmp_path / "mpi"), r)[0]["controller"] for r in (0, 1)} == {"mpi"}
+
+
+def _bad_files(tmp_path, tiny):
+    import h5py
+    no_masks = str(tmp_path / "no_masks.h5")
+    with h5py.File(no_masks, "w") as f:
+        f["images"] = np.zeros((8, 32, 32, 1), np.float32)
+    labels = str(tmp_path / "labels.h5")
+    synth.make_dataset(labels, cases=4, size=32, seed=0, slices_per_case=8)
+    with h5py.File(labels, "r+") as f:
+        f["masks"][5, 0, 0] = 9
+    shape = str(tmp_path / "shape.h5")
+    with h5py.File(shape, "w") as f:
+        f["images"] = np.zeros((8, 32, 32, 1), np.float32)
+        f["masks"] = np.zeros((8, 32, 31), np.uint8)
+        f["case_id"] = np.arange(8)
+        f["split"] = np.zeros(8, np.uint8)
+    small = str(tmp_path / "small.h5")
+    synth.make_dataset(small, cases=2, size=32, seed=0, slices_per_case=4)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    return [
+        (["--data", str(tmp_path / "missing.h5")], "missing.h5: no such data file"),
+        (["--data", no_masks], "missing dataset 'masks'"),
+        (["--data", shape], "'masks' has shape (8, 32, 31), expected (8, 32, 32)"),
+        (["--data", labels], "'masks' slice 5 has label 9, expected 0..2"),
+        (["--data", small], "4 training slices, fewer than ranks x batch size = 2 x 4 = 8"),
+        (["--data", tiny, "--image-size", "64"], "slices are 32x32 but --image-size is 64"),
+        (["--data", tiny, "--run-dir", str(a_file / "run")], "run directory is not writable"),
+    ]
+
+
+def test_bad_input_one_line_same_on_every_rank(tiny, tmp_path):
+    for args, message in _bad_files(tmp_path, tiny):
+        if "--run-dir" not in args:
+            args = args + ["--run-dir", str(tmp_path / "run")]
+        out = horovodrun("--preset", "smoke", *args)
+        assert out.returncode != 0, (args, out.stdout[-2000:])
+        text = out.stdout + out.stderr
+        lines = [ln for ln in text.splitlines() if "error: " in ln and message in ln]
+        # one line from each rank, the same words on both (prefixes name the rank)
+        assert len(lines) == 2, (message, text[-3000:])
+        assert len({ln.split("error: ", 1)[1] for ln in lines}) == 1
+        assert "Traceback" not in text, text[-3000:]
+        assert not os.path.exists(tmp_path / "run"), "a failed start left a run directory"
+
+
+def test_existing_run_is_refused_and_left_intact(tiny, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = single("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
+                   "--max-steps-per-epoch", "2", "--no-validate")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {p: open(os.path.join(root, p), "rb").read()
+              for root, _, files in os.walk(run_dir) for p in files}
+    again = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir)
+    assert again.returncode == 2
+    assert "already holds a run" in again.stdout + again.stderr
+    after = {p: open(os.path.join(root, p), "rb").read()
+             for root, _, files in os.walk(run_dir) for p in files}
+    assert after == before
+
+
+def test_bad_flags_are_named():
+    out = single("--data", "x.h5", "--run-dir", "r", "--image-size", "100")
+    assert out.returncode == 2
+    assert "model.image_size 100 is not divisible by 2**depth = 16" in out.stderr
+    out = single("--data", "x.h5", "--run-dir", "r", "--lr-scaling", "cubic")
+    assert out.returncode == 2 and "--lr-scaling" in out.stderr
