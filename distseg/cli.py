@@ -33,9 +33,12 @@ def data():
 @click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same file.")
 def synth(out, cases, size, slices_per_case, val_fraction, dtype, seed):
     """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks)."""
-    from distseg import synth as synth_lib
-    info = synth_lib.make_dataset(out, cases, size, seed=seed, slices_per_case=slices_per_case,
-                                  val_fraction=val_fraction, dtype=dtype)
+    from distseg import data as data_lib, synth as synth_lib
+    try:
+        info = synth_lib.make_dataset(out, cases, size, seed=seed, slices_per_case=slices_per_case,
+                                      val_fraction=val_fraction, dtype=dtype)
+    except data_lib.DatasetError as e:
+        _fail(str(e))
     click.echo(f"wrote {out}: {info.samples} slices {size}x{size} from {cases} cases "
                f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
 

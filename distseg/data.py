@@ -74,8 +74,14 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
     n, h, w, _ = images.shape
     if masks.shape != (n, h, w):
         raise DatasetError(f"{path}: masks shape {masks.shape} != images {(n, h, w)}")
+    parent = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.tmp-{os.getpid()}"
-    with h5py.File(tmp, "w") as f:
+    try:
+        os.makedirs(parent, exist_ok=True)
+        f = h5py.File(tmp, "w")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be written ({e.strerror or e})") from e
+    with f:
         f.create_dataset("images", data=images, chunks=(1, h, w, 1))
         f.create_dataset("masks", data=masks.astype(np.uint8), chunks=(1, h, w))
         f.create_dataset("case_id", data=np.asarray(case_id, dtype=np.int32))

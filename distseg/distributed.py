@@ -121,10 +121,13 @@ def init() -> Context:
     """Applies the default settings, pins the process and initialises Horovod.
 
     Call before any TensorFlow op runs (thread settings are fixed at first use).
+    ``DISTSEG_HOROVOD_DEFAULTS=0`` leaves Horovod's own defaults in force (for
+    comparison); ``DISTSEG_PIN=0`` disables pinning.
     """
     global _hvd
-    for key, value in {**HOROVOD_DEFAULTS, **OMPI_DEFAULTS}.items():
-        os.environ.setdefault(key, value)
+    if os.environ.get("DISTSEG_HOROVOD_DEFAULTS", "1") != "0":
+        for key, value in {**HOROVOD_DEFAULTS, **OMPI_DEFAULTS}.items():
+            os.environ.setdefault(key, value)
     local_rank = _env_int(_LOCAL_RANK_VARS, 0)
     local_size = _env_int(_LOCAL_SIZE_VARS, 1)
     mine = pin_to_cores(local_rank, local_size)
