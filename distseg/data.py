@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -288,14 +288,16 @@ class Prefetcher:
     """Reads batches in a background thread and times how long the consumer waits.
 
     h5py releases the GIL during chunk I/O and decompression, so reading the next
-    batch overlaps with the training step.
+    batch overlaps with the training step. ``batches`` may be a lazy iterable: one
+    prefetcher fed every epoch's batches in turn keeps reading across epoch
+    boundaries instead of refilling its queue in a burst at each epoch start.
     """
 
     _DONE = object()
 
-    def __init__(self, reader: SliceReader, batches: Sequence[np.ndarray], depth: int = 2):
+    def __init__(self, reader: SliceReader, batches: Iterable[np.ndarray], depth: int = 2):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._work, args=(reader, list(batches)), daemon=True)
+        self._thread = threading.Thread(target=self._work, args=(reader, batches), daemon=True)
         self._stop = threading.Event()
         self._thread.start()
 

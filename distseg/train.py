@@ -75,13 +75,17 @@ def _check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo
     return info
 
 
-def _prepare_run_dir(run_dir: str, ctx: dist.Context) -> None:
-    """Refuses a directory that already holds a run; checks every rank can write logs."""
+def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
+    """Refuses a directory that already holds a run (checked by rank 0 alone)."""
     if ctx.is_root():
         for name in (schema.CONFIG_FILE, schema.LOG_DIR):
             if os.path.exists(os.path.join(run_dir, name)):
                 raise RunError(f"{run_dir}: already holds a run ({name} exists); "
                                "choose a new --run-dir", exit_code=2)
+
+
+def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
+    """Checks that every rank can create and write its log directory."""
     logs = os.path.join(run_dir, schema.LOG_DIR)
     probe = os.path.join(logs, f".probe-{ctx.rank}-{os.getpid()}")
     try:
@@ -135,7 +139,10 @@ def run(cfg: config_lib.Config) -> int:
     from distseg import model as model_lib
 
     info = _agree(_check_inputs, cfg, ctx)
-    _agree(_prepare_run_dir, cfg.run_dir, ctx)
+    # Two agreed phases: no rank may create logs/ before rank 0 has looked for a
+    # previous run there (a fast rank 1 once made rank 0 refuse a fresh directory).
+    _agree(_refuse_existing_run, cfg.run_dir, ctx)
+    _agree(_probe_writable, cfg.run_dir, ctx)
 
     cfg_dict = cfg.to_dict()
     cfg_hash = schema.config_hash(cfg_dict)
@@ -215,6 +222,7 @@ def run(cfg: config_lib.Config) -> int:
         bar = tqdm(total=t.epochs * steps, unit="step", file=sys.stderr, dynamic_ncols=True,
                    mininterval=0.5, desc=f"train x{ctx.size}")
     epochs_done, global_step = 0, 0
+    feed = None
     status, reason = "error", "unknown"
     versions = dist.versions()
     log = RunLog(cfg.run_dir, ctx.rank)
@@ -232,49 +240,50 @@ def run(cfg: config_lib.Config) -> int:
             batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
             lr_base=t.lr, lr_scaled=lr_target, warmup_steps=warmup_steps, epochs=t.epochs)
 
+        def all_batches():
+            for e in range(t.epochs):
+                yield from data.shard_batches(info.train_indices, ctx.rank, ctx.size,
+                                              t.batch_size, e, t.seed)[:steps]
+        # One prefetcher for the whole run: it reads the next epoch's first batches
+        # while this epoch ends, instead of refilling its queue at every epoch start.
+        feed = data.Prefetcher(reader, all_batches(), depth=cfg.data.prefetch)
+        it = iter(feed)
         for epoch in range(t.epochs):
             epoch_start = time.perf_counter()
-            batches = data.shard_batches(info.train_indices, ctx.rank, ctx.size, t.batch_size,
-                                         epoch, t.seed)[:steps]
             seen: list[int] = []
             losses, losses_local = [], []
-            feed = data.Prefetcher(reader, batches, depth=cfg.data.prefetch)
-            try:
-                it = iter(feed)
-                for step in range(steps):
-                    step_start = time.perf_counter()
-                    ids, images, masks = next(it)
-                    data_wait = time.perf_counter() - step_start
-                    lr = lr_at(global_step, t.lr, lr_target, warmup_steps)
-                    optimizer.learning_rate.assign(lr)
-                    loss_local, loss = train_step(images, masks)
-                    loss_local, loss = float(loss_local), float(loss)
-                    now = time.perf_counter()
-                    log.write("step", epoch=epoch, step=step, global_step=global_step,
-                              t=now - t0, step_time=now - step_start, data_wait=data_wait,
-                              loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
-                    seen.extend(int(i) for i in ids)
-                    losses.append(loss)
-                    losses_local.append(loss_local)
-                    global_step += 1
-                    if not math.isfinite(loss):
-                        raise RunError(f"training loss is {loss} at epoch {epoch} step {step}; "
-                                       "lower --lr or check the data")
-                    if global_step == 1:
-                        check_weights("after the first step",
-                                      model.trainable_variables + optimizer.variables)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(epoch=epoch, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-            finally:
-                feed.close()
+            for step in range(steps):
+                step_start = time.perf_counter()
+                ids, images, masks = next(it)
+                data_wait = time.perf_counter() - step_start
+                lr = lr_at(global_step, t.lr, lr_target, warmup_steps)
+                optimizer.learning_rate.assign(lr)
+                loss_local, loss = train_step(images, masks)
+                loss_local, loss = float(loss_local), float(loss)
+                now = time.perf_counter()
+                log.write("step", epoch=epoch, step=step, global_step=global_step,
+                          t=now - t0, step_time=now - step_start, data_wait=data_wait,
+                          loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
+                seen.extend(int(i) for i in ids)
+                losses.append(loss)
+                losses_local.append(loss_local)
+                global_step += 1
+                if not math.isfinite(loss):
+                    raise RunError(f"training loss is {loss} at epoch {epoch} step {step}; "
+                                   "lower --lr or check the data")
+                if global_step == 1:
+                    check_weights("after the first step",
+                                  model.trainable_variables + optimizer.variables)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
 
             # BatchNorm statistics are updated from local batches: average them so
             # every rank evaluates and checkpoints the same model.
-            stats = [v for v in model.non_trainable_variables]
+            stats = list(model.non_trainable_variables)
             if stats and ctx.size > 1:
-                for v in stats:
-                    v.assign(dist.allreduce(v.numpy(), op="mean").astype(v.dtype))
+                for v, mean in zip(stats, dist.allreduce_many([v.numpy() for v in stats])):
+                    v.assign(mean)
             weights = check_weights(f"after epoch {epoch}", model.variables + optimizer.variables)
             train_time = time.perf_counter() - epoch_start
 
@@ -311,6 +320,8 @@ def run(cfg: config_lib.Config) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if feed is not None:
+            feed.close()
         if bar is not None:
             bar.close()
         log.write("end", status=status, reason=reason, t=time.perf_counter() - t0,

@@ -1,0 +1,41 @@
+# distseg: two commands do everything (as root on a fresh Debian machine, or as a
+# user with sudo). Each installs what is missing first and is quick when it is there.
+#
+#   make demo   real 2-rank Horovod training on LiTS case 117, then the scaling report
+#   make test   the whole test suite (what .ci/run calls)
+
+SHELL := /bin/bash
+VENV ?= $(CURDIR)/.venv
+BIN := $(VENV)/bin
+export PATH := $(BIN):$(PATH)
+# Quiet TensorFlow's C++ start-up banners in test and demo output.
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+# Multi-process suites are killed after this many seconds, so a hang fails fast.
+PARALLEL_TIMEOUT ?= 600
+PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider
+
+.PHONY: install demo test test-parallel test-serial bench clean
+
+install:
+	@bash scripts/install.sh
+
+demo: install
+	@bash scripts/demo.sh
+
+# Parallel tests: the same suite on 2 real Horovod ranks, once over MPI, once over Gloo.
+test-parallel: install
+	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --mpi \
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS)
+	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS)
+
+test-serial: install
+	$(BIN)/python -m pytest tests --ignore=tests/parallel $(PYTEST_FLAGS) -rs
+
+test: test-parallel test-serial
+
+bench: install
+	$(BIN)/python benchmarks/bench_horovod.py --data data/liver117.h5 --repeat 2
+
+clean:
+	rm -rf runs/ report/ .pytest_cache

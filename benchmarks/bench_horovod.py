@@ -1,0 +1,112 @@
+"""Side-by-side scaling of 2 Horovod ranks under different settings, in one run.
+
+Trains the same configuration (default: the demo, LiTS 117 at 128x128, U-Net with 16
+base filters, batch 8 per rank, 1 intra-op thread per rank) as:
+
+  1proc        one process: the baseline;
+  indep        two independent single processes at once: the ceiling (no communication);
+  hvd-default  2 Horovod ranks (MPI) with Horovod's own defaults and no pinning;
+  mpi          2 Horovod ranks (MPI) with distseg's defaults;
+  gloo         2 Horovod ranks (Gloo) with distseg's defaults;
+  NAME+nopin   any of these without distseg's core pinning (DISTSEG_PIN=0);
+
+and prints samples/s and the ratio to the baseline. The first epoch (tracing, warm-up)
+is excluded. The machine is shared and noisy: compare ratios from the same run, and
+use ``--repeat`` to interleave the variants several times.
+
+    python benchmarks/bench_horovod.py --data data/liver117.h5 --epochs 4 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from distseg import schema  # noqa: E402
+
+
+def throughput(run_dir: str, ranks: int) -> float:
+    """Global samples/s over all epochs but the first, from the ranks' epoch records."""
+    per_epoch: dict[int, list] = {}
+    for rank in range(ranks):
+        recs, _ = schema.read_log(os.path.join(run_dir, "logs", schema.log_name(rank)))
+        for r in recs:
+            if r["type"] == "epoch" and r["epoch"] > 0:
+                per_epoch.setdefault(r["epoch"], []).append((r["samples"], r["train_time"]))
+    samples = sum(s for e in per_epoch.values() for s, _ in e)
+    # A synchronous epoch lasts as long as its slowest rank.
+    seconds = sum(max(t for _, t in e) for e in per_epoch.values())
+    return samples / seconds
+
+
+def train_args(args, run_dir):
+    return [f"{BIN}/distseg-train", "--preset", args.preset, "--data", args.data,
+            "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+            "--intra-op-threads", "1", "--inter-op-threads", "1", "--no-validate",
+            "--checkpoint-every", "0"]
+
+
+def run_variant(name, args, workdir):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ['PATH']}")
+    if name.endswith("+nopin"):  # any variant without distseg's core pinning
+        env["DISTSEG_PIN"] = "0"
+        name = name[: -len("+nopin")]
+    run_dir = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
+    os.rmdir(run_dir)
+    hvd = [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2"]
+    if name == "1proc":
+        procs = [train_args(args, run_dir)]
+    elif name == "indep":
+        procs = [train_args(args, run_dir + "-a"), train_args(args, run_dir + "-b")]
+    elif name == "hvd-default":
+        env.update(DISTSEG_HOROVOD_DEFAULTS="0", DISTSEG_PIN="0")
+        procs = [hvd + train_args(args, run_dir)]
+    elif name == "mpi":
+        procs = [hvd + ["--mpi"] + train_args(args, run_dir)]
+    elif name == "gloo":
+        procs = [hvd + ["--gloo"] + train_args(args, run_dir)]
+    else:
+        raise ValueError(name)
+    running = [subprocess.Popen(p, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for p in procs]
+    for p in running:
+        out, _ = p.communicate(timeout=1200)
+        if p.returncode:
+            raise SystemExit(f"{name} failed:\n{out[-3000:]}")
+    if name == "indep":
+        return throughput(run_dir + "-a", 1) + throughput(run_dir + "-b", 1)
+    return throughput(run_dir, 1 if name == "1proc" else 2)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/liver117.h5")
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--variants", default="1proc,indep,hvd-default,mpi,gloo")
+    args = p.parse_args()
+    names = args.variants.split(",")
+    results: dict[str, list[float]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="bench-hvd-") as workdir:
+        for i in range(args.repeat):
+            for name in names:
+                results[name].append(run_variant(name, args, workdir))
+                print(f"round {i + 1} {name:12s} {results[name][-1]:8.2f} samples/s", flush=True)
+    base = statistics.median(results["1proc"]) if "1proc" in results else None
+    print(f"\n{'variant':12s} {'samples/s':>10s} {'x 1proc':>8s}   (median of {args.repeat})")
+    for name, vals in results.items():
+        med = statistics.median(vals)
+        ratio = f"{med / base:8.2f}" if base else ""
+        print(f"{name:12s} {med:10.2f} {ratio}")
+
+
+if __name__ == "__main__":
+    main()
