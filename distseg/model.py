@@ -18,20 +18,21 @@ from distseg.config import ModelConfig
 _SMOOTH = 1e-5
 
 
-def _conv_block(x, filters: int, spatial_dims: int, norm: str, name: str):
+def _conv_block(x, filters: int, spatial_dims: int, norm: str, name: str, bn_momentum: float):
     conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
     for i in (1, 2):
         x = conv(filters, 3, padding="same", use_bias=norm == "none",
                  kernel_initializer="he_normal", name=f"{name}_conv{i}")(x)
         if norm == "batch":
-            x = layers.BatchNormalization(name=f"{name}_bn{i}")(x)
+            x = layers.BatchNormalization(momentum=bn_momentum, name=f"{name}_bn{i}")(x)
         x = layers.Activation("relu", name=f"{name}_relu{i}")(x)
     return x
 
 
 def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
                base_filters: int = 64, num_classes: int = 3, in_channels: int = 1,
-               dropout: float = 0.0, norm: str = "batch", name: str = "unet") -> keras.Model:
+               dropout: float = 0.0, norm: str = "batch", bn_momentum: float = 0.9,
+               name: str = "unet") -> keras.Model:
     """Builds a U-Net that maps (B, S, S[, S], C) images to per-class softmax maps.
 
     Args:
@@ -43,6 +44,7 @@ def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
       in_channels: input channels.
       dropout: dropout rate in the bottleneck.
       norm: ``batch`` or ``none``.
+      bn_momentum: momentum of BatchNorm's moving statistics.
 
     Raises:
       ValueError: a hyper-parameter that cannot build a valid network.
@@ -62,23 +64,24 @@ def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
     inputs = keras.Input((image_size,) * spatial_dims + (in_channels,), name="image")
     x, skips = inputs, []
     for level in range(depth):
-        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"down{level}")
+        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"down{level}", bn_momentum)
         skips.append(x)
         x = pool(2, name=f"pool{level}")(x)
-    x = _conv_block(x, base_filters * 2 ** depth, spatial_dims, norm, "bottleneck")
+    x = _conv_block(x, base_filters * 2 ** depth, spatial_dims, norm, "bottleneck", bn_momentum)
     if dropout:
         x = layers.Dropout(dropout, name="dropout")(x)
     for level in reversed(range(depth)):
         x = up(base_filters * 2 ** level, 2, strides=2, name=f"up{level}")(x)
         x = layers.Concatenate(name=f"skip{level}")([x, skips[level]])
-        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"dec{level}")
+        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"dec{level}", bn_momentum)
     outputs = conv(num_classes, 1, activation="softmax", dtype="float32", name="probs")(x)
     return keras.Model(inputs, outputs, name=name)
 
 
 def from_config(cfg: ModelConfig) -> keras.Model:
     return build_unet(cfg.image_size, depth=cfg.depth, base_filters=cfg.base_filters,
-                      num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm)
+                      num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,
+                      bn_momentum=cfg.bn_momentum)
 
 
 def soft_dice_per_class(probs: tf.Tensor, masks: tf.Tensor, num_classes: int) -> tf.Tensor:

@@ -78,3 +78,22 @@ def test_dice_counts_combine_like_one_batch():
         inter = np.sum((pred == c) & (masks == c))
         assert d == pytest.approx(2 * inter / (np.sum(pred == c) + np.sum(masks == c)))
     assert model_lib.dice_from_counts(np.zeros((3, 2))) == [None, None]
+
+
+def test_batchnorm_statistics_follow_the_configured_momentum():
+    # Validation uses BatchNorm's moving statistics; with too slow a momentum they stay
+    # near their initial values through a short run and validation Dice collapses.
+    import keras
+    from distseg.config import ModelConfig
+    model = model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, bn_momentum=0.5))
+    bns = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
+    assert bns and all(layer.momentum == 0.5 for layer in bns)
+    bn = model.get_layer("down0_bn1")
+    conv_out = keras.Model(model.input, model.get_layer("down0_conv1").output)
+    x = np.random.default_rng(0).normal(3.0, 1.0, (2, 16, 16, 1)).astype(np.float32)
+    batch_mean = np.asarray(conv_out(x)).mean(axis=(0, 1, 2))
+    before = np.array(bn.moving_mean)
+    model(x, training=True)
+    # One training call moves the moving mean halfway (momentum 0.5) to the batch mean.
+    np.testing.assert_allclose(np.array(bn.moving_mean), 0.5 * before + 0.5 * batch_mean, rtol=1e-4, atol=1e-5)
+    assert np.abs(batch_mean).max() > 0.1
