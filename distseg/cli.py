@@ -76,7 +76,7 @@ def info(path):
     click.echo(json.dumps({**summary.summary(), "attrs": summary.attrs}, indent=2, default=str))
 
 
-_TRAIN_FLAGS = {
+TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
     "epochs": ("train.epochs", click.IntRange(1), "Passes over the training slices."),
     "batch_size": ("train.batch_size", click.IntRange(1), "Slices per rank per step (global batch = this x ranks)."),
@@ -98,7 +98,7 @@ _TRAIN_FLAGS = {
 
 
 def _train_options(fn):
-    for name, (_, kind, text) in reversed(list(_TRAIN_FLAGS.items())):
+    for name, (_, kind, text) in reversed(list(TRAIN_FLAGS.items())):
         fn = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None, help=text)(fn)
     return fn
 
@@ -126,7 +126,7 @@ def train(data_path, run_dir, preset, config_file, resize, validate, **flags):
     bar; every rank writes RUN_DIR/logs/rank-NNNNN.jsonl for distseg-report.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    overrides = {path: flags[name] for name, (path, _, _) in _TRAIN_FLAGS.items()}
+    overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
                       "train.validate": validate})
     try:

@@ -13,10 +13,10 @@ import click
 
 from distseg import config as config_lib
 from distseg import jobs as jobs_lib
-from distseg.cli import _TRAIN_FLAGS
+from distseg.cli import TRAIN_FLAGS
 
 #: distseg-train options a job passes on; the thread counts are the job script's own.
-_PASSED_ON = {k: v for k, v in _TRAIN_FLAGS.items() if k not in ("intra_op_threads", "inter_op_threads")}
+_PASSED_ON = {k: v for k, v in TRAIN_FLAGS.items() if k not in ("intra_op_threads", "inter_op_threads")}
 
 
 def _fail(message: str) -> None:
@@ -76,7 +76,8 @@ def _job_options(fn):
 def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
     """Builds the JobSpec, after checking the training options the way distseg-train will."""
     overrides = {path: p[name] for name, (path, _, _) in _PASSED_ON.items()}
-    overrides.update({"data.path": p["data_path"], "run_dir": run_dir or "unset",
+    # The run directory itself is checked by jobs.resolve; any non-empty value passes here.
+    overrides.update({"data.path": p["data_path"], "run_dir": run_dir or p["runs_dir"] or ".",
                       "data.resize": p["resize"], "train.validate": p["validate"]})
     try:
         cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
@@ -121,7 +122,10 @@ def jobs():
 def render(nodes, run_dir, **p):
     """Print a ready sbatch script for one training job.
 
-    distseg-jobs render --partition knl --nodes 16 --ranks-per-node 4 --data liver.h5 > knl-n16.sbatch
+    \b
+    distseg-jobs render --partition knl --nodes 16 --ranks-per-node 4 \\
+        --data liver.h5 --epochs 20 --seed 1 > knl-n16.sbatch
+    sbatch knl-n16.sbatch
     """
     try:
         job = jobs_lib.resolve(_spec(nodes, run_dir, p))
@@ -144,6 +148,11 @@ def sweep(node_list, out_dir, chain, target_loss, target_dice, **p):
 
     Every job gets the same training options and seed; only the nodes differ.
     Then `bash OUT/submit.sh` submits them all and a distseg-report job after them.
+
+    \b
+    distseg-jobs sweep --partition knl --nodes 1,2,4,8,16,32 --data liver.h5 \\
+        --epochs 20 --seed 1 --target-loss -0.75 --out sweep-knl
+    bash sweep-knl/submit.sh
     """
     report_args = [a for t in target_loss for a in ("--target-loss", str(t))]
     report_args += [a for t in target_dice for a in ("--target-dice", str(t))]

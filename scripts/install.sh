@@ -13,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$here/.venv}
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
-APT_PACKAGES="openmpi-bin libopenmpi-dev cmake g++ libhighwayhash-dev libfarmhash-dev shellcheck"
+APT_PACKAGES="make openmpi-bin libopenmpi-dev cmake g++ libhighwayhash-dev libfarmhash-dev shellcheck"
 TF_VERSION=2.18.1
 HOROVOD_VERSION=0.28.1
 LIVER_PKG=liver-ct-segmentation-package==1.6.0

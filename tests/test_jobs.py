@@ -1,0 +1,454 @@
+"""Slurm job scripts (distseg/jobs.py, distseg/jobs_cli.py, jobs/) and the Docker files.
+
+Every rendered script is checked with `bash -n` and shellcheck; one is run for real on
+this machine as a 1-node, 2-rank job under a hand-made Slurm environment (the launcher
+resolves to mpirun on localhost), and its run directory goes through distseg-report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from distseg import jobs as jobs_lib
+from distseg import schema, synth
+from distseg.jobs_cli import jobs as jobs_cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+SHELLCHECK = shutil.which("shellcheck")
+RUN_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """48 training slices of 32x32 (4 cases x 16 slices, by-case split)."""
+    path = str(tmp_path_factory.mktemp("data") / "tiny.h5")
+    synth.make_dataset(path, cases=4, size=32, seed=0, slices_per_case=16)
+    return path
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """Enough 32x32 slices (320 train) for 32 nodes x 2 ranks x batch 4."""
+    path = str(tmp_path_factory.mktemp("data") / "big.h5")
+    synth.make_dataset(path, cases=25, size=32, seed=1, slices_per_case=16, val_fraction=0.2)
+    return path
+
+
+def cli(*args: str, cwd: str | None = None):
+    """distseg-jobs in this process (the real click command)."""
+    runner = CliRunner()
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        return runner.invoke(jobs_cli, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+def lint(path: str) -> None:
+    """bash -n and shellcheck (all severities) must both be silent."""
+    out = subprocess.run(["bash", "-n", path], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    if SHELLCHECK is None:
+        pytest.skip("shellcheck not installed (scripts/install.sh installs it)")
+    out = subprocess.run([SHELLCHECK, "-s", "bash", path], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _assignments(script: str) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Z_]+)=(.*)$", script, flags=re.M))
+
+
+# ---- threads arithmetic -----------------------------------------------------------------
+
+@pytest.mark.parametrize("cores, ranks, reserved, hw, tpc, want", [
+    # cores, ranks/node, reserved, hw threads, threads/core -> (cores/rank, intra, inter, cpus/task, idle)
+    (68, 4, 4, 1, 4, (16, 16, 2, 64, 0)),   # KNL default: 64 usable cores / 4 ranks
+    (68, 1, 4, 1, 4, (64, 64, 2, 256, 0)),
+    (68, 3, 4, 1, 4, (21, 21, 2, 84, 1)),   # 64 / 3: one core idle
+    (68, 4, 4, 2, 4, (16, 32, 2, 64, 0)),   # 2 hardware threads per core
+    (48, 2, 0, 1, 2, (24, 24, 2, 48, 0)),   # SKX: one rank per socket
+    (48, 8, 0, 2, 2, (6, 12, 2, 12, 0)),
+    (48, 48, 0, 1, 2, (1, 1, 1, 2, 0)),
+    (2, 2, 0, 1, 1, (1, 1, 1, 1, 0)),       # this machine: 2 ranks on 2 cores
+    (4, 1, 0, 1, 1, (4, 4, 2, 4, 0)),
+])
+def test_threads_split_cores_between_ranks(cores, ranks, reserved, hw, tpc, want):
+    t = jobs_lib.threads_for(cores, ranks, reserved_cores=reserved, hw_threads=hw, threads_per_core=tpc)
+    assert (t.cores_per_rank, t.intra_op, t.inter_op, t.cpus_per_task, t.idle_cores) == want
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cores_per_node=68, ranks_per_node=65, reserved_cores=4), "more than the 64 usable cores"),
+    (dict(cores_per_node=48, ranks_per_node=0), "--ranks-per-node must be >= 1"),
+    (dict(cores_per_node=48, ranks_per_node=2, hw_threads=3, threads_per_core=2), "between 1 and 2"),
+    (dict(cores_per_node=4, ranks_per_node=1, reserved_cores=4), "leaves no core"),
+])
+def test_threads_refuse_impossible_layouts(kwargs, message):
+    with pytest.raises(jobs_lib.JobError, match=re.escape(message)):
+        jobs_lib.threads_for(**kwargs)
+
+
+def test_parse_nodes_and_time():
+    assert jobs_lib.parse_nodes("1,2,4,8,16,32") == (1, 2, 4, 8, 16, 32)
+    assert jobs_lib.parse_nodes(" 4, 1 ") == (4, 1)
+    assert jobs_lib.parse_minutes("02:00:00") == 120
+    assert jobs_lib.parse_minutes("1-12:00:00") == 36 * 60
+    assert jobs_lib.parse_minutes("00:10:30") == 11
+    assert jobs_lib.parse_minutes("90") == 90
+    for bad in ("", "1,,x", "0,2", "-1"):
+        with pytest.raises(jobs_lib.JobError):
+            jobs_lib.parse_nodes(bad)
+    for bad in ("2h", "1:2:3:4", "00:61:00"):
+        with pytest.raises(jobs_lib.JobError, match="not a Slurm wall time"):
+            jobs_lib.parse_minutes(bad)
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("partition, nodes, extra", [
+    ("knl", 1, []),
+    ("knl", 16, ["--ranks-per-node", "4", "--timeline"]),
+    ("knl", 4, ["--queue", "flat-quadrant", "--hw-threads", "2", "--account", "TG-ABC123"]),
+    ("knl", 2, ["--queue", "development", "--ranks-per-node", "3", "--setup", "module load impi"]),
+    ("skx", 1, []),
+    ("skx", 32, ["--ranks-per-node", "4", "--launcher", "srun"]),
+    ("skx", 2, ["--queue", "skx-dev", "--launcher", "ibrun", "--cores-per-node", "56"]),
+    ("generic", 1, ["--ranks-per-node", "2"]),
+    ("generic", 8, ["--cores-per-node", "32", "--ranks-per-node", "4", "--launcher", "mpirun",
+                    "--srun-mpi", "pmi2", "--no-validate"]),
+    ("generic", 3, ["--queue", "gpu-cpu", "--venv", "", "--timeline"]),
+])
+def test_rendered_scripts_pass_bash_n_and_shellcheck(big, tmp_path, partition, nodes, extra):
+    out = cli("render", "--partition", partition, "--nodes", str(nodes), "--data", big,
+              "--runs-dir", str(tmp_path / "runs"), "--preset", "smoke", "--epochs", "3",
+              "--batch-size", "2", *extra)
+    assert out.exit_code == 0, out.output
+    path = tmp_path / "job.sbatch"
+    path.write_text(out.stdout)
+    lint(str(path))
+    text = out.stdout
+    v = _assignments(text)
+    assert f"#SBATCH --nodes={nodes}\n" in text
+    assert v["NODES"] == str(nodes) and v["NTASKS"] == str(nodes * int(v["RANKS_PER_NODE"]))
+    assert v["RUN_DIR"] == str(tmp_path / "runs" / f"distseg-n{nodes}")
+    passed = "--no-validate " if "--no-validate" in extra else ""
+    assert v["TRAIN_ARGS"] == f"(--preset smoke {passed}--epochs 3 --batch-size 2 --seed 0)"
+    for setting in ("export OMP_NUM_THREADS=", "export KMP_AFFINITY=granularity=fine,compact,1,0",
+                    "export KMP_BLOCKTIME=1", "HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD",
+                    "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_TIMELINE", "--cpu-bind=cores",
+                    "--bind-to core", "--allow-run-as-root"):
+        assert setting in text, setting
+    assert "@{" not in text  # every placeholder filled
+
+
+def test_render_knl_numbers(big, tmp_path):
+    out = cli("render", "--partition", "knl", "--nodes", "16", "--ranks-per-node", "4", "--data", big,
+              "--run-dir", str(tmp_path / "knl16"), "--preset", "smoke", "--seed", "7", "--batch-size", "2")
+    assert out.exit_code == 0, out.output
+    text = out.stdout
+    v = _assignments(text)
+    assert "#SBATCH --partition=normal\n" in text and "#SBATCH --ntasks=64\n" in text
+    assert "#SBATCH --cpus-per-task=64\n" in text  # 16 cores x 4 hardware threads
+    assert v["CORES_PER_RANK"] == "16" and v["MCDRAM"] == "cache"
+    assert v["RUN_DIR"] == str(tmp_path / "knl16")
+    assert v["TRAIN_ARGS"] == "(--preset smoke --batch-size 2 --seed 7)"
+    flat = cli("render", "--partition", "knl", "--nodes", "2", "--queue", "flat-quadrant", "--data", big,
+               "--preset", "smoke", "--runs-dir", str(tmp_path))
+    assert _assignments(flat.stdout)["MCDRAM"] == "flat"
+
+
+def test_render_generic_defaults_take_cores_from_the_allocation(tiny, tmp_path):
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
+              "--runs-dir", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    v = _assignments(out.stdout)
+    assert v["CORES_PER_NODE"] == "0" and v["RANKS_PER_NODE"] == "1"
+    assert "--cpus-per-task" not in out.stdout.split("#\n", 1)[0]  # unknown until the job runs
+    assert "#SBATCH --partition" not in out.stdout
+
+
+def _err(result) -> str:
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "knl", "--nodes", "32", "--queue", "development"], "more than the 16 nodes the development queue"),
+    (["--partition", "knl", "--nodes", "1", "--time", "72:00:00"], "longer than the 2-00:00:00 the normal queue"),
+    (["--partition", "knl", "--nodes", "1", "--ranks-per-node", "80"], "more than the 64 usable cores"),
+    (["--partition", "skx", "--nodes", "1", "--ranks-per-node", "3"], "straddle the 2 sockets"),
+    (["--partition", "skx", "--nodes", "1", "--hw-threads", "4"], "--hw-threads must be between 1 and 2"),
+    (["--partition", "knl", "--nodes", "1", "--time", "2 hours"], "not a Slurm wall time"),
+    (["--partition", "generic", "--nodes", "1", "--name", "my run"], "--name 'my run'"),
+    (["--partition", "generic", "--nodes", "1", "--preset", "liver2d"], "pass --image-size 32 or --resize"),
+    (["--partition", "generic", "--nodes", "1", "--image-size", "30"], "not divisible by 2**depth"),
+    (["--partition", "knl", "--nodes", "4", "--batch-size", "4"], "fewer than ranks x batch size = 16 x 4"),
+    (["--partition", "generic", "--nodes", "1", "--venv", "/nonexistent/venv"], "no bin/ folder"),
+])
+def test_render_refuses_bad_input_with_one_line(tiny, tmp_path, args, message):
+    # Options given twice: the last one wins (as in click), so args can change the preset.
+    out = cli("render", "--data", tiny, "--preset", "smoke", "--runs-dir", str(tmp_path), *args)
+    assert out.exit_code == 2, out.output
+    assert out.stdout == ""
+    assert _err(out).startswith("error: ") and message in _err(out), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_render_refuses_missing_data_and_an_existing_run(tmp_path, tiny):
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", str(tmp_path / "nope.h5"),
+              "--preset", "smoke", "--runs-dir", str(tmp_path))
+    assert out.exit_code == 2 and "no such file" in _err(out)
+    ok = cli("render", "--partition", "generic", "--nodes", "1", "--data", str(tmp_path / "nope.h5"),
+             "--preset", "smoke", "--runs-dir", str(tmp_path), "--no-check-data")
+    assert ok.exit_code == 0, ok.output
+    (tmp_path / "distseg-n1" / "logs").mkdir(parents=True)
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
+              "--runs-dir", str(tmp_path))
+    assert out.exit_code == 2 and "already holds a run (logs exists)" in _err(out)
+
+
+@pytest.mark.parametrize("flag", ["--data=x.h5", "--run-dir", "--intra-op-threads"])
+def test_job_refuses_training_options_the_script_sets(flag, tiny):
+    spec = jobs_lib.JobSpec(partition="generic", nodes=1, data=tiny, train_args=(flag, "1"))
+    with pytest.raises(jobs_lib.JobError, match="set by the job script"):
+        jobs_lib.resolve(spec)
+
+
+# ---- sweeps ---------------------------------------------------------------------------------
+
+STUB_SBATCH = """#!/bin/sh
+# Stand-in for sbatch: records its arguments, prints job ids like `sbatch --parsable`.
+n=101
+if [ -f "$SBATCH_LOG" ]; then n=$(( $(wc -l < "$SBATCH_LOG") + 101 )); fi
+echo "$*" >> "$SBATCH_LOG"
+echo "$n;cluster1"
+"""
+
+
+def _submit(sweep_dir, tmp_path):
+    stub = tmp_path / "sbatch-stub"
+    stub.write_text(STUB_SBATCH)
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "sbatch.log"
+    env = dict(os.environ, SBATCH=str(stub), SBATCH_LOG=str(log))
+    out = subprocess.run(["bash", str(sweep_dir / "submit.sh")], capture_output=True, text=True,
+                         timeout=30, env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout, log.read_text().splitlines()
+
+
+def test_sweep_writes_linted_scripts_and_a_chained_submit(big, tmp_path):
+    out_dir = tmp_path / "sweep"
+    runs = tmp_path / "runs"
+    out = cli("sweep", "--partition", "knl", "--nodes", "1,2,4,8,16,32", "--ranks-per-node", "2",
+              "--data", big, "--preset", "smoke", "--batch-size", "2", "--seed", "11",
+              "--runs-dir", str(runs), "--name", "scale", "--out", str(out_dir),
+              "--target-loss", "-0.75", "--target-loss", "-0.76", "--time", "01:00:00")
+    assert out.exit_code == 0, out.output
+    names = [f"scale-n{n}.sbatch" for n in (1, 2, 4, 8, 16, 32)]
+    assert sorted(os.listdir(out_dir)) == sorted(names + ["report.sbatch", "submit.sh"])
+    assert os.access(out_dir / "submit.sh", os.X_OK)
+    train_args, run_dirs = set(), []
+    for name in names + ["report.sbatch", "submit.sh"]:
+        lint(str(out_dir / name))
+    for n, name in zip((1, 2, 4, 8, 16, 32), names):
+        v = _assignments((out_dir / name).read_text())
+        assert v["NODES"] == str(n) and v["NTASKS"] == str(2 * n)
+        train_args.add(v["TRAIN_ARGS"])
+        run_dirs.append(v["RUN_DIR"])
+    # Same options and global seed for every node count; one run directory each.
+    assert train_args == {"(--preset smoke --batch-size 2 --seed 11)"}
+    assert run_dirs == [str(runs / f"scale-n{n}") for n in (1, 2, 4, 8, 16, 32)]
+    report = (out_dir / "report.sbatch").read_text()
+    assert all(d in report for d in run_dirs)
+    assert "REPORT_ARGS=(--target-loss -0.75 --target-loss -0.76)" in report
+    assert f"OUT={runs / 'scale-report'}" in report
+
+    stdout, calls = _submit(out_dir, tmp_path)
+    # Chained: each job after the previous one; the report after all six.
+    assert calls[0] == "--parsable scale-n1.sbatch"
+    for i in range(1, 6):
+        assert calls[i] == f"--parsable --dependency=afterany:{100 + i} {names[i]}"
+    assert calls[6] == "--parsable --dependency=afterany:101:102:103:104:105:106 report.sbatch"
+    assert "submitted report.sbatch as job 107" in stdout
+    assert runs.is_dir()  # submit.sh makes the runs folder Slurm writes into
+
+
+def test_sweep_without_chaining_and_its_errors(big, tmp_path):
+    out_dir = tmp_path / "s"
+    out_dir.mkdir()
+    # No --out: the scripts go into the current directory.
+    out = cli("sweep", "--partition", "skx", "--nodes", "1,2", "--data", big, "--preset", "smoke",
+              "--runs-dir", str(tmp_path / "runs"), "--no-chain", cwd=str(out_dir))
+    assert out.exit_code == 0, out.output
+    assert sorted(os.listdir(out_dir)) == ["distseg-n1.sbatch", "distseg-n2.sbatch", "report.sbatch", "submit.sh"]
+    _, calls = _submit(out_dir, tmp_path)
+    assert calls == ["--parsable distseg-n1.sbatch", "--parsable distseg-n2.sbatch",
+                     "--parsable --dependency=afterany:101:102 report.sbatch"]
+    for args, message in [
+        (["--nodes", "1,x"], "expected node counts"),
+        (["--nodes", "2,2"], "appears twice"),
+        (["--nodes", "1,256", "--queue", "skx-normal"], "more than the 128 nodes"),
+        (["--nodes", "1,64", "--batch-size", "4"], "fewer than ranks x batch size = 128 x 4"),
+    ]:
+        bad = cli("sweep", "--partition", "skx", "--data", big, "--preset", "smoke",
+                  "--runs-dir", str(tmp_path / "runs2"), "--out", str(tmp_path / "bad"), *args)
+        assert bad.exit_code == 2 and message in _err(bad), bad.output
+        assert not (tmp_path / "bad").exists()  # nothing written unless every job passes
+
+
+# ---- the script itself, before launching anything ---------------------------------------------
+
+def _slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str]:
+    """What Slurm would set in a batch job on one node called localhost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
+    env.update(SLURM_JOB_ID="4242", SLURM_JOBID="4242", SLURM_JOB_NAME="distseg-local",
+               SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(tasks),
+               SLURM_NPROCS=str(tasks), SLURM_NTASKS_PER_NODE=str(per_node),
+               SLURM_TASKS_PER_NODE=str(per_node), SLURM_JOB_NODELIST="localhost",
+               SLURM_NODELIST="localhost", SLURMD_NODENAME="localhost", SLURM_CPUS_ON_NODE=str(cpus),
+               SLURM_SUBMIT_DIR=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def test_script_refuses_an_allocation_of_another_size(tiny, tmp_path):
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2", "--data", tiny,
+              "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"))
+    script = tmp_path / "job.sbatch"
+    script.write_text(out.stdout)
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
+                         env=_slurm_env(nodes=2, tasks=4, per_node=2, cpus=2))
+    assert res.returncode == 2
+    assert "rendered for 1 node(s) but Slurm gave 2" in res.stderr
+    assert not (tmp_path / "runs").exists()  # refused before touching anything
+    env = dict(_slurm_env(1, 2, 2, 2), DISTSEG_LAUNCHER="pbsdsh")
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, env=env)
+    assert res.returncode == 2 and "launcher 'pbsdsh' is unknown" in res.stderr
+
+
+def _run_script(script, env, timeout=RUN_TIMEOUT):
+    """bash SCRIPT in its own process group, killed whole on timeout."""
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{script} did not finish in {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
+    if shutil.which("srun"):
+        pytest.skip("srun is installed: this is a Slurm node, where the hand-made allocation would be taken for real")
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not installed (scripts/install.sh installs openmpi-bin)")
+    runs = tmp_path / "runs"
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2",
+              "--data", tiny, "--runs-dir", str(runs), "--name", "local", "--preset", "smoke",
+              "--epochs", "1", "--seed", "3", "--venv", os.path.dirname(BIN))
+    assert out.exit_code == 0, out.output
+    script = tmp_path / "local-n1.sbatch"
+    script.write_text(out.stdout)
+    lint(str(script))
+
+    code, log = _run_script(script, _slurm_env(nodes=1, tasks=2, per_node=2, cpus=2))
+    assert code == 0, log[-5000:]
+    run_dir = runs / "local-n1"
+    assert "launcher: mpirun" in (run_dir / "job.txt").read_text()
+    assert sorted(os.listdir(run_dir / "logs")) == ["rank-00000.jsonl", "rank-00001.jsonl"]
+    with open(run_dir / "config.json") as f:
+        config = json.load(f)
+    assert config["train"]["seed"] == 3 and config["data"]["path"] == tiny
+    for rank in (0, 1):
+        records, problems = schema.read_log(str(run_dir / "logs" / schema.log_name(rank)))
+        assert not problems
+        run, end = records[0], records[-1]
+        assert run["size"] == 2 and run["local_size"] == 2
+        # The script's thread numbers reached the ranks: 2 CPUs / 2 ranks = 1 each.
+        assert run["threads"]["intra_op"] == 1 and run["threads"]["inter_op"] == 1
+        assert run["horovod_env"]["HOROVOD_FUSION_THRESHOLD"] == str(128 * 1024 * 1024)
+        assert end["status"] == "ok"
+        assert [r for r in records if r["type"] == "epoch"]
+
+    # The run is read by distseg-report, directly and through a sweep's report script.
+    report_dir = tmp_path / "report"
+    rep = subprocess.run([f"{BIN}/distseg-report", str(run_dir), "--out", str(report_dir)],
+                         capture_output=True, text=True, timeout=120, env=_slurm_env(1, 2, 2, 2))
+    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
+    assert (report_dir / "report.md").is_file()
+
+    job = jobs_lib.resolve(jobs_lib.JobSpec(partition="generic", nodes=1, data=tiny, ranks_per_node=2,
+                                            runs_dir=str(runs), name="other", venv=os.path.dirname(BIN)))
+    report_script = tmp_path / "report.sbatch"
+    report_script.write_text(jobs_lib.render_report(job, [str(run_dir), str(runs / "never-ran")],
+                                                    str(tmp_path / "report2")))
+    lint(str(report_script))
+    code, log = _run_script(report_script, _slurm_env(1, 1, 1, 2), timeout=120)
+    assert code == 0, log[-3000:]
+    assert "skipping" in log and "never-ran" in log
+    assert (tmp_path / "report2" / "report.md").is_file()
+
+
+# ---- the light side stays light --------------------------------------------------------------
+
+def test_distseg_jobs_imports_neither_tensorflow_nor_horovod(tiny, tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['tensorflow'] = None\n"
+        "sys.modules['horovod'] = None\n"
+        "from distseg.jobs_cli import jobs\n"
+        "jobs(['render', '--partition', 'knl', '--nodes', '1', '--data', sys.argv[1], '--preset', 'smoke',\n"
+        "      '--runs-dir', sys.argv[2]])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, tiny, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=distseg-n1\n")
+
+
+# ---- Docker ---------------------------------------------------------------------------------------
+
+def test_dockerfile_installs_through_the_install_script_as_a_non_root_user():
+    with open(os.path.join(REPO, "docker", "Dockerfile")) as f:
+        text = f.read()
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    assert any(l.startswith("FROM ") and "bookworm" in l for l in lines)
+    run_install = [l for l in lines if "scripts/install.sh" in l]
+    assert run_install and "VENV=/opt/venv" in " ".join(lines)
+    users = [l.split()[1] for l in lines if l.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    # The install runs before the switch to the unprivileged user (it needs apt-get).
+    assert lines.index(run_install[0]) < lines.index(f"USER {users[-1]}")
+    assert re.search(r"ENV .*PATH=/opt/venv/bin:", text)
+
+
+def test_docker_run_script_and_compose(tmp_path):
+    lint(os.path.join(REPO, "docker", "run-local.sh"))
+    with open(os.path.join(REPO, "docker", "run-local.sh")) as f:
+        script = f.read()
+    assert 'horovodrun -np "$ranks" -H "localhost:$ranks"' in script
+    yaml = pytest.importorskip("yaml")
+    with open(os.path.join(REPO, "docker", "compose.yml")) as f:
+        compose = yaml.safe_load(f)
+    train = compose["services"]["train"]
+    command = " ".join(train["command"]) if isinstance(train["command"], list) else train["command"]
+    assert "horovodrun -np 4 -H localhost:4 distseg-train" in command
+    mounts = {v.split(":")[1] for v in train["volumes"]}
+    assert {"/work/data", "/work/runs"} <= mounts
+    assert train["build"]["dockerfile"] == "docker/Dockerfile"

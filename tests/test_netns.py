@@ -1,0 +1,230 @@
+"""Multi-node without a cluster: two test hosts in network namespaces, one rank on each.
+
+Each host is a network namespace with one end of a veth pair (10.77.0.1/24 and
+10.77.0.2/24: addresses on that private link only) and its own host name (a UTS
+namespace). ``mpirun`` starts in the first; Open MPI's ssh is replaced by an agent that
+runs the remote daemon inside the second namespace (``ip netns exec``), keyed by the
+address it is asked to reach. Open MPI is held to the link: TCP only (no shared memory
+between the ranks, no UCX), and both its TCP BTL and its out-of-band channel restricted
+to 10.77.0.0/24. The veth byte counters before and after show the allreduce traffic
+crossed the link.
+
+Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN): skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from distseg import schema, synth
+
+BIN = os.path.dirname(sys.executable)
+TIMEOUT = 90  # seconds for each multi-process run
+SUBNET = "10.77.0.0/24"
+TAG = f"ds{os.getpid() % 100000}"
+HOSTS = (  # (namespace, veth end, address, host name)
+    (f"{TAG}a", f"{TAG}a0", "10.77.0.1", f"{TAG}-host-a"),
+    (f"{TAG}b", f"{TAG}b0", "10.77.0.2", f"{TAG}-host-b"),
+)
+pytestmark = pytest.mark.timeout(TIMEOUT * 2 + 60)
+
+
+def _sh(*cmd: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def _why_not() -> str | None:
+    """Why namespaces cannot be used here, or None when they can (tried, not guessed)."""
+    for tool in ("ip", "unshare", "mpirun"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    probe = f"{TAG}probe"
+    try:
+        out = _sh("ip", "netns", "add", probe, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"ip netns add failed: {e}"
+    if out.returncode != 0:
+        return f"ip netns add is not permitted here: {out.stderr.strip()}"
+    try:
+        out = _sh("ip", "netns", "exec", probe, "unshare", "--uts", "true", check=False)
+        if out.returncode != 0:
+            return f"unshare --uts is not permitted here: {out.stderr.strip()}"
+    finally:
+        _sh("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    """Ends processes a failed run left in our namespace (by pid, ours only)."""
+    out = _sh("ip", "netns", "pids", ns, check=False)
+    for pid in out.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Creates the two hosts and the agent; removes everything afterwards."""
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    (ns_a, dev_a, _, _), (ns_b, dev_b, _, _) = HOSTS
+    made = []
+    try:
+        for ns, *_ in HOSTS:
+            _sh("ip", "netns", "add", ns)
+            made.append(ns)
+        _sh("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
+        for ns, dev, addr, _ in HOSTS:
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        agent = tmp_path_factory.mktemp("agent") / "netns-ssh"
+        cases = "\n".join(f"  {addr}) ns={ns}; name={name} ;;" for ns, _, addr, name in HOSTS)
+        agent.write_text(textwrap.dedent("""\
+            #!/bin/sh
+            # Stands in for ssh: "agent HOST COMMAND..." runs COMMAND on the test host that
+            # owns address HOST, i.e. inside its network namespace under its host name.
+            # Like ssh, the words of COMMAND are joined and parsed by a shell.
+            host=$1
+            shift
+            case $host in
+            {cases}
+              *) echo "netns-ssh: no test host at $host" >&2; exit 255 ;;
+            esac
+            exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && $*"
+            """).format(cases=cases))
+        agent.chmod(agent.stat().st_mode | stat.S_IXUSR)
+        yield str(agent)
+    finally:
+        for ns in made:
+            _kill_namespace_processes(ns)
+            _sh("ip", "netns", "del", ns, check=False)  # takes its end of the veth pair along
+
+
+def _counters() -> dict[str, int]:
+    """tx/rx bytes of each veth end, read inside its namespace."""
+    out = {}
+    for ns, dev, _, _ in HOSTS:
+        for way in ("tx", "rx"):
+            text = _sh("ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/{way}_bytes").stdout
+            out[f"{dev}.{way}"] = int(text)
+    return out
+
+
+def _mpirun(agent: str, program: list[str]) -> subprocess.CompletedProcess:
+    """One rank on each test host; mpirun itself runs on host a."""
+    (ns_a, _, addr_a, name_a), (_, _, addr_b, _) = HOSTS
+    mpirun = [
+        "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{addr_a}:1,{addr_b}:1",
+        "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+        # Held to the link: TCP between ranks (self for a rank to itself), no shared
+        # memory, no UCX/OFI transports, and the control channel on the link too.
+        "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
+        "--mca", "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
+        "--mca", "ras", "^slurm", "--mca", "plm", "rsh",
+        "--bind-to", "none", "--tag-output",
+        "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "DISTSEG_PIN", "-x", "OMP_NUM_THREADS",
+    ]
+    cmd = ["ip", "netns", "exec", ns_a, "unshare", "--uts", "sh", "-c",
+           f'hostname {name_a} && exec "$@"', "sh", *mpirun, *program]
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2",
+               DISTSEG_PIN="0", OMP_NUM_THREADS="1")
+    for k in list(env):
+        if k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "SLURM_")):
+            env.pop(k)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"mpirun across the namespaces did not finish in {TIMEOUT} s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+ALLREDUCE = """
+import json, socket, sys
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+hvd.init()
+n, repeats = int(sys.argv[1]), int(sys.argv[2])
+# Each rank contributes a different value, so the sum proves both took part.
+x = tf.fill([n], float(hvd.rank() + 1))
+for i in range(repeats):
+    y = hvd.allreduce(x, op=hvd.Sum, name=f"grad_{i}")
+want = hvd.size() * (hvd.size() + 1) / 2
+ok = bool(np.all(y.numpy() == want))
+report = hvd.allgather_object({"rank": hvd.rank(), "host": socket.gethostname(), "ok": ok})
+if hvd.rank() == 0:
+    print("RESULT " + json.dumps({"size": hvd.size(), "ranks": report}), flush=True)
+hvd.shutdown()
+"""
+
+
+def test_horovod_allreduce_crosses_the_veth_link(hosts, tmp_path):
+    program = tmp_path / "allreduce.py"
+    program.write_text(ALLREDUCE)
+    n, repeats = 1 << 21, 4  # 8 MiB of float32 per allreduce, 4 times
+    payload = n * 4 * repeats
+    before = _counters()
+    t0 = time.monotonic()
+    out = _mpirun(hosts, [f"{BIN}/python", str(program), str(n), str(repeats)])
+    seconds = time.monotonic() - t0
+    after = _counters()
+    assert out.returncode == 0, out.stdout[-4000:]
+    line = next(l for l in out.stdout.splitlines() if "RESULT " in l)
+    result = json.loads(line.split("RESULT ", 1)[1])
+    assert result["size"] == 2
+    assert all(r["ok"] for r in result["ranks"]), result
+    # One rank on each test host, each under that host's name.
+    assert sorted(r["host"] for r in result["ranks"]) == sorted(h[3] for h in HOSTS)
+    sent = {k: after[k] - before[k] for k in after}
+    # Allreducing N bytes over 2 ranks sends at least N bytes each way (ring: N/2 in the
+    # reduce-scatter and N/2 in the allgather), so every counter passes the payload.
+    for key, value in sent.items():
+        assert value >= payload, (key, value, payload, sent)
+    print(f"\n{payload} gradient bytes; veth bytes {sent}; {seconds:.1f} s")
+
+
+def test_distseg_train_two_hosts(hosts, tmp_path):
+    data = str(tmp_path / "tiny.h5")
+    synth.make_dataset(data, cases=4, size=32, seed=0, slices_per_case=16)  # 48 train slices
+    run_dir = tmp_path / "np2-netns"
+    before = _counters()
+    out = _mpirun(hosts, [f"{BIN}/distseg-train", "--preset", "smoke", "--data", data,
+                          "--run-dir", str(run_dir), "--epochs", "1", "--intra-op-threads", "1",
+                          "--inter-op-threads", "1"])
+    after = _counters()
+    assert out.returncode == 0, out.stdout[-4000:]
+    runs, steps = [], []
+    for rank in (0, 1):
+        records, problems = schema.read_log(str(run_dir / "logs" / schema.log_name(rank)))
+        assert not problems
+        runs.append(records[0])
+        steps.append([r for r in records if r["type"] == "step"])
+        assert records[-1]["type"] == "end" and records[-1]["status"] == "ok"
+    assert sorted(r["host"] for r in runs) == sorted(h[3] for h in HOSTS)
+    assert {r["size"] for r in runs} == {2}
+    assert len(steps[0]) == len(steps[1]) > 0
+    # Every step allreduces all gradients: the link carried at least that much each way.
+    grad_bytes = runs[0]["model"]["params"] * 4 * len(steps[0])
+    for key in after:
+        assert after[key] - before[key] >= grad_bytes, (key, after[key] - before[key], grad_bytes)
+    with open(run_dir / "config.json") as f:
+        assert json.load(f)["data"]["path"] == data
