@@ -15,20 +15,23 @@ field needs a new ``SCHEMA_VERSION``.
     ranks), start_time (Unix seconds, rank 0's clock, agreed by broadcast), versions
     (python, tensorflow, keras, horovod, mpi, numpy, h5py), controller (mpi|gloo|none),
     threads {intra_op, inter_op}, horovod_env (HOROVOD_* settings in force),
-    config_hash (sha256 of the resolved config, first 16 hex digits), model, dataset
-    {path, samples, train_samples, val_samples, image_size, ...}, global_seed,
-    steps_per_epoch, batch_size (per rank), global_batch_size, lr_base, lr_scaled.
+    config_hash (sha256 of the resolved config, first 16 hex digits), model {name,
+    params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
+    image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
+    global_batch_size, lr_base, lr_scaled, warmup_steps, epochs.
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
     spent waiting for input), loss (mean over ranks), loss_local (this rank's batch),
     lr, samples (this rank's batch size).
 ``epoch`` each finished epoch:
-    epoch, t, epoch_time, samples (this rank's count), sample_digest (order-independent
+    epoch, t, epoch_time (training and validation), train_time (training only, with the
+    epoch-end BatchNorm averaging and weight check), steps, samples (this rank's
+    count), sample_digest (order-independent
     digest of the sample ids this rank saw, see ``sample_digest``), train_loss (mean
     over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
-    val_samples_local, weight_checksum.
+    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares].
 ``end``   once, at the end, whatever happened:
     status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
 """
@@ -70,6 +73,17 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "val_loss", "val_dice", "val_dice_local",
     ),
     "end": ("status", "reason", "t", "epochs_done"),
+}
+
+#: Fields the trainer also writes, documented above, that readers may rely on when
+#: present (older logs or other producers may lack them).
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
+            "warmup_steps", "epochs"),
+    "step": (),
+    "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
+              "val_samples_local", "val_samples", "weight_checksum"),
+    "end": (),
 }
 
 END_STATUSES = ("ok", "error", "interrupted")

@@ -65,6 +65,10 @@ def test_two_ranks_one_epoch_loss_goes_down(tiny, tmp_path):
         assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.02, losses
         epoch = [r for r in recs if r["type"] == "epoch"][0]
         assert epoch["samples"] == 64 and epoch["epoch_time"] > 0
+        # Every field the trainer writes is documented in the schema.
+        for r in recs:
+            known = set(schema.COMMON + schema.FIELDS[r["type"]] + schema.OPTIONAL[r["type"]])
+            assert not set(r) - known, (r["type"], set(r) - known)
     with open(os.path.join(run_dir, "config.json")) as f:
         assert json.load(f)["data"]["path"] == tiny
 

@@ -1,0 +1,71 @@
+"""Command line of ``analysis``: ``distseg-report`` (parses options, calls one function)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _node_list(ctx, param, value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        nodes = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise click.BadParameter(f"expected node counts like 64,128,256, got {value!r}")
+    if any(n < 1 for n in nodes):
+        raise click.BadParameter(f"node counts must be >= 1, got {value!r}")
+    return nodes
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--target-loss", type=float, multiple=True,
+              help="Training-loss target, repeatable (e.g. -0.75): hours until loss <= target.")
+@click.option("--target-dice", type=float, multiple=True,
+              help="Validation-Dice target, repeatable (e.g. 0.9): hours until Dice >= target.")
+@click.option("--dice-class", default=None,
+              help="Class a Dice target refers to (default: mean over foreground classes).")
+@click.option("--smooth", type=int, default=0, show_default=True,
+              help="Trailing mean over this many steps for the loss curve and loss targets.")
+@click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(),
+              help="Directory for the CSVs, plots, report.md, report.html and report.json.")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md",
+              show_default=True, help="What to print: Markdown tables or a JSON document.")
+@click.option("--project-nodes", callback=_node_list, default=None,
+              help="Project time per epoch to these node counts, e.g. 64,128,256.")
+@click.option("--bandwidth-gbps", type=float, default=100.0, show_default=True,
+              help="Projection: link bandwidth in Gbit/s.")
+@click.option("--latency-us", type=float, default=2.0, show_default=True,
+              help="Projection: latency per allreduce message in microseconds.")
+@click.option("--latency-term", type=click.Choice(["ring", "log"]), default="ring",
+              show_default=True, help="Projection: 2(R-1) (ring) or 2 log2 R message rounds.")
+@click.option("--grad-bytes", type=float, default=None,
+              help="Projection: gradient bytes per step (default: logged parameters x 4).")
+@click.option("--ranks-per-node", type=int, default=None,
+              help="Projection: ranks per node (default: as in the largest measured run).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt, project_nodes,
+           bandwidth_gbps, latency_us, latency_term, grad_bytes, ranks_per_node, progress):
+    """Scaling tables, loss versus time and hours-to-target from distseg run directories.
+
+    RUN_DIRS are run directories (each with logs/rank-NNNNN.jsonl), e.g. runs at 1, 2
+    and 4 nodes: distseg-report runs/np1 runs/np2 runs/np4 --target-loss -0.75
+    --target-loss -0.76 --out report/
+    """
+    from analysis.logs import RunDirError
+    from analysis.project import Fabric
+    from analysis.report import ReportOptions, main
+
+    try:
+        options = ReportOptions(
+            target_loss=tuple(target_loss), target_dice=tuple(target_dice),
+            dice_class=dice_class, smooth=smooth, project_nodes=project_nodes,
+            fabric=Fabric(bandwidth_gbps, latency_us, latency_term), grad_bytes=grad_bytes,
+            ranks_per_node=ranks_per_node).validate()
+    except ValueError as e:
+        raise click.UsageError(str(e))
+    try:
+        main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress)
+    except RunDirError as e:
+        raise click.ClickException(str(e))

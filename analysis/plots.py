@@ -1,0 +1,112 @@
+"""The report's figures, drawn headless with matplotlib's Agg backend.
+
+Each function takes the frames of ``analysis.tables`` and writes one PNG; nothing here
+computes a number that is not already in a table, so the plots and CSVs agree.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on cluster nodes or in CI
+
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+#: Train curves longer than this are thinned for drawing (the CSV keeps every point).
+MAX_POINTS = 20_000
+
+
+def _label(run: str, ranks, nodes) -> str:
+    nodes = "?" if nodes is None or pd.isna(nodes) else int(nodes)
+    return f"{run} ({int(ranks)} rank{'s' if int(ranks) != 1 else ''}, {nodes} node{'s' if nodes != 1 else ''})"
+
+
+def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
+                 smooth: int = 0) -> str:
+    """Training loss (line) and validation loss (markers) against wall-clock hours."""
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (run, g) in enumerate(curves.groupby("run", sort=False)):
+        color = colors[i % len(colors)]
+        label = _label(run, g["ranks"].iloc[0], g["nodes"].iloc[0])
+        train = g[g["series"] == "train"]
+        if len(train):
+            step = max(1, len(train) // MAX_POINTS)
+            thin = train.iloc[::step]
+            if smooth > 1:
+                ax.plot(thin["hours"], thin["loss"], color=color, alpha=0.25, lw=0.8)
+                ax.plot(thin["hours"], thin["loss_smoothed"], color=color, lw=1.6,
+                        label=f"{label} train (mean of {smooth} steps)")
+            else:
+                ax.plot(thin["hours"], thin["loss"], color=color, lw=1.4, label=f"{label} train")
+        val = g[(g["series"] == "val") & g["loss"].notna()]
+        if len(val):
+            ax.plot(val["hours"], val["loss"], color=color, ls="--", marker="o", ms=4, lw=1,
+                    label=f"{label} validation")
+    # Targets far outside the curves would squash them: those are only named.
+    losses = pd.concat([curves["loss"], curves["loss_smoothed"]]).astype(float)
+    losses = losses[np.isfinite(losses)]
+    low, high = (float(losses.min()), float(losses.max())) if len(losses) else (-1.0, 0.0)
+    pad = max(high - low, 0.05)
+    styles = [":", "-.", (0, (5, 2)), (0, (1, 3))]
+    for i, target in enumerate(targets):
+        inside = low - pad <= target <= high + pad
+        ax.axhline(target, color="0.35", ls=styles[i % len(styles)], lw=1,
+                   label=f"target loss {target:g}" + ("" if inside else " (off the axis)"))
+        if inside:
+            low, high = min(low, target), max(high, target)
+    if len(losses):
+        ax.set_ylim(low - 0.05 * pad, high + 0.05 * pad)
+        ax.set_xlim(left=0)
+    ax.set_xlabel("wall-clock time (hours)")
+    ax.set_ylabel("loss (negative mean soft Dice; -1 is perfect)")
+    ax.set_title("Loss versus wall-clock time")
+    ax.grid(True, alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=8, loc="upper right")
+    else:
+        ax.text(0.5, 0.5, "no loss records", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def val_dice_spread(spread: pd.DataFrame, path: str, classes: Sequence[str]) -> str:
+    """Per class: median of the ranks' validation Dice per epoch with a min-max band."""
+    panels = [c for c in classes if c in set(spread["class"])] or ["mean_foreground"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 4.2), dpi=110,
+                             squeeze=False, sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    runs = list(dict.fromkeys(spread["run"]))
+    for ax, cls in zip(axes[0], panels):
+        for i, run in enumerate(runs):
+            g = spread[(spread["run"] == run) & (spread["class"] == cls)].sort_values("epoch")
+            if not len(g):
+                continue
+            color = colors[i % len(colors)]
+            ax.fill_between(g["epoch"], g["min"], g["max"], color=color, alpha=0.2, lw=0)
+            ax.plot(g["epoch"], g["median"], color=color, marker="o", ms=3, lw=1.4,
+                    label=f"{run}: rank median, min-max band")
+            if g["global"].notna().any():
+                ax.plot(g["epoch"], g["global"], color=color, ls=":", lw=1)
+        ax.set_title(cls.replace("_", " "))
+        ax.set_xlabel("epoch")
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0][0].set_ylabel("validation Dice (per rank's shard)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        axes[0][-1].legend(handles, labels, fontsize=7, loc="lower right")
+    else:
+        axes[0][0].text(0.5, 0.5, "no validation Dice", ha="center", va="center",
+                        transform=axes[0][0].transAxes)
+    fig.suptitle("Validation Dice across ranks (dotted: global Dice)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,201 @@
+"""Projection of time per epoch beyond the measured node counts.
+
+A deliberately simple model, fitted to the measured runs and labelled as a projection
+wherever it is shown::
+
+    t_step(R) = t_compute + t_allreduce(R)
+    t_allreduce(R) = 2 (R - 1) / R * G / B  +  alpha * L(R)
+    t_epoch(R) = steps(R) * t_step(R)
+
+with ``R`` ranks, ``G`` gradient bytes (parameters x 4, float32), ``B`` the link
+bandwidth, ``alpha`` the per-message latency and ``L(R) = 2 (R - 1)`` message rounds
+for a ring (``--latency-term ring``) or ``2 log2 R`` for a tree/recursive-doubling
+algorithm (``--latency-term log``). ``steps(R)`` is the number of steps each rank runs
+per epoch, from the dataset size and the per-rank batch, as ``distseg.data`` shards.
+The one free parameter, ``t_compute``, is the least-squares fit (the mean) of
+``measured step time - t_allreduce(R)`` over the measured runs, where the measured step
+time is the median steady training time per epoch (``train_time``, no validation)
+divided by the steps per epoch; the residuals at the
+measured points are shown so the fit can be judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis.logs import RunData
+
+LATENCY_TERMS = ("ring", "log")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Interconnect assumptions of the projection.
+
+    Attributes:
+      bandwidth_gbps: link bandwidth in Gbit/s (default: a 100 Gb/s fabric such as
+        Omni-Path or EDR InfiniBand).
+      latency_us: per-message latency in microseconds.
+      latency_term: ``ring`` (2 (R-1) rounds) or ``log`` (2 log2 R rounds).
+    """
+
+    bandwidth_gbps: float = 100.0
+    latency_us: float = 2.0
+    latency_term: str = "ring"
+
+    def validate(self) -> "Fabric":
+        if not self.bandwidth_gbps > 0:
+            raise ValueError(f"--bandwidth-gbps must be > 0, got {self.bandwidth_gbps}")
+        if not self.latency_us >= 0:
+            raise ValueError(f"--latency-us must be >= 0, got {self.latency_us}")
+        if self.latency_term not in LATENCY_TERMS:
+            raise ValueError(f"--latency-term must be one of {LATENCY_TERMS}, "
+                             f"got {self.latency_term!r}")
+        return self
+
+
+def allreduce_seconds(ranks: int, grad_bytes: float, fabric: Fabric) -> float:
+    """Ring-allreduce time of ``grad_bytes`` over ``ranks`` ranks (0 for one rank)."""
+    if ranks <= 1:
+        return 0.0
+    bandwidth = fabric.bandwidth_gbps * 1e9 / 8.0
+    rounds = 2.0 * (ranks - 1) if fabric.latency_term == "ring" else 2.0 * math.log2(ranks)
+    return 2.0 * (ranks - 1) / ranks * grad_bytes / bandwidth + fabric.latency_us * 1e-6 * rounds
+
+
+def steps_per_epoch(train_samples: int, ranks: int, batch_size: int) -> int:
+    """Steps each rank runs per epoch (``distseg.data.steps_per_epoch``)."""
+    per_rank = train_samples // ranks if batch_size == 1 else math.ceil(train_samples / ranks)
+    return math.ceil(per_rank / batch_size)
+
+
+@dataclass
+class Projection:
+    """The fitted model and its table.
+
+    Attributes:
+      table: one row per measured run (``kind`` = ``measured``, with the model's value
+        beside it) and per projected node count (``kind`` = ``projection``).
+      assumptions: one line each, printed with the table.
+      compute_s: the fitted per-step compute time.
+    """
+
+    table: pd.DataFrame
+    assumptions: list[str]
+    compute_s: float
+
+
+def grad_bytes_of(runs: Sequence[RunData], override: float | None) -> tuple[float | None, str]:
+    """Gradient bytes: ``--grad-bytes``, else the logged parameter count x 4."""
+    if override:
+        return float(override), "--grad-bytes"
+    for run in runs:
+        model = run.run_record.get("model")
+        if isinstance(model, dict) and model.get("params"):
+            return 4.0 * float(model["params"]), f"{int(model['params']):,} parameters x 4 bytes"
+    return None, "unknown"
+
+
+def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
+            fabric: Fabric, grad_bytes: float | None = None,
+            ranks_per_node: int | None = None) -> Projection:
+    """Fits the model to the measured runs and projects ``nodes`` node counts.
+
+    Args:
+      runs: the measured runs.
+      tpe: their ``tables.time_per_epoch`` frame (median steady training time per
+        epoch, ``median_train_s``; validation is not modelled).
+      nodes: node counts to project.
+      fabric: bandwidth and latency assumptions.
+      grad_bytes: overrides the logged parameter count x 4.
+      ranks_per_node: defaults to that of the largest measured run.
+
+    Raises:
+      ValueError: nothing to fit (no run with a finished epoch and a dataset size) or
+        no gradient size; the message says which option helps.
+    """
+    fabric.validate()
+    g_bytes, g_source = grad_bytes_of(runs, grad_bytes)
+    if g_bytes is None:
+        raise ValueError("projection needs the gradient size: the run records hold no "
+                         "model.params; pass --grad-bytes")
+    points = []
+    for run in runs:
+        row = tpe[tpe["run"] == run.label].iloc[0]
+        rec = run.run_record
+        ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
+        spe = rec.get("steps_per_epoch")
+        if not (math.isfinite(row["median_train_s"]) and spe and ds.get("train_samples")
+                and rec.get("batch_size")):
+            continue
+        points.append({"run": run.label, "ranks": run.ranks, "nodes": run.nodes or 1,
+                       "epoch_s": float(row["median_train_s"]), "steps": int(spe),
+                       "step_s": float(row["median_train_s"]) / int(spe),
+                       "train_samples": int(ds["train_samples"]),
+                       "batch_size": int(rec["batch_size"]),
+                       "cap": int(spe) < steps_per_epoch(int(ds["train_samples"]), run.ranks,
+                                                         int(rec["batch_size"]))})
+    if not points:
+        raise ValueError("projection needs at least one run with a finished epoch and a run "
+                         "record giving steps_per_epoch, batch_size and dataset.train_samples")
+    residual = [p["step_s"] - allreduce_seconds(p["ranks"], g_bytes, fabric) for p in points]
+    compute = max(float(np.mean(residual)), 0.0)
+    largest = max(points, key=lambda p: p["ranks"])
+    rpn = ranks_per_node or max(1, round(largest["ranks"] / largest["nodes"]))
+    base = min(points, key=lambda p: p["ranks"])
+    n_train, batch = base["train_samples"], base["batch_size"]
+    cap = base["steps"] if base["cap"] else None
+
+    def model_epoch(ranks: int) -> tuple[float, float, int]:
+        steps = steps_per_epoch(n_train, ranks, batch)
+        if cap:
+            steps = min(steps, cap)
+        comm = allreduce_seconds(ranks, g_bytes, fabric)
+        return steps * (compute + comm), comm, steps
+
+    base_model = model_epoch(base["ranks"])[0]
+    rows = []
+    for p in points:
+        epoch_m, comm, steps = model_epoch(p["ranks"])
+        rows.append({"kind": "measured", "run": p["run"], "nodes": p["nodes"], "ranks": p["ranks"],
+                     "steps_per_epoch": p["steps"], "step_s": p["step_s"],
+                     "allreduce_s": comm, "epoch_s": p["epoch_s"], "model_epoch_s": epoch_m,
+                     "residual_s": p["epoch_s"] - epoch_m,
+                     "efficiency": base["epoch_s"] * base["ranks"] / (p["epoch_s"] * p["ranks"]),
+                     "note": ""})
+    for n in nodes:
+        ranks = int(n) * rpn
+        note = ""
+        if n_train < ranks * batch:
+            note = f"infeasible: {n_train} samples < ranks x batch = {ranks} x {batch}"
+        epoch_m, comm, steps = model_epoch(ranks)
+        rows.append({"kind": "projection", "run": f"projected {n} nodes", "nodes": int(n),
+                     "ranks": ranks, "steps_per_epoch": steps, "step_s": compute + comm,
+                     "allreduce_s": comm, "epoch_s": epoch_m, "model_epoch_s": epoch_m,
+                     "residual_s": math.nan,
+                     "efficiency": base_model * base["ranks"] / (epoch_m * ranks),
+                     "note": note})
+    table = pd.DataFrame(rows)
+    assumptions = [
+        "PROJECTION from a model, not a measurement.",
+        f"t_step = t_compute + 2(R-1)/R x G/B + latency x {'2(R-1)' if fabric.latency_term == 'ring' else '2 log2 R'}"
+        f" for R ranks (ring allreduce of one fused gradient buffer per step).",
+        f"t_compute = {compute:.4g} s per step: the mean over {len(points)} measured run(s) of "
+        "(median steady training time per epoch / steps per epoch - modelled allreduce "
+        "time). Validation is not modelled: epoch_s is training time only.",
+        f"G = {g_bytes:,.0f} gradient bytes ({g_source}); B = {fabric.bandwidth_gbps:g} Gb/s; "
+        f"latency = {fabric.latency_us:g} us per message.",
+        f"{rpn} rank(s) per node (from {'--ranks-per-node' if ranks_per_node else 'the largest measured run'}); "
+        "every rank's link is assumed to run at B (no NIC sharing, no faster intra-node path, "
+        "no overlap of communication with compute).",
+        f"Dataset of {n_train} train samples, {batch} per rank per step (strong scaling: the "
+        "epoch is split over more ranks)" + (f", capped at {cap} steps per epoch." if cap else "."),
+        f"Efficiency is against {base['run']} ({base['ranks']} rank(s)): measured rows use "
+        "measured times, projected rows the model's time for that run.",
+    ]
+    return Projection(table=table, assumptions=assumptions, compute_s=compute)

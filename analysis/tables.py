@@ -1,0 +1,584 @@
+"""The report's tables, computed from loaded runs (``analysis.logs.RunData``).
+
+Each public function returns one pandas frame whose columns are documented in
+``docs/report.md``; the frames are written as CSV as they are, so column names are
+part of the interface. Definitions that matter for reading the numbers:
+
+* Warm-up: the first epoch of every launch (graph tracing, cold caches). It is reported
+  separately and left out of the steady-state statistics and of step-time means,
+  unless a run has nothing else.
+* Time per epoch: the slowest rank's ``train_time`` of that epoch (training only,
+  without validation; ``epoch_time`` where ``train_time`` is not logged), and beside
+  it the slowest rank's ``epoch_time`` (with validation). Throughput: samples of all
+  ranks / the slowest rank's training time, summed over the steady epochs.
+* Scaling: against the run with the fewest ranks; efficiency divides the speedup by
+  the ratio of ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis.logs import Note, RunData
+from distseg import schema
+
+NOT_REACHED = "not reached"
+
+
+def foreground(classes: Sequence[str]) -> list[str]:
+    """The classes a Dice target is about by default: all but ``background``."""
+    fg = [c for c in classes if c != "background"]
+    return fg or list(classes)
+
+
+def _first_per_epoch(run: RunData) -> pd.DataFrame:
+    """One row per epoch with the global (rank-independent) values, lowest rank first."""
+    if not len(run.epochs):
+        return run.epochs
+    return run.epochs.sort_values(["epoch", "rank"]).drop_duplicates("epoch")
+
+
+def epoch_summary(run: RunData) -> pd.DataFrame:
+    """One row per finished epoch, all ranks combined.
+
+    Columns: ``epoch``, ``segment``, ``warmup``, ``wall_s`` (end of the epoch on the
+    run's wall clock), ``epoch_s`` (slowest rank's ``epoch_time``: training plus
+    validation), ``train_s`` (slowest rank's ``train_time``: training only; ``epoch_s``
+    where no rank logged it), ``train_time_logged``, ``ranks_logged``, ``samples`` (all
+    ranks; scaled up by size / ranks_logged when ranks are missing), ``throughput``
+    (samples / train_s).
+    """
+    cols = ["epoch", "segment", "warmup", "wall_s", "epoch_s", "train_s", "train_time_logged",
+            "ranks_logged", "samples", "throughput"]
+    e = run.epochs
+    if not len(e):
+        return pd.DataFrame(columns=cols)
+    g = e.groupby("epoch")
+    out = pd.DataFrame({
+        "segment": g["segment"].max(),
+        "wall_s": g["wall_s"].max(),
+        "epoch_s": g["epoch_time"].max(),
+        "train_s": g["train_time"].max(),
+        "ranks_logged": g["rank"].nunique(),
+        "samples": g["samples"].sum(min_count=1),
+    }).reset_index()
+    out["train_time_logged"] = out["train_s"].notna()
+    out["train_s"] = out["train_s"].fillna(out["epoch_s"])
+    size = run.size or out["ranks_logged"].max()
+    out["samples"] = out["samples"] * size / out["ranks_logged"]
+    first = out.groupby("segment")["epoch"].transform("min")
+    out["warmup"] = out["epoch"] == first
+    out["throughput"] = out["samples"] / out["train_s"]
+    return out[cols].sort_values("epoch").reset_index(drop=True)
+
+
+def _steady(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    steady = summary[~summary["warmup"]]
+    if len(steady):
+        return steady, "epochs after warm-up"
+    return summary, "warm-up epoch only (no later epoch finished)"
+
+
+#: What the ``*_train_s`` columns and the throughput measure (``time`` column).
+TRAIN_TIME = "train_time: slowest rank, training only (no validation)"
+EPOCH_TIME_FALLBACK = "epoch_time: slowest rank, training + validation (train_time not logged)"
+
+
+def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
+    """Per run: seconds per epoch (warm-up apart) and training throughput.
+
+    The ``*_train_s`` columns are the slowest rank's ``train_time`` per epoch (training
+    only; a synchronous epoch lasts as long as its slowest rank); ``*_epoch_s`` the
+    slowest rank's ``epoch_time`` (training plus validation). ``throughput_samples_s``
+    is the samples of all ranks over the steady epochs divided by the sum of their
+    ``train_s``. ``time`` says which time the ``*_train_s`` columns hold.
+    """
+    cols = ["run", "ranks", "nodes", "epochs", "steady_epochs", "time", "warmup_train_s",
+            "median_train_s", "mean_train_s", "min_train_s", "max_train_s", "warmup_epoch_s",
+            "median_epoch_s", "samples_per_epoch", "throughput_samples_s",
+            "throughput_per_rank", "steps_per_epoch", "global_batch_size", "basis", "status"]
+    rows = []
+    for run in runs:
+        s = epoch_summary(run)
+        rec = run.run_record
+        row = dict.fromkeys(cols, math.nan)
+        row.update({"run": run.label, "ranks": run.ranks, "nodes": run.nodes,
+                    "epochs": len(s), "steady_epochs": 0, "time": TRAIN_TIME,
+                    "basis": "no finished epoch",
+                    "steps_per_epoch": rec.get("steps_per_epoch"),
+                    "global_batch_size": rec.get("global_batch_size"), "status": run.status})
+        if len(s):
+            steady, basis = _steady(s)
+            warm = s[s["warmup"]]
+            throughput = float(steady["samples"].sum() / steady["train_s"].sum())
+            row.update({
+                "steady_epochs": int((~s["warmup"]).sum()),
+                "time": TRAIN_TIME if steady["train_time_logged"].all() else EPOCH_TIME_FALLBACK,
+                "warmup_train_s": float(warm["train_s"].iloc[0]) if len(warm) else math.nan,
+                "median_train_s": float(steady["train_s"].median()),
+                "mean_train_s": float(steady["train_s"].mean()),
+                "min_train_s": float(steady["train_s"].min()),
+                "max_train_s": float(steady["train_s"].max()),
+                "warmup_epoch_s": float(warm["epoch_s"].iloc[0]) if len(warm) else math.nan,
+                "median_epoch_s": float(steady["epoch_s"].median()),
+                "samples_per_epoch": float(steady["samples"].median()),
+                "throughput_samples_s": throughput,
+                "throughput_per_rank": throughput / run.ranks if run.ranks else math.nan,
+                "basis": basis,
+            })
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def scaling(tpe: pd.DataFrame) -> pd.DataFrame:
+    """Speedup and parallel efficiency of each run against the one with fewest ranks.
+
+    For time per epoch (median steady ``train_s``): ``normalised_time = T / T_base``,
+    ``speedup = T_base / T``, ``efficiency = speedup / (ranks / ranks_base)``. For
+    throughput: ``throughput_speedup = X / X_base`` and the same efficiency.
+    """
+    cols = ["run", "ranks", "nodes", "base", "scale", "median_train_s", "normalised_time",
+            "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
+            "throughput_efficiency"]
+    ok = tpe[np.isfinite(tpe["median_train_s"].astype(float))]
+    if not len(ok):
+        return pd.DataFrame(columns=cols)
+    base = ok.sort_values(["ranks", "median_train_s"], kind="stable").iloc[0]
+    out = tpe[["run", "ranks", "nodes", "median_train_s", "throughput_samples_s"]].copy()
+    out["base"] = base["run"]
+    out["scale"] = out["ranks"] / base["ranks"]
+    out["normalised_time"] = out["median_train_s"] / base["median_train_s"]
+    out["speedup"] = base["median_train_s"] / out["median_train_s"]
+    out["efficiency"] = out["speedup"] / out["scale"]
+    out["throughput_speedup"] = out["throughput_samples_s"] / base["throughput_samples_s"]
+    out["throughput_efficiency"] = out["throughput_speedup"] / out["scale"]
+    return out[cols]
+
+
+def smoothed(loss: pd.Series, window: int) -> pd.Series:
+    """Trailing mean over the last ``window`` step records (causal: no future values)."""
+    if window <= 1:
+        return loss.astype(float)
+    return loss.rolling(window, min_periods=1).mean()
+
+
+def loss_vs_time(runs: Sequence[RunData], smooth: int = 0) -> pd.DataFrame:
+    """Training loss per step and validation loss per epoch against wall-clock hours.
+
+    Columns: ``run``, ``ranks``, ``nodes``, ``series`` (``train`` or ``val``),
+    ``segment``, ``epoch``, ``global_step`` (empty for ``val``), ``hours``, ``loss``,
+    ``loss_smoothed`` (train only; equal to ``loss`` without ``--smooth``).
+    """
+    parts = []
+    for run in runs:
+        c = run.curve
+        if len(c):
+            parts.append(pd.DataFrame({
+                "run": run.label, "ranks": run.ranks, "nodes": run.nodes, "series": "train",
+                "segment": c["segment"].to_numpy(), "epoch": c["epoch"].to_numpy(),
+                "global_step": c["global_step"].to_numpy(),
+                "hours": c["wall_s"].to_numpy() / 3600.0, "loss": c["loss"].to_numpy(),
+                "loss_smoothed": smoothed(c["loss"], smooth).to_numpy()}))
+        e = _first_per_epoch(run)
+        if len(e):
+            e = e.sort_values("wall_s")
+            parts.append(pd.DataFrame({
+                "run": run.label, "ranks": run.ranks, "nodes": run.nodes, "series": "val",
+                "segment": e["segment"].to_numpy(), "epoch": e["epoch"].to_numpy(),
+                "global_step": np.nan, "hours": e["wall_s"].to_numpy() / 3600.0,
+                "loss": e["val_loss"].to_numpy(), "loss_smoothed": np.nan}))
+    cols = ["run", "ranks", "nodes", "series", "segment", "epoch", "global_step", "hours",
+            "loss", "loss_smoothed"]
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(parts, ignore_index=True)[cols]
+    out["global_step"] = out["global_step"].astype("Int64")
+    return out
+
+
+def hours_text(hours: float) -> str:
+    """``3.500 h``; short times also in minutes or seconds, where 3 decimals say little."""
+    if hours >= 1:
+        return f"{hours:.3f} h"
+    minutes = hours * 60
+    return f"{hours:.3f} h ({minutes:.1f} min)" if minutes >= 1 else (
+        f"{hours:.4f} h ({minutes * 60:.1f} s)")
+
+
+def dice_metric(epochs: pd.DataFrame, classes: Sequence[str], dice_class: str | None,
+                prefix: str = "dice_") -> pd.Series:
+    """The Dice a target is compared with: one class, or the mean over foreground classes."""
+    names = [dice_class] if dice_class else foreground(classes)
+    cols = [prefix + c for c in names if prefix + c in epochs.columns]
+    if not cols:
+        return pd.Series(np.nan, index=epochs.index)
+    return epochs[cols].mean(axis=1, skipna=True)
+
+
+def hours_to_target(runs: Sequence[RunData], target_loss: Sequence[float] = (),
+                    target_dice: Sequence[float] = (), smooth: int = 0,
+                    dice_class: str | None = None) -> pd.DataFrame:
+    """First wall-clock time each run reaches each target.
+
+    A loss target is reached at the first step record, in wall-clock order, whose
+    (smoothed) training loss is <= the target; a Dice target at the first epoch whose
+    global validation Dice is >= the target. No interpolation: the time is the ``t``
+    of that record (plus the durations of earlier launches).
+    """
+    rows = []
+    for run in runs:
+        base = {"run": run.label, "ranks": run.ranks, "nodes": run.nodes}
+        pending = "" if run.finished else " (run not finished)"
+        c = run.curve
+        loss = smoothed(c["loss"], smooth) if len(c) else pd.Series(dtype=float)
+        for target in target_loss:
+            hit = np.flatnonzero(loss.to_numpy() <= target) if len(c) else []
+            row = dict(base, metric="train_loss" + (f" (smoothed {smooth})" if smooth > 1 else ""),
+                       target=target)
+            if len(hit):
+                i = int(hit[0])
+                row.update(reached=True, hours=float(c["wall_s"].iloc[i]) / 3600.0,
+                           epoch=int(c["epoch"].iloc[i]), global_step=int(c["global_step"].iloc[i]))
+                row["result"] = hours_text(row["hours"])
+            else:
+                row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
+                           result=(NOT_REACHED + pending) if len(c) else "no step records")
+            rows.append(row)
+        e = _first_per_epoch(run)
+        name = f"val_dice ({dice_class or 'mean ' + '+'.join(foreground(run.classes))})"
+        for target in target_dice:
+            row = dict(base, metric=name, target=target)
+            if len(e):
+                e = e.sort_values("wall_s")
+                metric = dice_metric(e, run.classes, dice_class).to_numpy()
+                hit = np.flatnonzero(metric >= target)
+            else:
+                hit = []
+            if len(hit):
+                i = int(hit[0])
+                row.update(reached=True, hours=float(e["wall_s"].iloc[i]) / 3600.0,
+                           epoch=int(e["epoch"].iloc[i]), global_step=None)
+                row["result"] = hours_text(row["hours"])
+            else:
+                row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
+                           result=(NOT_REACHED + pending) if len(e) else "no epoch records")
+            rows.append(row)
+    cols = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "epoch",
+            "global_step", "result"]
+    out = pd.DataFrame(rows, columns=cols)
+    for c in ("epoch", "global_step"):
+        out[c] = pd.to_numeric(out[c]).astype("Int64")
+    return out
+
+
+def rank_balance(runs: Sequence[RunData]) -> pd.DataFrame:
+    """Per run and rank: step and data-wait times, the slowest rank, the imbalance ratio.
+
+    Warm-up epochs are left out when a run has later ones. ``imbalance_ratio`` is the
+    slowest rank's mean step time over the mean across ranks (1.0 = balanced).
+    """
+    cols = ["run", "ranks", "rank", "host", "steps", "mean_step_s", "median_step_s",
+            "max_step_s", "mean_data_wait_s", "data_wait_share", "slowest", "slowest_rank",
+            "imbalance_ratio"]
+    parts = []
+    for run in runs:
+        s = run.steps
+        if not len(s):
+            continue
+        if (~s["warmup"]).any():
+            s = s[~s["warmup"].to_numpy()]
+        g = s.groupby("rank")
+        t = pd.DataFrame({
+            "steps": g.size(),
+            "mean_step_s": g["step_time"].mean().astype(float),
+            "median_step_s": g["step_time"].median().astype(float),
+            "max_step_s": g["step_time"].max().astype(float),
+            "mean_data_wait_s": g["data_wait"].mean().astype(float),
+            "data_wait_share": (g["data_wait"].sum() / g["step_time"].sum()).astype(float),
+        }).reset_index()
+        t.insert(0, "run", run.label)
+        t.insert(1, "ranks", run.ranks)
+        t.insert(3, "host", t["rank"].map(run.rank_hosts))
+        if t["mean_step_s"].notna().any():
+            slow = int(t.loc[t["mean_step_s"].idxmax(), "rank"])
+            ratio = float(t["mean_step_s"].max() / t["mean_step_s"].mean())
+        else:
+            slow, ratio = None, math.nan
+        t["slowest"] = t["rank"] == slow
+        t["slowest_rank"] = slow
+        t["imbalance_ratio"] = ratio
+        parts.append(t[cols])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def rank_balance_summary(balance: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of ``rank_balance``: the figures a reader scans first."""
+    cols = ["run", "ranks", "mean_step_s", "slowest_rank", "slowest_step_s", "imbalance_ratio",
+            "max_data_wait_share", "most_waiting_rank"]
+    if not len(balance):
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for run, t in balance.groupby("run", sort=False):
+        wait = t["data_wait_share"]
+        rows.append({"run": run, "ranks": int(t["ranks"].iloc[0]),
+                     "mean_step_s": float(t["mean_step_s"].mean()),
+                     "slowest_rank": t["slowest_rank"].iloc[0],
+                     "slowest_step_s": float(t["mean_step_s"].max()),
+                     "imbalance_ratio": float(t["imbalance_ratio"].iloc[0]),
+                     "max_data_wait_share": float(wait.max()) if wait.notna().any() else math.nan,
+                     "most_waiting_rank": (int(t.loc[wait.idxmax(), "rank"])
+                                           if wait.notna().any() else None)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def val_dice_spread(runs: Sequence[RunData]) -> pd.DataFrame:
+    """Per run, epoch and class: min/median/max of the ranks' local validation Dice.
+
+    Columns: ``run``, ``epoch``, ``hours``, ``class`` (each class, plus
+    ``mean_foreground``), ``ranks`` (ranks with a value), ``min``, ``median``, ``max``,
+    ``global`` (the Dice from counts summed over ranks).
+    """
+    rows = []
+    for run in runs:
+        e = run.epochs
+        if not len(e):
+            continue
+        classes = list(run.classes)
+        e = e.copy()
+        e["local_dice_mean_foreground"] = dice_metric(e, classes, None, "local_dice_")
+        e["dice_mean_foreground"] = dice_metric(e, classes, None, "dice_")
+        hours = e.groupby("epoch")["wall_s"].max() / 3600.0
+        for cls in classes + ["mean_foreground"]:
+            local, glob = "local_dice_" + cls, "dice_" + cls
+            if local not in e.columns:
+                continue
+            g = e.groupby("epoch")
+            stats = pd.DataFrame({"ranks": g[local].count(), "min": g[local].min(),
+                                  "median": g[local].median(), "max": g[local].max(),
+                                  "global": g[glob].first() if glob in e.columns else np.nan})
+            stats["hours"] = hours
+            stats = stats.reset_index()
+            stats.insert(0, "run", run.label)
+            stats.insert(3, "class", cls)
+            rows.append(stats)
+    cols = ["run", "epoch", "hours", "class", "ranks", "min", "median", "max", "global"]
+    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def expected_samples(run: RunData) -> tuple[float, str]:
+    """Samples one epoch should cover across ranks, and why (see ``shard_batches``)."""
+    rec = run.run_record
+    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
+    n, size, b = ds.get("train_samples"), run.size, rec.get("batch_size")
+    if n is None or not size:
+        return math.nan, "unknown (no dataset.train_samples or size in the run record)"
+    n, size = int(n), int(size)
+    if b is not None:
+        b = int(b)
+        per_rank = n // size if b == 1 else math.ceil(n / size)
+        full = math.ceil(per_rank / b)
+        spe = rec.get("steps_per_epoch")
+        if spe is not None and int(spe) < full:
+            return math.nan, f"capped: {spe} of {full} steps per epoch (max_steps_per_epoch)"
+        if b == 1 and n % size:
+            return float(n - n % size), (f"batch size 1: {n % size} of {n} samples skipped per "
+                                         "epoch by design (a new random few each epoch)")
+    return float(n), "all train samples"
+
+
+_FILE_DIGESTS: dict[tuple, tuple[str | None, str]] = {}
+
+
+def data_file_digest(run: RunData) -> tuple[str | None, str]:
+    """Digest of the train split of the data file the run logged, if it can be trusted.
+
+    The file is read only when it still exists and its sample counts equal the logged
+    ones (a file rewritten since the run would give a wrong reference). Only the small
+    ``split`` dataset is read. Returns the digest (or ``None``) and a phrase saying
+    where it comes from or why there is none.
+    """
+    rec = run.run_record
+    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
+    path, n, n_train = ds.get("path"), ds.get("samples"), ds.get("train_samples")
+    if not isinstance(path, str) or not path or n is None or n_train is None:
+        return None, "no data file path and sizes in the run record"
+    if not os.path.isfile(path):
+        return None, f"data file {path} not found here"
+    try:
+        key = (path, os.path.getmtime(path), int(n), int(n_train))
+    except (OSError, TypeError, ValueError):
+        return None, f"data file {path} cannot be checked"
+    if key in _FILE_DIGESTS:
+        return _FILE_DIGESTS[key]
+    try:
+        import h5py  # a plain HDF5 reader; only the split labels are read
+
+        with h5py.File(path, "r") as f:
+            split = np.asarray(f["split"][...])
+    except Exception as e:  # noqa: BLE001 (any unreadable file only loses the cross-check)
+        result: tuple[str | None, str] = (None, f"data file {path} unreadable "
+                                          f"({e.__class__.__name__})")
+    else:
+        train = np.flatnonzero(split == 0)
+        if len(split) != int(n) or len(train) != int(n_train):
+            result = (None, f"data file {path} now holds {len(split)} samples, "
+                      f"{len(train)} train (the run logged {n}, {n_train})")
+        else:
+            result = (schema.sample_digest(train.tolist()), "train split of the data file")
+    _FILE_DIGESTS[key] = result
+    return result
+
+
+def _dataset_key(run: RunData) -> tuple:
+    rec = run.run_record
+    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
+    return (os.path.basename(str(ds.get("path", ""))), ds.get("samples"), ds.get("train_samples"),
+            ds.get("source"))
+
+
+def coverage(runs: Sequence[RunData]) -> pd.DataFrame:
+    """Per run and epoch: did the ranks' shards cover the train set exactly once?
+
+    The logs hold per-rank sample counts and digests (sums of mixed ids modulo 2**64),
+    not the ids. Digests add, so the ranks' digests of an epoch combine into the digest
+    of what the epoch covered. An epoch is ``covered`` when every rank logged it, the
+    samples add up to the expected count and the combined digest equals the reference:
+    the digest of the data file's train split when that file is still readable here,
+    else the digest most epochs agree on (every epoch is a new permutation of the same
+    set, in every run of that dataset), which needs at least two epochs that agree.
+    A gap or an overlap between shards changes the combined digest.
+    """
+    cols = ["run", "epoch", "ranks_logged", "ranks", "samples", "expected_samples",
+            "combined_digest", "reference_digest", "reference", "digest_matches", "covered",
+            "status"]
+    prepared = []
+    votes: dict[tuple, Counter] = {}
+    for run in runs:
+        e = run.epochs
+        if not len(e):
+            continue
+        expected, why = expected_samples(run)
+        varying = why.startswith("batch size 1") or why.startswith("capped")
+        per_epoch = []
+        for epoch, g in e.groupby("epoch"):
+            digests = [d for d in g["sample_digest"] if isinstance(d, str)]
+            try:
+                combined = schema.combine_digests(digests) if len(digests) == len(g) else None
+            except ValueError:
+                combined = None
+            complete = bool(run.size) and int(g["rank"].nunique()) == run.size
+            samples = float(g["samples"].sum(min_count=1))
+            per_epoch.append((int(epoch), g, combined, samples))
+            if complete and combined is not None and not varying and samples == expected:
+                votes.setdefault(_dataset_key(run), Counter())[combined] += 1
+        prepared.append((run, expected, why, varying, per_epoch))
+
+    rows = []
+    for run, expected, why, varying, per_epoch in prepared:
+        reference, source = data_file_digest(run)
+        if reference is None:
+            ballot = votes.get(_dataset_key(run), Counter())
+            ranked = ballot.most_common(2)
+            total = sum(ballot.values())
+            if ranked and ranked[0][1] >= 2 and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+                reference = ranked[0][0]
+                source = (f"{ranked[0][1]} of {total} complete epochs of this dataset agree "
+                          f"on one digest; {source}")
+            elif len(ranked) > 1:
+                source = f"epochs disagree and nothing tells which is right; {source}"
+            else:
+                source = f"a single complete epoch, nothing to cross-check; {source}"
+        for epoch, g, combined, samples in per_epoch:
+            n_ranks = int(g["rank"].nunique())
+            row = {"run": run.label, "epoch": epoch, "ranks_logged": n_ranks, "ranks": run.size,
+                   "samples": samples, "expected_samples": expected,
+                   "combined_digest": combined, "reference_digest": reference,
+                   "reference": source, "digest_matches": None, "covered": None}
+            if not run.size or n_ranks < run.size:
+                row["status"] = f"unknown: {n_ranks} of {run.size or '?'} ranks logged this epoch"
+            elif combined is None:
+                row["status"] = "unknown: a rank logged no sample digest"
+            elif why.startswith("capped"):
+                row["status"] = f"partial by design ({why})"
+            elif not math.isfinite(expected):
+                row["status"] = f"unknown: expected count {why}"
+            elif samples != expected:
+                row.update(covered=False, status=f"NOT covered: {samples:.0f} samples seen, "
+                           f"{expected:.0f} expected ({why})")
+            elif varying:
+                row.update(covered=True, status=f"covered (count only; {why})")
+            elif reference is None:
+                row["status"] = f"count right, digest not checked: {source}"
+            elif combined != reference:
+                row.update(digest_matches=False, covered=False,
+                           status=f"NOT covered: combined digest {combined} differs from the "
+                           f"reference {reference} (shards overlap or leave a gap)")
+            else:
+                row.update(digest_matches=True, covered=True, status="covered")
+            rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def coverage_summary(cov: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: how many epochs were covered, and the first problem if any."""
+    rows = []
+    for run, g in cov.groupby("run", sort=False):
+        bad = g[g["covered"] == False]  # noqa: E712 (a column of True/False/None)
+        unknown = g[g["covered"].isna()]
+        first = bad if len(bad) else unknown
+        rows.append({"run": run, "epochs": len(g), "covered": int((g["covered"] == True).sum()),  # noqa: E712
+                     "not_covered": len(bad), "unknown": len(unknown),
+                     "reference": g["reference"].iloc[0],
+                     "first_problem": (f"epoch {int(first['epoch'].iloc[0])}: "
+                                       f"{first['status'].iloc[0]}") if len(first) else ""})
+    return pd.DataFrame(rows, columns=["run", "epochs", "covered", "not_covered", "unknown",
+                                       "reference", "first_problem"])
+
+
+def _signature(run: RunData) -> dict[str, object]:
+    """What must agree across runs of one study: model, data and seed."""
+    rec, cfg = run.run_record, run.config or {}
+    model = rec.get("model") if isinstance(rec.get("model"), dict) else cfg.get("model")
+    data = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else cfg.get("data")
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k != "path"}
+    if isinstance(model, dict):
+        model = {k: v for k, v in model.items()}
+    seed = rec.get("global_seed", (cfg.get("train") or {}).get("seed"))
+    train = cfg.get("train") or {}
+    return {"model": model, "data": data, "global seed": seed,
+            "batch size per rank": rec.get("batch_size", train.get("batch_size")),
+            "loss": train.get("loss"), "lr_scaling": train.get("lr_scaling"),
+            "base lr": rec.get("lr_base", train.get("lr"))}
+
+
+def _describe(a: object, b: object) -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        return ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4])
+    return f"{a!r} vs {b!r}"
+
+
+def config_mismatches(runs: Sequence[RunData]) -> list[Note]:
+    """Warns when runs of different model, data or seed are compared (info for others)."""
+    if len(runs) < 2:
+        return []
+    notes = []
+    sigs = [_signature(r) for r in runs]
+    first = sigs[0]
+    for key in first:
+        level = "warning" if key in ("model", "data", "global seed") else "info"
+        for run, sig in zip(runs[1:], sigs[1:]):
+            if sig[key] is None or first[key] is None or sig[key] == first[key]:
+                continue
+            notes.append(Note(level, "runs", f"{runs[0].label} and {run.label} differ in "
+                              f"{key}: {_describe(first[key], sig[key])}"
+                              + ("; their scaling numbers are not comparable"
+                                 if level == "warning" else "")))
+    return notes

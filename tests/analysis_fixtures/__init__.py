@@ -1,0 +1,1 @@
+"""Hand-built run directories with known answers, for the ``analysis`` tests."""

@@ -1,0 +1,188 @@
+"""Writes synthetic run directories whose report numbers are known in advance.
+
+A run is described by a ``RunSpec``; ``write_run`` produces ``config.json`` and one log
+per rank in the format of ``distseg.schema`` (and of ``distseg.runlog``: compact JSON,
+one record per line). Time is exact: step ``k`` of a launch ends at
+``t = (k + 1) * step_time + (epochs finished in the launch) * val_time`` (with no
+``warmup_step_time``), so tests can place a loss value at exactly 3.5 h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from distseg import schema
+
+CLASSES = ("background", "liver", "lesion")
+
+
+@dataclass
+class Launch:
+    """One launch of a run: epochs ``[start_epoch, end_epoch)``.
+
+    ``killed_after`` > 0: after the last full epoch, run that many steps of the next
+    epoch and die (no end record, truncated last line), as a killed job does.
+    """
+
+    start_epoch: int
+    end_epoch: int
+    killed_after: int = 0
+    status: str = "ok"
+
+
+@dataclass
+class RunSpec:
+    """A synthetic run; every default gives a small, finished, healthy 2-rank run."""
+
+    size: int = 2
+    hosts: Sequence[str] | None = None
+    epochs: int = 3
+    batch_size: int = 2
+    train_samples: int = 16
+    val_samples: int = 4
+    step_time: float | Sequence[float] = 1.0
+    """Seconds per step; one value per rank gives stragglers (step t uses the max)."""
+    warmup_step_time: float | None = None
+    """Seconds per step in the first epoch of each launch (default: ``step_time``)."""
+    data_wait: float | Sequence[float] = 0.0
+    val_time: float = 0.0
+    loss: Callable[[int], float] = lambda k: -0.1 - 0.01 * k
+    """Training loss (mean over ranks) at global step k."""
+    val_dice: Callable[[int, int, str], float | None] = (
+        lambda epoch, rank, cls: 0.5 + 0.1 * epoch + 0.01 * rank)
+    """Validation Dice of ``rank``'s shard at ``epoch`` for class ``cls``."""
+    seed: int = 0
+    params: int | None = 1000
+    image_size: int = 32
+    launches: Sequence[Launch] | None = None
+    extra_step_fields: dict = field(default_factory=dict)
+    extra_epoch_fields: dict = field(default_factory=dict)
+    data_path: str = "/data/tiny.h5"
+    start_time: float = 1.7e9
+    run_id: str = "run0"
+
+
+def steps_per_epoch(n: int, size: int, batch_size: int) -> int:
+    per_rank = n // size if batch_size == 1 else math.ceil(n / size)
+    return math.ceil(per_rank / batch_size)
+
+
+def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
+    """Per rank, the batches of sample ids of ``epoch`` (as ``distseg.data`` cuts them)."""
+    n = spec.train_samples
+    order = np.random.default_rng([spec.seed, epoch]).permutation(n)
+    if spec.batch_size == 1:
+        order = order[: n - n % spec.size]
+    steps = steps_per_epoch(n, spec.size, spec.batch_size)
+    return [np.array_split(s, steps) for s in np.array_split(order, spec.size)]
+
+
+def _per_rank(value, rank: int) -> float:
+    return float(value[rank]) if isinstance(value, (list, tuple)) else float(value)
+
+
+def config(spec: RunSpec, run_dir: str) -> dict:
+    return {"data": {"path": spec.data_path, "resize": False, "prefetch": 2},
+            "model": {"image_size": spec.image_size, "depth": 2, "base_filters": 4,
+                      "dropout": 0.0, "norm": "batch", "num_classes": 3},
+            "train": {"epochs": spec.epochs, "batch_size": spec.batch_size, "lr": 0.005,
+                      "seed": spec.seed, "max_steps_per_epoch": 0},
+            "run_dir": run_dir}
+
+
+def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
+    """All records of ``rank`` in file order; a ``str`` is a raw (truncated) line."""
+    size = spec.size
+    hosts = list(spec.hosts or ["node0"] * size)
+    steps = steps_per_epoch(spec.train_samples, size, spec.batch_size)
+    launches = spec.launches or [Launch(0, spec.epochs)]
+    cfg = config(spec, run_dir)
+    slowest = max(_per_rank(spec.step_time, r) for r in range(size))
+    out: list[dict | str] = []
+    for li, launch in enumerate(launches):
+        start = spec.start_time + 1000.0 * li
+        model = {"name": "unet2d", "image_size": spec.image_size, "depth": 2, "base_filters": 4}
+        if spec.params is not None:
+            model["params"] = spec.params
+        out.append({"type": "run", "rank": rank, "time": start, "schema_version": 1,
+                    "size": size, "local_rank": rank, "local_size": size, "host": hosts[rank],
+                    "pid": 100 + rank, "run_id": f"{spec.run_id}-{li}", "start_time": start,
+                    "versions": {"python": "3.11"}, "controller": "gloo",
+                    "threads": {"intra_op": 1, "inter_op": 1},
+                    "config_hash": schema.config_hash(cfg), "model": model,
+                    "dataset": {"path": spec.data_path,
+                                "samples": spec.train_samples + spec.val_samples,
+                                "train_samples": spec.train_samples,
+                                "val_samples": spec.val_samples, "image_size": spec.image_size},
+                    "global_seed": spec.seed, "steps_per_epoch": steps,
+                    "batch_size": spec.batch_size, "global_batch_size": spec.batch_size * size,
+                    "lr_base": 0.005, "lr_scaled": 0.005 * size})
+        t = 0.0
+        epochs_here = list(range(launch.start_epoch, launch.end_epoch))
+        partial = [launch.end_epoch] if launch.killed_after else []
+        for epoch in epochs_here + partial:
+            batches = shards(spec, epoch)[rank]
+            n_steps = launch.killed_after if epoch in partial else steps
+            warm = epoch == launch.start_epoch and spec.warmup_step_time is not None
+            # Synchronous steps: every rank's step ends when the slowest rank's does.
+            step_time = spec.warmup_step_time if warm else slowest
+            own_step_time = spec.warmup_step_time if warm else _per_rank(spec.step_time, rank)
+            seen, losses = [], []
+            for step in range(n_steps):
+                k = epoch * steps + step
+                t += step_time
+                loss = spec.loss(k)
+                out.append({"type": "step", "rank": rank, "time": start + t, "epoch": epoch,
+                            "step": step, "global_step": k, "t": t,
+                            "step_time": own_step_time,
+                            "data_wait": _per_rank(spec.data_wait, rank), "loss": loss,
+                            "loss_local": loss + 0.001 * rank, "lr": 0.005,
+                            "samples": len(batches[step]), **spec.extra_step_fields})
+                seen.extend(int(i) for i in batches[step])
+                losses.append(loss)
+            if epoch in partial:
+                out.append('{"type":"step","rank":%d,"time":1.7e9,"epoch":%d,"st' % (rank, epoch))
+                break
+            t += spec.val_time
+            dice_local = {c: spec.val_dice(epoch, rank, c) for c in CLASSES}
+            dice = {c: float(np.mean([spec.val_dice(epoch, r, c) for r in range(size)]))
+                    for c in CLASSES}
+            out.append({"type": "epoch", "rank": rank, "time": start + t, "epoch": epoch,
+                        "t": t, "epoch_time": steps * step_time + spec.val_time,
+                        "train_time": steps * step_time, "steps": steps, "samples": len(seen),
+                        "sample_digest": schema.sample_digest(seen),
+                        "train_loss": float(np.mean(losses)), "train_loss_local": 0.0,
+                        "val_loss": -float(np.mean(list(dice.values()))),
+                        "val_loss_local": 0.0, "val_dice": dice, "val_dice_local": dice_local,
+                        "val_samples_local": 2, "weight_checksum": [1.0, 2.0],
+                        **spec.extra_epoch_fields})
+        if not launch.killed_after:
+            out.append({"type": "end", "rank": rank, "time": start + t, "status": launch.status,
+                        "reason": "finished" if launch.status == "ok" else "boom", "t": t,
+                        "epochs_done": launch.end_epoch})
+    return out
+
+
+def write_run(run_dir: str, spec: RunSpec | None = None, **changes) -> str:
+    """Writes a run directory for ``spec`` (with ``changes`` applied); returns it."""
+    spec = dataclasses.replace(spec or RunSpec(), **changes)
+    os.makedirs(os.path.join(run_dir, schema.LOG_DIR), exist_ok=True)
+    os.makedirs(os.path.join(run_dir, schema.CHECKPOINT_DIR), exist_ok=True)
+    with open(os.path.join(run_dir, schema.CONFIG_FILE), "w") as f:
+        json.dump(config(spec, run_dir), f)
+    for rank in range(spec.size):
+        path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+        with open(path, "w") as f:
+            for rec in records(spec, rank, run_dir):
+                if isinstance(rec, str):
+                    f.write(rec)
+                else:
+                    f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    return run_dir

@@ -1,0 +1,66 @@
+"""``distseg-report`` works where TensorFlow and Horovod cannot be imported.
+
+The report runs in a fresh interpreter whose import system refuses ``tensorflow``,
+``horovod`` and ``keras`` (and any of their submodules), as on a login node or a laptop
+without them; it must still read the logs and write every file, and must not have
+loaded the training side of ``distseg`` on the way.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.analysis_fixtures.runs import RunSpec, write_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BLOCKED_RUN = r"""
+import importlib.abc, sys
+
+BLOCKED = ("tensorflow", "horovod", "keras", "tf_keras")
+
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+try:
+    import tensorflow  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker does not work")
+
+from analysis.cli import report
+
+try:
+    report.main(sys.argv[1:], prog_name="distseg-report", standalone_mode=True)
+finally:
+    heavy = sorted(m for m in sys.modules
+                   if m.split(".")[0] in BLOCKED or m in (
+                       "distseg.train", "distseg.distributed", "distseg.model", "distseg.cli"))
+    print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+"""
+
+
+def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
+    runs = [write_run(str(tmp_path / "np1"), RunSpec(size=1)),
+            write_run(str(tmp_path / "np2"), RunSpec(size=2))]
+    out = tmp_path / "report"
+    env = dict(os.environ, PYTHONPATH=REPO, MPLBACKEND="Agg")
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, *runs, "--target-loss", "-0.15",
+         "--project-nodes", "4", "--format", "json", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY=\n" in proc.stderr, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert [r["ranks"] for r in doc["tables"]["time_per_epoch"]] == [1, 2]
+    assert doc["projection"]["table"]
+    for name in ("report.html", "report.md", "loss_vs_time.png", "coverage.csv"):
+        assert (out / name).stat().st_size > 0

@@ -1,0 +1,184 @@
+"""End to end: real ``distseg-train`` runs (1 process and 2 Horovod ranks), then
+``distseg-report`` on their logs, then the HTML report in headless Chromium.
+
+Each launch has a timeout, so a hang fails fast. The expected numbers are computed
+here from the raw logs (with ``distseg.schema`` only), independently of ``analysis``.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from distseg import schema
+
+BIN = os.path.dirname(sys.executable)
+TIMEOUT = 300
+pytestmark = pytest.mark.timeout(3 * TIMEOUT)
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
+               MPLBACKEND="Agg")
+    env.pop("OMPI_COMM_WORLD_RANK", None)
+    return env
+
+
+def _run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    assert out.returncode == 0, f"{cmd}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def _records(run_dir, rank):
+    recs, problems = schema.read_log(os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank)))
+    assert not problems
+    return recs
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Synthetic data, a 1-process run and a 2-rank Horovod run of 2 epochs each."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    data = str(tmp / "tiny.h5")
+    _run([f"{BIN}/distseg-data", "synth", "--out", data, "--cases", "4", "--size", "32",
+          "--seed", "0"])
+    r1, r2 = str(tmp / "R1"), str(tmp / "R2")
+    args = ["--preset", "smoke", "--data", data, "--epochs", "2"]
+    _run([f"{BIN}/distseg-train", *args, "--run-dir", r1])
+    _run([f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"{BIN}/distseg-train", *args,
+          "--run-dir", r2])
+    # A loss target that the 2-rank run reaches part-way: its 4th logged loss.
+    target = [r["loss"] for r in _records(r2, 0) if r["type"] == "step"][3]
+    out = str(tmp / "OUT")
+    proc = _run([f"{BIN}/distseg-report", r1, r2, "--target-loss", str(target),
+                 "--target-loss", "-1.5", "--out", out])
+    return {"tmp": tmp, "data": data, "runs": {"R1": r1, "R2": r2}, "out": out,
+            "target": target, "stdout": proc.stdout}
+
+
+def _csv(study, name):
+    return pd.read_csv(os.path.join(study["out"], name))
+
+
+def test_time_per_epoch_and_scaling_of_real_runs(study):
+    tpe = _csv(study, "time_per_epoch.csv")
+    assert list(tpe["run"]) == ["R1", "R2"] and list(tpe["ranks"]) == [1, 2]
+    assert list(tpe["nodes"]) == [1, 1] and list(tpe["epochs"]) == [2, 2]
+    assert list(tpe["steady_epochs"]) == [1, 1]
+    runs = [_records(study["runs"][r], 0)[0] for r in ("R1", "R2")]
+    assert list(tpe["steps_per_epoch"]) == [r["steps_per_epoch"] for r in runs]
+    assert runs[0]["dataset"]["train_samples"] == 48  # 4 cases of 16 slices, 1 for validation
+    for run, row in zip(tpe["run"], tpe.itertuples()):
+        epochs = {}
+        for rank in range(row.ranks):
+            for r in _records(study["runs"][run], rank):
+                if r["type"] == "epoch":
+                    epochs.setdefault(r["epoch"], []).append(r)
+        steady = epochs[1]  # epoch 0 is warm-up
+        train_s = max(r["train_time"] for r in steady)
+        assert row.median_train_s == pytest.approx(train_s)
+        assert row.warmup_train_s == pytest.approx(max(r["train_time"] for r in epochs[0]))
+        assert row.median_epoch_s == pytest.approx(max(r["epoch_time"] for r in steady))
+        assert row.throughput_samples_s == pytest.approx(
+            sum(r["samples"] for r in steady) / train_s)
+        assert row.samples_per_epoch == 48
+    sc = _csv(study, "scaling.csv")
+    assert list(sc["base"]) == ["R1", "R1"] and list(sc["scale"]) == [1, 2]
+    assert sc["speedup"].iloc[1] == pytest.approx(
+        tpe["median_train_s"].iloc[0] / tpe["median_train_s"].iloc[1])
+
+
+def test_coverage_of_every_epoch_against_the_data_file(study):
+    cov = _csv(study, "coverage.csv")
+    assert len(cov) == 4 and cov["covered"].all() and cov["digest_matches"].all()
+    assert set(cov["reference"]) == {"train split of the data file"}
+    assert list(cov["ranks_logged"]) == [1, 1, 2, 2] and set(cov["samples"]) == {48}
+
+
+def _steps_per_epoch(study, run):
+    return _records(study["runs"][run], 0)[0]["steps_per_epoch"]
+
+
+def test_loss_curve_and_hours_to_target(study):
+    curve = _csv(study, "loss_vs_time.csv")
+    counts = curve.groupby(["run", "series"]).size().to_dict()
+    assert counts == {("R1", "train"): 2 * _steps_per_epoch(study, "R1"), ("R1", "val"): 2,
+                      ("R2", "train"): 2 * _steps_per_epoch(study, "R2"), ("R2", "val"): 2}
+    hours = _csv(study, "hours_to_target.csv")
+    assert len(hours) == 4
+    for run, run_dir in study["runs"].items():
+        steps = [r for r in _records(run_dir, 0) if r["type"] == "step"]
+        hit = next((r for r in steps if r["loss"] <= study["target"]), None)
+        row = hours[(hours["run"] == run) & np.isclose(hours["target"], study["target"])].iloc[0]
+        if hit is None:
+            assert not row["reached"]
+        else:
+            assert row["reached"] and row["global_step"] == hit["global_step"]
+            assert row["hours"] == pytest.approx(hit["t"] / 3600.0)
+        never = hours[(hours["run"] == run) & (hours["target"] == -1.5)].iloc[0]
+        assert not never["reached"] and never["result"] == "not reached"
+    assert hours[hours["run"] == "R2"]["reached"].iloc[0]  # by construction of the target
+
+
+def test_rank_balance_dice_and_notes(study):
+    bal = _csv(study, "rank_balance.csv")
+    assert list(zip(bal["run"], bal["rank"])) == [("R1", 0), ("R2", 0), ("R2", 1)]
+    # the warm-up epoch is left out: one epoch of steps per rank
+    one, two = _steps_per_epoch(study, "R1"), _steps_per_epoch(study, "R2")
+    assert list(bal["steps"]) == [one, two, two] and (bal["mean_step_s"] > 0).all()
+    assert set(bal[bal["run"] == "R2"]["slowest_rank"]) <= {0, 1}
+    spread = _csv(study, "val_dice_spread.csv")
+    liver = spread[(spread["run"] == "R2") & (spread["class"] == "liver")]
+    assert list(liver["epoch"]) == [0, 1] and list(liver["ranks"]) == [2, 2]
+    assert ((liver["min"] <= liver["median"]) & (liver["median"] <= liver["max"])).all()
+    with open(os.path.join(study["out"], "report.json")) as f:
+        doc = json.load(f)
+    # Healthy logs: nothing skipped (a field the trainer adds later is only named).
+    assert not [n for n in doc["notes"] if n["level"] in ("warning", "skipped")
+                and not n["message"].startswith("ignored field(s)")], doc["notes"]
+    assert "## Time per epoch" in study["stdout"] and "R2" in study["stdout"]
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}")
+                                      else None)
+        if path:
+            return path
+    return None
+
+
+def test_html_report_renders_in_headless_chromium(study):
+    html_path = os.path.join(study["out"], "report.html")
+    with open(html_path, encoding="utf-8") as f:
+        html = f.read()
+    # self-contained: both plots inline, nothing fetched from elsewhere
+    assert html.count('src="data:image/png;base64,') == 2
+    assert 'src="http' not in html and "<link" not in html
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium/chrome binary on PATH or in /usr/bin: cannot take a screenshot")
+    shot = os.path.join(study["out"], "report-screenshot.png")
+    home = study["tmp"] / "chromium-home"
+    home.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={home}", f"--screenshot={shot}", "--window-size=1200,3000",
+         "file://" + html_path],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(home)))
+    assert os.path.exists(shot), proc.stderr[-2000:]
+    assert os.path.getsize(shot) > 50_000
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[:2] == (3000, 1200)
+    # Not a blank page: many distinct colours (plot lines, bands, text).
+    colours = np.unique((pixels[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200
+    print(f"screenshot: {shot}")
