@@ -129,7 +129,7 @@ def sections(report: "Report") -> list[tuple[str, str, Any]]:
     if len(last):
         out.append(("Validation Dice, last epoch", "", ("table", last, None)))
     out.append(("Coverage", "Per epoch, whether the ranks' shards covered the train set "
-                "exactly once, from the logged sample counts and digests (see docs/report.md "
+                "exactly once, from the logged sample counts and digests (see the README section 'distseg-report' "
                 "for what this can and cannot prove). Per epoch: coverage.csv.",
                 ("table", t["coverage_summary"], None)))
     if report.projection is not None:

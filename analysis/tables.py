@@ -1,7 +1,7 @@
 """The report's tables, computed from loaded runs (``analysis.logs.RunData``).
 
 Each public function returns one pandas frame whose columns are documented in
-``docs/report.md``; the frames are written as CSV as they are, so column names are
+the README section "distseg-report"; the frames are written as CSV as they are, so column names are
 part of the interface. Definitions that matter for reading the numbers:
 
 * Warm-up: the first epoch of every launch (graph tracing, cold caches). It is reported
