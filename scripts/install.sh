@@ -32,6 +32,7 @@ if [ -n "$missing" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   say "apt-get install$missing"
   $sudo apt-get update -qq
+  # shellcheck disable=SC2086 # $missing is a list of package names
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
@@ -41,13 +42,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel
 fi
-pip="$VENV/bin/python -m pip"
+# pip, without the warnings some mirrors' configs print once per package.
+pip() {
+  "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 py="$VENV/bin/python"
 
 # 3. TensorFlow first: Horovod compiles against the installed TensorFlow.
 if ! $py -c "import tensorflow as tf; assert tf.__version__ == '$TF_VERSION'" 2>/dev/null; then
   say "installing tensorflow-cpu==$TF_VERSION and the Python dependencies"
-  $pip install -q "tensorflow-cpu==$TF_VERSION"
+  pip install -q "tensorflow-cpu==$TF_VERSION"
 fi
 
 # 4. Horovod, built from source against that TensorFlow (MPI and Gloo controllers).
@@ -58,14 +62,14 @@ if ! $py -c "import horovod.tensorflow as hvd; assert hvd.mpi_built() and hvd.gl
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
   MAKEFLAGS="-j$(nproc)" \
-    $pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
+    pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
   say "horovod installed in $(( $(date +%s) - start )) s"
 fi
 
 # 5. The real liver CT case (LiTS 117). --no-deps: the package pins an ancient torch.
 if ! $py -c "import importlib.metadata as m; m.version('liver-ct-segmentation-package')" 2>/dev/null; then
   say "installing $LIVER_PKG (data only, --no-deps)"
-  $pip install -q --no-deps "$LIVER_PKG"
+  pip install -q --no-deps "$LIVER_PKG"
 fi
 
 # 6. distseg itself (editable) with its runtime and test dependencies.
@@ -73,7 +77,7 @@ stamp="$VENV/.distseg-installed"
 want=$(cat "$here/setup.cfg" "$here/pyproject.toml" 2>/dev/null | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "pip install -e .[test]"
-  $pip install -q --no-build-isolation -e "$here[test]"
+  pip install -q --no-build-isolation -e "${here}[test]"
   echo "$want" > "$stamp"
 fi
 say "ready: $VENV"
