@@ -15,7 +15,7 @@ field needs a new ``SCHEMA_VERSION``.
     ranks), start_time (Unix seconds, rank 0's clock, agreed by broadcast), versions
     (python, tensorflow, keras, horovod, mpi, numpy, h5py), controller (mpi|gloo|none),
     threads {intra_op, inter_op}, horovod_env (HOROVOD_* settings in force),
-    config_hash (sha256 of the resolved config, first 16 hex digits), model {name,
+    config_hash (sha256 of the resolved config without run_dir, first 16 hex digits), model {name,
     params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
     image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
     global_batch_size, lr_base, lr_scaled, warmup_steps, epochs.
@@ -122,7 +122,12 @@ def combine_digests(digests: Iterable[str]) -> str:
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """Stable hash of a JSON-able config (key order does not matter)."""
+    """Stable hash of a JSON-able config (key order does not matter).
+
+    ``run_dir`` is left out: the same training at 1 and 16 ranks, written to two run
+    directories, has the same hash.
+    """
+    config = {k: v for k, v in config.items() if k != "run_dir"}
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

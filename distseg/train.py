@@ -249,6 +249,12 @@ def run(cfg: config_lib.Config) -> int:
         feed = data.Prefetcher(reader, all_batches(), depth=cfg.data.prefetch)
         it = iter(feed)
         for epoch in range(t.epochs):
+            if ctx.size > 1:
+                # Start every rank's epoch clock together: otherwise the ranks that do
+                # not checkpoint would count rank 0's checkpoint writing (they wait for
+                # it in their first allreduce) as training time, and one process
+                # would not.
+                dist.barrier()
             epoch_start = time.perf_counter()
             seen: list[int] = []
             losses, losses_local = [], []

@@ -78,6 +78,15 @@ def phantom(tmp_path_factory):
     return path, info
 
 
+def test_config_hash_ignores_run_dir_only():
+    from distseg import config as config_lib
+    a = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np1"}).to_dict()
+    b = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np16"}).to_dict()
+    c = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np1",
+                                          "train.seed": 7}).to_dict()
+    assert schema.config_hash(a) == schema.config_hash(b) != schema.config_hash(c)
+
+
 def test_synth_round_trip(phantom, tmp_path):
     path, info = phantom
     assert info.samples == 30 and (info.height, info.width) == (64, 64)
