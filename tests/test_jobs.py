@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from click.testing import CliRunner
 from distseg import jobs as jobs_lib
 from distseg import schema, synth
 from distseg.jobs_cli import jobs as jobs_cli
+from proc_group import run_group
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -341,15 +341,8 @@ def test_script_refuses_an_allocation_of_another_size(tiny, tmp_path):
 
 def _run_script(script, env, timeout=RUN_TIMEOUT):
     """bash SCRIPT in its own process group, killed whole on timeout."""
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{script} did not finish in {timeout} s:\n{out[-4000:]}")
-    return proc.returncode, out
+    res = run_group(["bash", script], env=env, timeout=timeout, merge_stderr=True)
+    return res.returncode, res.stdout
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 120)

@@ -27,6 +27,7 @@ import time
 import pytest
 
 from distseg import schema, synth
+from proc_group import run_group
 
 BIN = os.path.dirname(sys.executable)
 TIMEOUT = 90  # seconds for each multi-process run
@@ -145,15 +146,7 @@ def _mpirun(agent: str, program: list[str]) -> subprocess.CompletedProcess:
     for k in list(env):
         if k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "SLURM_")):
             env.pop(k)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"mpirun across the namespaces did not finish in {TIMEOUT} s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    return run_group(cmd, env=env, timeout=TIMEOUT, merge_stderr=True)
 
 
 ALLREDUCE = """

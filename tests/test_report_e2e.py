@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from distseg import schema
+from proc_group import run_group
 
 BIN = os.path.dirname(sys.executable)
 TIMEOUT = 300
@@ -30,7 +31,7 @@ def _env():
 
 
 def _run(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    out = run_group(cmd, timeout=TIMEOUT, env=_env())
     assert out.returncode == 0, f"{cmd}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 

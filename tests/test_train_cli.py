@@ -5,13 +5,13 @@ Each launch has a timeout so that a hang fails fast instead of eating CI's time.
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from distseg import schema, synth
+from proc_group import run_group
 
 BIN = os.path.dirname(sys.executable)
 TIMEOUT = 300
@@ -28,13 +28,11 @@ def horovodrun(*args, np_=2, gloo=False):
     cmd = [f"{BIN}/horovodrun", "-np", str(np_), "-H", f"localhost:{np_}"]
     if gloo:
         cmd.append("--gloo")
-    return subprocess.run(cmd + [f"{BIN}/distseg-train", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=_env())
+    return run_group(cmd + [f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=_env())
 
 
 def single(*args):
-    return subprocess.run([f"{BIN}/distseg-train", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=_env())
+    return run_group([f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=_env())
 
 
 def records(run_dir, rank):
@@ -90,11 +88,11 @@ def test_single_process_and_gloo_give_valid_runs(tiny, tmp_path):
 
 def test_mpirun_launch(tiny, tmp_path):
     env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    out = subprocess.run(
+    out = run_group(
         ["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
          f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir",
          str(tmp_path / "mpi"), "--max-steps-per-epoch", "2", "--no-validate"],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        timeout=TIMEOUT, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert {records(str(tmp_path / "mpi"), r)[0]["controller"] for r in (0, 1)} == {"mpi"}
 
