@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.logs import RunData
+from distseg.schema import steps_per_epoch
 
 LATENCY_TERMS = ("ring", "log")
 
@@ -66,12 +67,6 @@ def allreduce_seconds(ranks: int, grad_bytes: float, fabric: Fabric) -> float:
     bandwidth = fabric.bandwidth_gbps * 1e9 / 8.0
     rounds = 2.0 * (ranks - 1) if fabric.latency_term == "ring" else 2.0 * math.log2(ranks)
     return 2.0 * (ranks - 1) / ranks * grad_bytes / bandwidth + fabric.latency_us * 1e-6 * rounds
-
-
-def steps_per_epoch(train_samples: int, ranks: int, batch_size: int) -> int:
-    """Steps each rank runs per epoch (``distseg.data.steps_per_epoch``)."""
-    per_rank = train_samples // ranks if batch_size == 1 else math.ceil(train_samples / ranks)
-    return math.ceil(per_rank / batch_size)
 
 
 @dataclass

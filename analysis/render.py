@@ -146,7 +146,7 @@ def sections(report: "Report") -> list[tuple[str, str, Any]]:
 
 def markdown(report: "Report", images: bool = True, max_items: int | None = None) -> str:
     """The report as Markdown; ``images=False`` and ``max_items`` for the terminal."""
-    lines = [f"# distseg scaling report\n", f"{report.summary_line()}\n"]
+    lines = ["# distseg scaling report\n", f"{report.summary_line()}\n"]
     for title, intro, content in sections(report):
         kind = content[0]
         if kind == "figure" and not images:

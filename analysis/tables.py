@@ -381,8 +381,7 @@ def expected_samples(run: RunData) -> tuple[float, str]:
     n, size = int(n), int(size)
     if b is not None:
         b = int(b)
-        per_rank = n // size if b == 1 else math.ceil(n / size)
-        full = math.ceil(per_rank / b)
+        full = schema.steps_per_epoch(n, size, b)
         spe = rec.get("steps_per_epoch")
         if spe is not None and int(spe) < full:
             return math.nan, f"capped: {spe} of {full} steps per epoch (max_steps_per_epoch)"

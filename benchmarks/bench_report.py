@@ -33,16 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """``distseg.schema._mix64`` on a uint64 array (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+from distseg import schema
 
 
 def _text(values: np.ndarray) -> pa.Array:
@@ -121,7 +112,7 @@ def generate(run_dir: str, ranks: int, steps: int, steps_per_epoch: int = 1000,
         json.dump({"data": {"path": "/data/lits.h5"}, "model": {"image_size": 240},
                    "train": {"batch_size": batch, "seed": 0}, "run_dir": run_dir}, f)
     n = ranks * batch * steps_per_epoch
-    mixed = mix64(np.arange(n, dtype=np.uint64))
+    mixed = schema.mix64(np.arange(n, dtype=np.uint64))
     epochs = max(1, steps // steps_per_epoch)
     digests = np.zeros((epochs, ranks), np.uint64)
     for e in range(epochs):

@@ -19,6 +19,13 @@ NORMS = ("batch", "none")
 CLASS_NAMES = ("background", "liver", "lesion")
 
 
+
+def default_inter_op_threads(cores_per_rank: int) -> int:
+    """TensorFlow inter-op threads when none are asked for: 1 with at most 2 cores per
+    rank, else 2 (a U-Net's graph has little op-level parallelism; more inter-op
+    threads only compete for the same cores)."""
+    return 1 if cores_per_rank <= 2 else 2
+
 @dataclass(frozen=True)
 class ModelConfig:
     """U-Net hyper-parameters (see ``distseg.model.build_unet``)."""
@@ -177,8 +184,25 @@ def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
                 raise ValueError(f"config field {where}{key} must be a mapping")
             changes[key] = _merge(current, value, f"{where}{key}.")
         else:
-            changes[key] = type(current)(value) if current is not None else value
+            changes[key] = _typed(value, current, f"{where}{key}")
     return dataclasses.replace(obj, **changes)
+
+
+def _typed(value: Any, current: Any, name: str) -> Any:
+    """``value`` as the type of the field's ``current`` value, or a ValueError naming the
+    field. No silent conversions: ``"false"`` is not a bool, ``2.5`` is not an int."""
+    kind = type(current)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = current is None or isinstance(value, kind)
+    if not ok:
+        raise ValueError(f"config field {name} must be {kind.__name__}, got {value!r}")
+    return float(value) if kind is float else value
 
 
 def resolve(preset: str = "liver2d", file: str | None = None,

@@ -27,6 +27,8 @@ from typing import Iterable, Iterator, Sequence
 import h5py
 import numpy as np
 
+from distseg import schema
+
 FORMAT_VERSION = 1
 SPLITS = {"train": 0, "val": 1, "test": 2}
 REQUIRED = ("images", "masks", "case_id", "split")
@@ -161,6 +163,30 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
         )
 
 
+def check_fit(info: DatasetInfo, *, ranks: int, batch_size: int, image_size: int,
+              resize: bool, num_classes: int | None = None) -> None:
+    """Checks that a dataset suits a run of ``ranks`` x ``batch_size`` at ``image_size``.
+
+    The same check at ``distseg-train`` start-up and before ``distseg-jobs`` queues a job.
+    An ``image_size`` of 0 is not checked.
+
+    Raises:
+      DatasetError: one line naming the file and what would fix it.
+    """
+    if image_size and (info.height, info.width) != (image_size, image_size) and not resize:
+        raise DatasetError(
+            f"{info.path}: slices are {info.height}x{info.width} but --image-size is "
+            f"{image_size}; pass --resize or --image-size {info.height}")
+    if num_classes is not None and info.num_classes != num_classes:
+        raise DatasetError(f"{info.path}: attribute num_classes={info.num_classes}, "
+                           f"but the model predicts {num_classes} classes")
+    need = ranks * batch_size
+    if len(info.train_indices) < need:
+        raise DatasetError(
+            f"{info.path}: {len(info.train_indices)} training slices, fewer than ranks x "
+            f"batch size = {ranks} x {batch_size} = {need}")
+
+
 def resize_nearest(a: np.ndarray, size: int) -> np.ndarray:
     """Nearest-neighbour resize of (B, H, W[, C]) to (B, size, size[, C])."""
     h, w = a.shape[1:3]
@@ -188,6 +214,7 @@ class SliceReader:
     """Reads batches of slices by index from an open dataset, chunk by chunk."""
 
     def __init__(self, path: str, image_size: int | None = None, resize: bool = False):
+        self.path = path
         self._file = _open(path)
         self._images = self._file["images"]
         self._masks = self._file["masks"]
@@ -202,17 +229,21 @@ class SliceReader:
         self._resize = bool(image_size) and (self.height, self.width) != (image_size, image_size)
 
     def read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Returns (images float32 (B,S,S,1), masks uint8 (B,S,S)) in the order given."""
-        idx = np.asarray(indices, dtype=np.int64)
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]
-        # h5py wants increasing, unique indices for fancy selection.
-        uniq, inverse = np.unique(sorted_idx, return_inverse=True)
-        images = self._images[uniq][inverse].astype(np.float32, copy=False)
-        masks = self._masks[uniq][inverse]
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        images, masks = images[back], masks[back]
+        """Returns (images float32 (B,S,S,1), masks uint8 (B,S,S)) in the order given.
+
+        Raises:
+          DatasetError: a chunk could not be read (damaged file, failing storage).
+        """
+        # h5py wants increasing, unique indices for fancy selection; ``inverse`` puts
+        # them back in the order (and multiplicity) asked for.
+        uniq, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
+        try:
+            images = self._images[uniq][inverse].astype(np.float32, copy=False)
+            masks = self._masks[uniq][inverse]
+        except OSError as e:
+            shown = ", ".join(str(i) for i in uniq[:4]) + (", ..." if len(uniq) > 4 else "")
+            raise DatasetError(f"{self.path}: slices {shown} of 'images'/'masks' cannot be read "
+                               f"({str(e).splitlines()[0]})") from e
         if self._resize:
             images = resize_bilinear(images, self.image_size)
             masks = resize_nearest(masks, self.image_size)
@@ -234,12 +265,6 @@ def epoch_permutation(indices: np.ndarray, epoch: int, seed: int) -> np.ndarray:
     return np.asarray(indices)[rng.permutation(len(indices))]
 
 
-def steps_per_epoch(n: int, size: int, batch_size: int) -> int:
-    """Steps every rank runs per epoch over ``n`` samples (see ``shard_batches``)."""
-    per_rank = n // size if batch_size == 1 else math.ceil(n / size)
-    return math.ceil(per_rank / batch_size)
-
-
 def shard_batches(indices: np.ndarray, rank: int, size: int, batch_size: int,
                   epoch: int, seed: int) -> list[np.ndarray]:
     """This rank's batches of sample ids for one epoch.
@@ -247,7 +272,7 @@ def shard_batches(indices: np.ndarray, rank: int, size: int, batch_size: int,
     A seeded permutation of ``indices`` (new each epoch, identical on all ranks) is cut
     into ``size`` contiguous shards whose lengths differ by at most one; shards are
     disjoint and together cover every sample. Each shard is split into the same number
-    of batches on every rank (``steps_per_epoch``), of at most ``batch_size`` samples
+    of batches on every rank (``schema.steps_per_epoch``), of at most ``batch_size`` samples
     and sizes differing by at most one, so all ranks run the same number of allreduce
     steps.
 
@@ -269,8 +294,7 @@ def shard_batches(indices: np.ndarray, rank: int, size: int, batch_size: int,
     if batch_size == 1:
         order = order[: n - n % size]
     shard = np.array_split(order, size)[rank]
-    steps = steps_per_epoch(n, size, batch_size)
-    return np.array_split(shard, steps)
+    return np.array_split(shard, schema.steps_per_epoch(n, size, batch_size))
 
 
 def shard_eval(indices: np.ndarray, rank: int, size: int, batch_size: int) -> list[np.ndarray]:

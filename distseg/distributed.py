@@ -206,22 +206,25 @@ def broadcast_object(obj, root: int = 0):
     return hvd.broadcast_object(obj, root_rank=root)  # Horovod: pickled broadcast.
 
 
-def first_error(message: str | None) -> str | None:
+def first_error(message: str | None, code: int = 1) -> tuple[str, int] | None:
     """Makes every rank take the same decision about an error found on some ranks.
 
-    Each rank passes its own error message (or None). All ranks get back the message
-    of the lowest rank that had one (with how many ranks failed), or None when no rank
-    did. A rank must never raise alone: the others would wait in the next collective.
+    Each rank passes its own error message (or None) and the exit code it asks for.
+    All ranks get back ``(message, exit code)``: the message of the lowest rank that
+    had one (with how many ranks failed) and the highest code asked for; or None when
+    no rank failed. One allgather. A rank must never raise alone: the others would
+    wait in the next collective.
     """
-    errors = allgather_object(message)
-    failed = [(r, m) for r, m in enumerate(errors) if m]
+    gathered = allgather_object((message, int(code)) if message else None)
+    failed = [(r, g) for r, g in enumerate(gathered) if g]
     if not failed:
         return None
-    rank, msg = failed[0]
-    if len(errors) == 1:
-        return msg
+    code = max(c for _, (_, c) in failed)
+    rank, (msg, _) = failed[0]
+    if len(gathered) == 1:
+        return msg, code
     others = f" (and {len(failed) - 1} other rank(s))" if len(failed) > 1 else ""
-    return f"{msg} [rank {rank}{others}]"
+    return f"{msg} [rank {rank}{others}]", code
 
 
 def find_divergence(values, rtol: float = 1e-6):

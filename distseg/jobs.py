@@ -26,6 +26,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from distseg import config as config_lib, schema
+
 #: ``auto`` picks at run time: ``ibrun`` where it exists (TACC), else ``srun`` inside a
 #: Slurm job, else ``mpirun`` (on one node outside Slurm: ``mpirun`` on localhost).
 LAUNCHERS = ("auto", "ibrun", "srun", "mpirun")
@@ -158,8 +160,7 @@ def threads_for(cores_per_node: int, ranks_per_node: int, *, reserved_cores: int
     Each rank gets ``(cores_per_node - reserved_cores) // ranks_per_node`` whole cores
     (never a share of one: ranks on the same core evict each other's caches) and runs
     ``hw_threads`` TensorFlow threads on each. Inter-op threads follow ``distseg-train``'s
-    default: 1 with at most 2 cores per rank, else 2 (a U-Net's graph has little
-    op-level parallelism; more inter-op threads only compete for the same cores).
+    default (``config.default_inter_op_threads``).
 
     Raises:
       JobError: more ranks than usable cores, or a count out of range.
@@ -178,7 +179,8 @@ def threads_for(cores_per_node: int, ranks_per_node: int, *, reserved_cores: int
         raise JobError(f"--ranks-per-node {ranks_per_node} is more than the {usable} usable cores "
                        f"per node{kept}")
     per = usable // ranks_per_node
-    return Threads(cores_per_rank=per, intra_op=per * hw_threads, inter_op=1 if per <= 2 else 2,
+    return Threads(cores_per_rank=per, intra_op=per * hw_threads,
+                   inter_op=config_lib.default_inter_op_threads(per),
                    cpus_per_task=per * threads_per_core, idle_cores=usable - per * ranks_per_node)
 
 
@@ -348,9 +350,9 @@ def resolve(spec: JobSpec) -> Job:
         raise JobError("--data is required (the HDF5 file every rank reads)")
     data = os.path.abspath(spec.data)
     run_dir = os.path.abspath(spec.run_dir or os.path.join(spec.runs_dir, f"{spec.name}-n{spec.nodes}"))
-    for name in ("config.json", "logs"):
-        if os.path.exists(os.path.join(run_dir, name)):
-            raise JobError(f"{run_dir}: already holds a run ({name} exists); choose another --name or --run-dir")
+    found = schema.existing_run(run_dir)
+    if found:
+        raise JobError(f"{run_dir}: already holds a run ({found} exists); choose another --name or --run-dir")
     venv = os.path.abspath(spec.venv) if spec.venv else ""
     if venv and not os.path.isdir(os.path.join(venv, "bin")):
         raise JobError(f"--venv {spec.venv}: no bin/ folder there (expected a virtual environment)")
@@ -367,15 +369,10 @@ def _check_data(path: str, ranks: int, batch_size: int, image_size: int, resize:
     from distseg import data as data_lib  # h5py only; no TensorFlow
     try:
         info = data_lib.inspect(path, check_labels=False)
+        data_lib.check_fit(info, ranks=ranks, batch_size=batch_size, image_size=image_size,
+                           resize=resize)
     except data_lib.DatasetError as e:
         raise JobError(str(e)) from None
-    need = ranks * batch_size
-    if batch_size and len(info.train_indices) < need:
-        raise JobError(f"{path}: {len(info.train_indices)} training slices, fewer than ranks x batch size "
-                       f"= {ranks} x {batch_size} = {need}")
-    if image_size and not resize and (info.height, info.width) != (image_size, image_size):
-        raise JobError(f"{path}: slices are {info.height}x{info.width} but the model expects "
-                       f"{image_size}x{image_size} (pass --image-size {info.height} or --resize)")
 
 
 def _q(text: str) -> str:

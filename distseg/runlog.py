@@ -36,7 +36,7 @@ class RunLog:
         self.rank = rank
         self.path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, kind: str, **fields: Any) -> dict:
         record = {"type": kind, "rank": self.rank, "time": time.time(), **fields}

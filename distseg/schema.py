@@ -40,7 +40,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 SCHEMA_VERSION = 1
 
@@ -48,6 +52,14 @@ SCHEMA_VERSION = 1
 LOG_DIR = "logs"
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+
+
+def existing_run(run_dir: str) -> str | None:
+    """The file that shows ``run_dir`` already holds a run (config or logs), or None."""
+    for name in (CONFIG_FILE, LOG_DIR):
+        if os.path.exists(os.path.join(run_dir, name)):
+            return name
+    return None
 
 
 def log_name(rank: int) -> str:
@@ -91,26 +103,37 @@ END_STATUSES = ("ok", "error", "interrupted")
 _MASK64 = (1 << 64) - 1
 
 
-def _mix64(x: int) -> int:
-    """SplitMix64 finaliser: spreads ids so that sums of them rarely collide."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+def steps_per_epoch(train_samples: int, ranks: int, batch_size: int) -> int:
+    """Steps every rank runs per epoch: its shard of ``train_samples`` (at most
+    ceil(n / ranks) samples; floor(n / ranks) with batch size 1, see
+    ``distseg.data.shard_batches``) in batches of at most ``batch_size``."""
+    per_rank = train_samples // ranks if batch_size == 1 else math.ceil(train_samples / ranks)
+    return math.ceil(per_rank / batch_size)
+
+
+def mix64(ids: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on a uint64 array (arithmetic modulo 2**64): spreads ids
+    so that sums of them rarely collide."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(ids, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 def sample_digest(ids: Iterable[int]) -> str:
-    """Order-independent digest of a multiset of sample ids, as 16 hex digits.
+    """Order-independent digest of a multiset of (non-negative) sample ids, as 16 hex
+    digits.
 
     The digest is the sum, modulo 2**64, of a 64-bit mix of each id. Because it is a
     sum, digests combine: the digests of disjoint shards add up (``combine_digests``)
     to the digest of their union, which is how ``analysis`` checks that the ranks'
     shards covered the dataset exactly once.
     """
-    total = 0
-    for i in ids:
-        total = (total + _mix64(int(i))) & _MASK64
-    return f"{total:016x}"
+    if not hasattr(ids, "__len__"):
+        ids = list(ids)
+    total = mix64(np.asarray(ids, dtype=np.int64).ravel()).sum(dtype=np.uint64)
+    return f"{int(total):016x}"
 
 
 def combine_digests(digests: Iterable[str]) -> str:

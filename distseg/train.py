@@ -8,6 +8,7 @@ state; checkpoint and print on rank 0 only; every rank logs its own measurements
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -52,36 +53,26 @@ def resolve_threads(train_cfg, cores: int) -> tuple[int, int]:
     """(intra_op, inter_op) threads: flags, else OMP_NUM_THREADS, else cores per rank."""
     omp = os.environ.get("OMP_NUM_THREADS", "")
     intra = train_cfg.intra_op_threads or (int(omp) if omp.isdigit() and int(omp) > 0 else cores)
-    inter = train_cfg.inter_op_threads or (1 if cores <= 2 else 2)
+    inter = train_cfg.inter_op_threads or config_lib.default_inter_op_threads(cores)
     return max(1, intra), max(1, inter)
 
 
 def _check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo:
     """Everything that can be wrong before training starts, checked without side effects."""
-    info = data.inspect(cfg.data.path)
-    m = cfg.model
-    if (info.height, info.width) != (m.image_size, m.image_size) and not cfg.data.resize:
-        raise data.DatasetError(
-            f"{cfg.data.path}: slices are {info.height}x{info.width} but --image-size is "
-            f"{m.image_size}; pass --resize or --image-size {info.height}")
-    if info.num_classes != m.num_classes:
-        raise data.DatasetError(f"{cfg.data.path}: attribute num_classes={info.num_classes}, "
-                                f"but the model predicts {m.num_classes} classes")
-    need = ctx.size * cfg.train.batch_size
-    if len(info.train_indices) < need:
-        raise data.DatasetError(
-            f"{cfg.data.path}: {len(info.train_indices)} training slices, fewer than ranks x "
-            f"batch size = {ctx.size} x {cfg.train.batch_size} = {need}")
+    # Rank 0 reads every mask once to check the labels; the others trust its verdict.
+    info = data.inspect(cfg.data.path, check_labels=ctx.is_root())
+    data.check_fit(info, ranks=ctx.size, batch_size=cfg.train.batch_size,
+                   image_size=cfg.model.image_size, resize=cfg.data.resize,
+                   num_classes=cfg.model.num_classes)
     return info
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
     """Refuses a directory that already holds a run (checked by rank 0 alone)."""
-    if ctx.is_root():
-        for name in (schema.CONFIG_FILE, schema.LOG_DIR):
-            if os.path.exists(os.path.join(run_dir, name)):
-                raise RunError(f"{run_dir}: already holds a run ({name} exists); "
-                               "choose a new --run-dir", exit_code=2)
+    found = schema.existing_run(run_dir) if ctx.is_root() else None
+    if found:
+        raise RunError(f"{run_dir}: already holds a run ({found} exists); "
+                       "choose a new --run-dir", exit_code=2)
 
 
 def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
@@ -97,20 +88,35 @@ def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
         raise RunError(f"{run_dir}: run directory is not writable ({e.strerror})", exit_code=2)
 
 
-def _agree(fn, *args):
-    """Runs ``fn`` on every rank; if it fails on any rank, every rank raises the same
-    ``RunError`` (a rank must never fail alone: the others would hang)."""
-    result, message, code = None, None, 1
-    try:
-        result = fn(*args)
-    except RunError as e:
-        message, code = str(e), e.exit_code
-    except (data.DatasetError, ValueError, OSError) as e:
-        message, code = str(e), 2
-    agreed = dist.first_error(message)
+def _failure(e: BaseException) -> tuple[str, int]:
+    """(one-line message, exit code) for an error raised on this rank: 2 for bad input
+    (data file, config, run directory), 1 for anything else."""
+    if isinstance(e, RunError):
+        return str(e), e.exit_code
+    if isinstance(e, (ValueError, OSError)) and str(e):
+        return str(e).splitlines()[0], 2
+    return f"{type(e).__name__}: {e}".splitlines()[0], 1
+
+
+def _raise_agreed(failure: tuple[str, int] | None) -> None:
+    """Collective: every rank raises the same ``RunError`` if any rank has a failure."""
+    agreed = dist.first_error(*failure) if failure else dist.first_error(None)
     if agreed:
-        codes = dist.allgather_object(code if message else 0)
-        raise RunError(agreed, exit_code=max(codes))
+        raise RunError(*agreed)
+
+
+def _agree(fn, *args, **kwargs):
+    """Runs ``fn`` on every rank; if it fails on any rank, with any exception, every
+    rank raises the same ``RunError`` (a rank must never fail alone: the others would
+    hang in the next collective). One allgather."""
+    result, failure = None, None
+    try:
+        result = fn(*args, **kwargs)
+    except Interrupted:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error is shared, then re-raised as RunError
+        failure = _failure(e)
+    _raise_agreed(failure)
     return result
 
 
@@ -146,21 +152,29 @@ def run(cfg: config_lib.Config) -> int:
 
     cfg_dict = cfg.to_dict()
     cfg_hash = schema.config_hash(cfg_dict)
-    if ctx.is_root():
+
+    def write_config():
         # Chief-only side effect: one config per run, written before any rank logs.
-        _write_json_atomic(os.path.join(cfg.run_dir, schema.CONFIG_FILE), cfg_dict)
-        os.makedirs(os.path.join(cfg.run_dir, schema.CHECKPOINT_DIR), exist_ok=True)
+        if ctx.is_root():
+            _write_json_atomic(os.path.join(cfg.run_dir, schema.CONFIG_FILE), cfg_dict)
+            os.makedirs(os.path.join(cfg.run_dir, schema.CHECKPOINT_DIR), exist_ok=True)
+    _agree(write_config)
 
     t = cfg.train
     keras.utils.set_random_seed(t.seed + ctx.rank)
     model = model_lib.from_config(cfg.model)
     optimizer = keras.optimizers.Adam(learning_rate=t.lr)
     optimizer.build(model.trainable_variables)
+    # What every rank must hold identically: weights (BatchNorm statistics included)
+    # and optimizer state. Not model.variables: that also holds the dropout layers'
+    # seed-generator states, which must stay different per rank (seeded by rank above)
+    # or every rank would drop the same units.
+    synced = model.weights + optimizer.variables
     # Horovod: every rank starts from rank 0's weights and optimizer state.
-    dist.broadcast_variables(model.variables + optimizer.variables, root=0)
+    dist.broadcast_variables(synced, root=0)
 
     n_train = len(info.train_indices)
-    steps = data.steps_per_epoch(n_train, ctx.size, t.batch_size)
+    steps = schema.steps_per_epoch(n_train, ctx.size, t.batch_size)
     if t.max_steps_per_epoch:
         steps = min(steps, t.max_steps_per_epoch)
     lr_target = scaled_lr(t.lr, ctx.size, t.lr_scaling)
@@ -171,16 +185,17 @@ def run(cfg: config_lib.Config) -> int:
     num_classes = cfg.model.num_classes
     spec = [tf.TensorSpec([None, size, size, 1], tf.float32), tf.TensorSpec([None, size, size], tf.uint8)]
 
-    @tf.function(input_signature=spec)
-    def train_step(images, masks):
+    @tf.function(input_signature=spec + [tf.TensorSpec([], tf.float32)])
+    def train_step(images, masks, failed):
         with tf.GradientTape() as tape:
             probs = model(images, training=True)
             loss = model_lib.segmentation_loss(probs, masks, num_classes, t.loss)
         grads = tape.gradient(loss, model.trainable_variables)
-        # Horovod: average gradients (and the loss, for logging) across ranks.
-        grads, (mean_loss,) = dist.average_gradients(grads, [loss])
+        # Horovod: average gradients, the loss (for logging) and the failure flag (so a
+        # rank whose batch could not be read is known to all) in one allreduce.
+        grads, (mean_loss, any_failed) = dist.average_gradients(grads, [loss, failed])
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, mean_loss
+        return loss, mean_loss, any_failed
 
     @tf.function(input_signature=spec)
     def eval_step(images, masks):
@@ -189,9 +204,11 @@ def run(cfg: config_lib.Config) -> int:
         return loss, model_lib.dice_counts(probs, masks, num_classes)
 
     def checksum(variables) -> list[float]:
-        vals = [tf.cast(tf.reshape(v, [-1]), tf.float64) for v in variables]
-        flat = tf.concat(vals, axis=0)
-        return [float(tf.reduce_sum(flat)), float(tf.reduce_sum(flat * flat))]
+        """Sum and sum of squares of every value, in float64, one variable at a time
+        (never a float64 copy of the whole model and optimizer state at once)."""
+        sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
+                for x in (tf.cast(tf.convert_to_tensor(v), tf.float64) for v in variables)]
+        return [float(x) for x in tf.add_n(sums)]
 
     def check_weights(where: str, variables) -> list[float]:
         """Aborts on every rank if any rank's weights differ from rank 0's."""
@@ -204,30 +221,38 @@ def run(cfg: config_lib.Config) -> int:
                            "runs the same code, data file and config")
         return mine
 
-    reader = data.SliceReader(cfg.data.path, image_size=size, resize=cfg.data.resize)
     class_names = list(info.attrs.get("class_names", config_lib.CLASS_NAMES))[:num_classes]
     params = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+    # Stands in for a batch this rank could not read, so that it still joins the
+    # step's allreduce and every rank learns of the failure there.
+    blank = (np.zeros((1, size, size, 1), np.float32), np.zeros((1, size, size), np.uint8))
 
-    dist.barrier()  # the agreed start: every rank leaves this together
-    t0 = time.perf_counter()
-    start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
-
-    def on_term(signum, frame):
-        raise Interrupted(f"received signal {signum}")
-    previous = signal.signal(signal.SIGTERM, on_term)
-
-    bar = None
-    if ctx.is_root():
-        from tqdm import tqdm
-        bar = tqdm(total=t.epochs * steps, unit="step", file=sys.stderr, dynamic_ncols=True,
-                   mininterval=0.5, desc=f"train x{ctx.size}")
-    epochs_done, global_step = 0, 0
-    feed = None
+    epochs_done, global_step, t0 = 0, 0, time.perf_counter()
     status, reason = "error", "unknown"
-    versions = dist.versions()
-    log = RunLog(cfg.run_dir, ctx.rank)
+    log = None
+    # Closed in reverse order on the way out, whatever happens.
+    resources = contextlib.ExitStack()
     try:
-        log.write(
+        reader = resources.enter_context(
+            _agree(data.SliceReader, cfg.data.path, image_size=size, resize=cfg.data.resize))
+        log = resources.enter_context(_agree(RunLog, cfg.run_dir, ctx.rank))
+
+        dist.barrier()  # the agreed start: every rank leaves this together
+        t0 = time.perf_counter()
+        start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
+
+        def on_term(signum, frame):
+            raise Interrupted(f"received signal {signum}")
+        resources.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, on_term))
+
+        bar = None
+        if ctx.is_root():
+            from tqdm import tqdm
+            bar = tqdm(total=t.epochs * steps, unit="step", file=sys.stderr, dynamic_ncols=True,
+                       mininterval=0.5, desc=f"train x{ctx.size}")
+            resources.callback(bar.close)
+        versions = dist.versions()
+        _agree(lambda: log.write(
             "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size, local_rank=ctx.local_rank,
             local_size=ctx.local_size, host=versions["host"], pid=os.getpid(), run_id=run_id,
             start_time=start_time, versions=versions, controller=ctx.controller,
@@ -238,7 +263,7 @@ def run(cfg: config_lib.Config) -> int:
             config_hash=cfg_hash, model={"name": "unet2d", "params": params, **cfg.model.__dict__},
             dataset=info.summary(), global_seed=t.seed, steps_per_epoch=steps,
             batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
-            lr_base=t.lr, lr_scaled=lr_target, warmup_steps=warmup_steps, epochs=t.epochs)
+            lr_base=t.lr, lr_scaled=lr_target, warmup_steps=warmup_steps, epochs=t.epochs))
 
         def all_batches():
             for e in range(t.epochs):
@@ -247,7 +272,12 @@ def run(cfg: config_lib.Config) -> int:
         # One prefetcher for the whole run: it reads the next epoch's first batches
         # while this epoch ends, instead of refilling its queue at every epoch start.
         feed = data.Prefetcher(reader, all_batches(), depth=cfg.data.prefetch)
+        resources.callback(feed.close)
         it = iter(feed)
+        # This rank's first error inside the loop. It is not raised here, alone: it
+        # rides on the next collective, where every rank raises it together.
+        failure: tuple[str, int] | None = None
+        lr_now = None
         for epoch in range(t.epochs):
             if ctx.size > 1:
                 # Start every rank's epoch clock together: otherwise the ranks that do
@@ -256,28 +286,39 @@ def run(cfg: config_lib.Config) -> int:
                 # would not.
                 dist.barrier()
             epoch_start = time.perf_counter()
-            seen: list[int] = []
+            seen: list[np.ndarray] = []
             losses, losses_local = [], []
             for step in range(steps):
                 step_start = time.perf_counter()
-                ids, images, masks = next(it)
+                try:
+                    ids, images, masks = next(it)
+                except Exception as e:  # noqa: BLE001 - shared in the allreduce below
+                    failure = failure or _failure(e)
+                    ids, (images, masks) = np.zeros(0, np.int64), blank
                 data_wait = time.perf_counter() - step_start
                 lr = lr_at(global_step, t.lr, lr_target, warmup_steps)
-                optimizer.learning_rate.assign(lr)
-                loss_local, loss = train_step(images, masks)
+                if lr != lr_now:  # changes during warm-up only
+                    optimizer.learning_rate.assign(lr)
+                    lr_now = lr
+                loss_local, loss, any_failed = train_step(images, masks, float(failure is not None))
+                if float(any_failed) > 0:
+                    _raise_agreed(failure)
                 loss_local, loss = float(loss_local), float(loss)
                 now = time.perf_counter()
-                log.write("step", epoch=epoch, step=step, global_step=global_step,
-                          t=now - t0, step_time=now - step_start, data_wait=data_wait,
-                          loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
-                seen.extend(int(i) for i in ids)
+                try:
+                    log.write("step", epoch=epoch, step=step, global_step=global_step,
+                              t=now - t0, step_time=now - step_start, data_wait=data_wait,
+                              loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
+                except OSError as e:  # shared in the next step's allreduce, or at epoch end
+                    failure = failure or _failure(e)
+                seen.append(ids)
                 losses.append(loss)
                 losses_local.append(loss_local)
                 global_step += 1
-                if not math.isfinite(loss):
+                if not math.isfinite(loss):  # the averaged loss: the same on every rank
                     raise RunError(f"training loss is {loss} at epoch {epoch} step {step}; "
                                    "lower --lr or check the data")
-                if global_step == 1:
+                if global_step == 1:  # BatchNorm statistics are still local here
                     check_weights("after the first step",
                                   model.trainable_variables + optimizer.variables)
                 if bar is not None:
@@ -286,11 +327,11 @@ def run(cfg: config_lib.Config) -> int:
 
             # BatchNorm statistics are updated from local batches: average them so
             # every rank evaluates and checkpoints the same model.
-            stats = list(model.non_trainable_variables)
+            stats = list(model.non_trainable_weights)
             if stats and ctx.size > 1:
                 for v, mean in zip(stats, dist.allreduce_many([v.numpy() for v in stats])):
                     v.assign(mean)
-            weights = check_weights(f"after epoch {epoch}", model.variables + optimizer.variables)
+            weights = check_weights(f"after epoch {epoch}", synced)
             train_time = time.perf_counter() - epoch_start
 
             val = {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
@@ -298,21 +339,30 @@ def run(cfg: config_lib.Config) -> int:
                 val = _validate(eval_step, reader, info.val_indices, ctx, t.batch_size,
                                 num_classes, class_names)
             epoch_time = time.perf_counter() - epoch_start
-            log.write("epoch", epoch=epoch, t=time.perf_counter() - t0, epoch_time=epoch_time,
-                      train_time=train_time, steps=steps, samples=len(seen),
-                      sample_digest=schema.sample_digest(seen),
-                      train_loss=float(np.mean(losses)), train_loss_local=float(np.mean(losses_local)),
-                      weight_checksum=weights, **val)
+            seen_ids = np.concatenate(seen)
+
+            def finish_epoch():
+                # Rank-local writes, agreed on: a full disk on one rank, or rank 0's
+                # checkpoint failing, stops every rank with the same message.
+                if failure:
+                    raise RunError(*failure)
+                log.write("epoch", epoch=epoch, t=time.perf_counter() - t0, epoch_time=epoch_time,
+                          train_time=train_time, steps=steps, samples=len(seen_ids),
+                          sample_digest=schema.sample_digest(seen_ids),
+                          train_loss=float(np.mean(losses)),
+                          train_loss_local=float(np.mean(losses_local)),
+                          weight_checksum=weights, **val)
+                done = epoch + 1
+                if ctx.is_root() and (done == t.epochs or
+                                      (t.checkpoint_every and done % t.checkpoint_every == 0)):
+                    _save_checkpoint(cfg.run_dir, done, model, optimizer, t.keep_checkpoints)
+            _agree(finish_epoch)
             epochs_done = epoch + 1
-            if ctx.is_root():
-                last = epochs_done == t.epochs
-                if last or (t.checkpoint_every and epochs_done % t.checkpoint_every == 0):
-                    _save_checkpoint(cfg.run_dir, epochs_done, model, optimizer, t.keep_checkpoints)
-                if bar is not None:
-                    dice = ", ".join(f"{k} {v:.3f}" for k, v in val["val_dice"].items() if v is not None)
-                    vloss = "n/a" if val["val_loss"] is None else f"{val['val_loss']:.4f}"
-                    bar.write(f"epoch {epoch}: {epoch_time:.1f} s, train loss {np.mean(losses):.4f}, "
-                              f"val loss {vloss}, val Dice {dice or 'n/a'}")
+            if bar is not None:
+                dice = ", ".join(f"{k} {v:.3f}" for k, v in val["val_dice"].items() if v is not None)
+                vloss = "n/a" if val["val_loss"] is None else f"{val['val_loss']:.4f}"
+                bar.write(f"epoch {epoch}: {epoch_time:.1f} s, train loss {np.mean(losses):.4f}, "
+                          f"val loss {vloss}, val Dice {dice or 'n/a'}")
         status, reason = "ok", f"finished {epochs_done} epoch(s)"
         return 0
     except RunError as e:
@@ -325,31 +375,37 @@ def run(cfg: config_lib.Config) -> int:
         status, reason = "error", f"{e.__class__.__name__}: {e}".splitlines()[0]
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        if feed is not None:
-            feed.close()
-        if bar is not None:
-            bar.close()
-        log.write("end", status=status, reason=reason, t=time.perf_counter() - t0,
-                  epochs_done=epochs_done)
-        log.close()
-        reader.close()
+        try:
+            if log is not None:
+                log.write("end", status=status, reason=reason, t=time.perf_counter() - t0,
+                          epochs_done=epochs_done)
+        except OSError:
+            pass  # best effort: the disk that failed the run may refuse this line too
+        finally:
+            resources.close()
 
 
 def _validate(eval_step, reader, indices, ctx, batch_size, num_classes, class_names) -> dict:
-    """Sharded validation: each rank scores its own slices, one allreduce combines them."""
+    """Sharded validation: each rank scores its own slices, one allreduce combines them
+    (and tells every rank whether any rank failed to read its slices)."""
     from distseg import model as model_lib
     loss_sum, n = 0.0, 0
     counts = np.zeros((3, num_classes))
-    for ids in data.shard_eval(indices, ctx.rank, ctx.size, batch_size):
-        images, masks = reader.read(ids)
-        loss, c = eval_step(images, masks)
-        loss_sum += float(loss) * len(ids)
-        n += len(ids)
-        counts += c.numpy()
-    local = np.concatenate([[loss_sum, n], counts.ravel()])
+    failure = None
+    try:
+        for ids in data.shard_eval(indices, ctx.rank, ctx.size, batch_size):
+            images, masks = reader.read(ids)
+            loss, c = eval_step(images, masks)
+            loss_sum += float(loss) * len(ids)
+            n += len(ids)
+            counts += c.numpy()
+    except Exception as e:  # noqa: BLE001 - shared in the allreduce below
+        failure = _failure(e)
+    local = np.concatenate([[loss_sum, n, failure is not None], counts.ravel()])
     total = dist.allreduce(local, op="sum")
-    g_counts = total[2:].reshape(3, num_classes)
+    if total[2] > 0:
+        _raise_agreed(failure)
+    g_counts = total[3:].reshape(3, num_classes)
     return {
         "val_loss": float(total[0] / max(total[1], 1)),
         "val_loss_local": loss_sum / n if n else None,

@@ -1,6 +1,7 @@
 """Sharding, the HDF5 format, lazy slice reading and bad data files."""
 
 import io
+import json
 import os
 
 import h5py
@@ -25,7 +26,7 @@ def test_shards_are_disjoint_cover_and_have_equal_steps(n, size, batch):
     for epoch in range(3):
         shards = [data.shard_batches(ids, r, size, batch, epoch, seed=7) for r in range(size)]
         steps = {len(s) for s in shards}
-        assert steps == {data.steps_per_epoch(n, size, batch)}
+        assert steps == {schema.steps_per_epoch(n, size, batch)}
         flat = np.concatenate([np.concatenate(s) for s in shards])
         assert len(np.unique(flat)) == len(flat), "a sample went to two ranks"
         expected = n if (batch > 1 or n % size == 0) else n - n % size
@@ -69,6 +70,23 @@ def test_digest_is_order_independent_and_sensitive():
     assert schema.sample_digest([1, 2]) != schema.sample_digest([1, 2, 2])
 
 
+def _splitmix64(x: int) -> int:
+    """The SplitMix64 finaliser written out with Python ints (the reference)."""
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_digest_is_the_wrapping_sum_of_splitmix64():
+    ids = np.random.default_rng(0).integers(0, 2**40, size=1000)
+    want = sum(_splitmix64(int(i)) for i in ids) % 2**64
+    assert schema.sample_digest(ids) == f"{want:016x}"
+    assert schema.sample_digest(i for i in ids.tolist()) == f"{want:016x}"  # any iterable
+    assert schema.sample_digest([]) == "0" * 16
+
+
 # ---------------------------------------------------------------- HDF5 format
 
 @pytest.fixture(scope="module")
@@ -85,6 +103,25 @@ def test_config_hash_ignores_run_dir_only():
     c = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np1",
                                           "train.seed": 7}).to_dict()
     assert schema.config_hash(a) == schema.config_hash(b) != schema.config_hash(c)
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("validate", "false", "config field train.validate must be bool, got 'false'"),
+    ("epochs", 2.5, "config field train.epochs must be int, got 2.5"),
+    ("lr", True, "config field train.lr must be float, got True"),
+    ("loss", 3, "config field train.loss must be str, got 3"),
+])
+def test_config_file_values_of_the_wrong_type_are_refused(tmp_path, field, value, expected):
+    from distseg import config as config_lib
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"train": {field: value}}))
+    with pytest.raises(ValueError) as err:
+        config_lib.resolve("demo", str(path), {"data.path": "x.h5", "run_dir": "r"})
+    assert str(err.value) == expected
+    # an int where a float is expected is fine, and becomes a float
+    path.write_text(json.dumps({"train": {"lr": 1}}))
+    cfg = config_lib.resolve("demo", str(path), {"data.path": "x.h5", "run_dir": "r"})
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
 
 
 def test_synth_round_trip(phantom, tmp_path):

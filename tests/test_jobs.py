@@ -193,7 +193,7 @@ def _err(result) -> str:
     (["--partition", "skx", "--nodes", "1", "--hw-threads", "4"], "--hw-threads must be between 1 and 2"),
     (["--partition", "knl", "--nodes", "1", "--time", "2 hours"], "not a Slurm wall time"),
     (["--partition", "generic", "--nodes", "1", "--name", "my run"], "--name 'my run'"),
-    (["--partition", "generic", "--nodes", "1", "--preset", "liver2d"], "pass --image-size 32 or --resize"),
+    (["--partition", "generic", "--nodes", "1", "--preset", "liver2d"], "but --image-size is 240; pass --resize or --image-size 32"),
     (["--partition", "generic", "--nodes", "1", "--image-size", "30"], "not divisible by 2**depth"),
     (["--partition", "knl", "--nodes", "4", "--batch-size", "4"], "fewer than ranks x batch size = 16 x 4"),
     (["--partition", "generic", "--nodes", "1", "--venv", "/nonexistent/venv"], "no bin/ folder"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -69,18 +68,13 @@ class RunSpec:
     run_id: str = "run0"
 
 
-def steps_per_epoch(n: int, size: int, batch_size: int) -> int:
-    per_rank = n // size if batch_size == 1 else math.ceil(n / size)
-    return math.ceil(per_rank / batch_size)
-
-
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
     """Per rank, the batches of sample ids of ``epoch`` (as ``distseg.data`` cuts them)."""
     n = spec.train_samples
     order = np.random.default_rng([spec.seed, epoch]).permutation(n)
     if spec.batch_size == 1:
         order = order[: n - n % spec.size]
-    steps = steps_per_epoch(n, spec.size, spec.batch_size)
+    steps = schema.steps_per_epoch(n, spec.size, spec.batch_size)
     return [np.array_split(s, steps) for s in np.array_split(order, spec.size)]
 
 
@@ -101,7 +95,7 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
     """All records of ``rank`` in file order; a ``str`` is a raw (truncated) line."""
     size = spec.size
     hosts = list(spec.hosts or ["node0"] * size)
-    steps = steps_per_epoch(spec.train_samples, size, spec.batch_size)
+    steps = schema.steps_per_epoch(spec.train_samples, size, spec.batch_size)
     launches = spec.launches or [Launch(0, spec.epochs)]
     cfg = config(spec, run_dir)
     slowest = max(_per_rank(spec.step_time, r) for r in range(size))

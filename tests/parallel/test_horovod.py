@@ -26,11 +26,33 @@ def test_collectives(ctx):
 
 
 def test_an_error_on_one_rank_is_the_same_error_on_all(ctx):
-    mine = "data.h5: missing dataset 'masks'" if ctx.rank == ctx.size - 1 else None
-    agreed = dist.first_error(mine)
-    assert agreed == f"data.h5: missing dataset 'masks' [rank {ctx.size - 1}]"
+    last = ctx.size - 1
+    mine = "data.h5: missing dataset 'masks'" if ctx.rank == last else None
+    agreed = dist.first_error(mine, code=2)
+    assert agreed == (f"data.h5: missing dataset 'masks' [rank {last}]", 2)
     assert dist.allgather_object(agreed) == [agreed] * ctx.size
     assert dist.first_error(None) is None
+    # two ranks fail: the lowest rank's message, the highest exit code
+    agreed = dist.first_error(f"error on rank {ctx.rank}", code=1 + ctx.rank)
+    assert agreed == (f"error on rank 0 [rank 0 (and {ctx.size - 1} other rank(s))]", ctx.size)
+
+
+def test_any_exception_on_one_rank_fails_every_rank(ctx):
+    """Not only the expected error types: a KeyError on one rank must not leave the
+    others waiting in the next collective."""
+    from distseg import train
+
+    def fails_on_last_rank():
+        if ctx.rank == ctx.size - 1:
+            raise KeyError("spacing")
+        return "fine"
+
+    with pytest.raises(train.RunError) as err:
+        train._agree(fails_on_last_rank)
+    assert str(err.value) == f"KeyError: 'spacing' [rank {ctx.size - 1}]"
+    assert err.value.exit_code == 1
+    assert dist.allgather_object(str(err.value)) == [str(err.value)] * ctx.size
+    assert train._agree(lambda: ctx.rank) == ctx.rank
 
 
 def test_divergence_is_found_on_every_rank(ctx):
@@ -166,3 +188,73 @@ def test_bad_input_same_decision_on_every_rank(ctx, shared_dir):
     assert err.value.exit_code == 2
     assert dist.allgather_object(str(err.value)) == [str(err.value)] * ctx.size
     assert not os.path.exists(run_dir), "a failed start must not leave a run directory"
+
+
+def _damaged_copy(src: str, dst: str, index: int) -> None:
+    """Copies a dataset with Fletcher-32 checksums on its chunks, then changes bytes in
+    the chunk of image slice ``index``: reading that slice fails, the rest reads.
+    (Not by flipping bits: Fletcher-32 cannot tell 0x0000 from 0xFFFF words.)"""
+    import h5py
+    with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:
+        for name, d in f.items():
+            g.create_dataset(name, data=d[()], chunks=d.chunks, fletcher32=d.chunks is not None)
+        g.attrs.update(f.attrs)
+    with h5py.File(dst, "r") as g:
+        offset = g["images"].id.get_chunk_info_by_coord((index, 0, 0, 0)).byte_offset
+    with open(dst, "r+b") as f:
+        f.seek(offset)
+        good = f.read(8)
+        f.seek(offset)
+        f.write(bytes((b + 0x5A) % 256 for b in good))
+
+
+@pytest.mark.parametrize("where", ["train", "val"])
+def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
+    """Each node staged its own copy of the data and the last rank's copy is damaged.
+
+    The read fails on that rank alone, inside the step loop (epoch 1) or in the
+    validation (epoch 0): every rank must stop with the same one-line error naming the
+    file, instead of the others waiting forever in the next allreduce; logs and the
+    epoch-0 checkpoint stay intact.
+    """
+    from distseg import train
+
+    good = os.path.join(shared_dir, "tiny.h5")
+    if ctx.is_root():
+        synth.make_dataset(good, cases=6, size=32, seed=1, slices_per_case=8)
+    dist.barrier()
+    info = data.inspect(good)
+    cfg = config_lib.resolve("smoke", overrides={"data.path": good, "train.epochs": 2,
+                                                   "run_dir": os.path.join(shared_dir, "run")})
+    last = ctx.size - 1
+    path = good
+    if ctx.rank == last:
+        if where == "train":  # the slice this rank trains on at epoch 1, step 1
+            batches = data.shard_batches(info.train_indices, last, ctx.size,
+                                         cfg.train.batch_size, 1, cfg.train.seed)
+            index = int(batches[1][0])
+        else:  # a slice of this rank's validation shard
+            index = int(data.shard_eval(info.val_indices, last, ctx.size, cfg.train.batch_size)[0][0])
+        path = os.path.join(shared_dir, f"copy-rank{last}.h5")
+        _damaged_copy(good, path, index)
+    cfg = config_lib.resolve("smoke", overrides={"data.path": path, "train.epochs": 2,
+                                                   "run_dir": cfg.run_dir})
+
+    with pytest.raises(train.RunError) as err:
+        train.run(cfg)
+    message = str(err.value)
+    assert dist.allgather_object(message) == [message] * ctx.size
+    assert message.startswith(f"{os.path.join(shared_dir, f'copy-rank{last}.h5')}: slices ")
+    assert "cannot be read" in message and message.endswith(f"[rank {last}]")
+    assert "\n" not in message and err.value.exit_code == 2
+
+    records, problems = schema.read_log(os.path.join(cfg.run_dir, "logs", schema.log_name(ctx.rank)))
+    assert not problems
+    end = records[-1]
+    assert (end["type"], end["status"], end["reason"]) == ("end", "error", message)
+    epochs = [r["epoch"] for r in records if r["type"] == "epoch"]
+    assert epochs == ([0] if where == "train" else [])
+    if ctx.is_root() and where == "train":
+        import h5py
+        with h5py.File(os.path.join(cfg.run_dir, "checkpoints", "epoch-0001.weights.h5"), "r"):
+            pass  # the checkpoint written before the failure is whole
