@@ -418,13 +418,14 @@ def data_file_digest(run: RunData) -> tuple[str | None, str]:
     try:
         import h5py  # a plain HDF5 reader; only the split labels are read
 
-        with h5py.File(path, "r") as f:
+        # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
+        with h5py.File(path, "r", locking=False) as f:
             split = np.asarray(f["split"][...])
     except Exception as e:  # noqa: BLE001 (any unreadable file only loses the cross-check)
         result: tuple[str | None, str] = (None, f"data file {path} unreadable "
                                           f"({e.__class__.__name__})")
     else:
-        train = np.flatnonzero(split == 0)
+        train = np.flatnonzero(split == schema.SPLITS["train"])
         if len(split) != int(n) or len(train) != int(n_train):
             result = (None, f"data file {path} now holds {len(split)} samples, "
                       f"{len(train)} train (the run logged {n}, {n_train})")

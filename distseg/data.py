@@ -30,7 +30,7 @@ import numpy as np
 from distseg import schema
 
 FORMAT_VERSION = 1
-SPLITS = {"train": 0, "val": 1, "test": 2}
+SPLITS = schema.SPLITS
 REQUIRED = ("images", "masks", "case_id", "split")
 
 

@@ -48,6 +48,9 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 
+#: Values of a data file's ``split`` dataset (``distseg.data``).
+SPLITS = {"train": 0, "val": 1, "test": 2}
+
 #: Log file name of a rank, relative to the run directory.
 LOG_DIR = "logs"
 CONFIG_FILE = "config.json"
