@@ -163,6 +163,14 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
         )
 
 
+def _size_problem(path: str, height: int, width: int, image_size: int, resize: bool) -> str | None:
+    """Why slices of ``height`` x ``width`` cannot feed a model of ``image_size`` (0: any)."""
+    if image_size and (height, width) != (image_size, image_size) and not resize:
+        return (f"{path}: slices are {height}x{width} but --image-size is {image_size}; "
+                f"pass --resize or --image-size {height}")
+    return None
+
+
 def check_fit(info: DatasetInfo, *, ranks: int, batch_size: int, image_size: int,
               resize: bool, num_classes: int | None = None) -> None:
     """Checks that a dataset suits a run of ``ranks`` x ``batch_size`` at ``image_size``.
@@ -173,10 +181,9 @@ def check_fit(info: DatasetInfo, *, ranks: int, batch_size: int, image_size: int
     Raises:
       DatasetError: one line naming the file and what would fix it.
     """
-    if image_size and (info.height, info.width) != (image_size, image_size) and not resize:
-        raise DatasetError(
-            f"{info.path}: slices are {info.height}x{info.width} but --image-size is "
-            f"{image_size}; pass --resize or --image-size {info.height}")
+    problem = _size_problem(info.path, info.height, info.width, image_size, resize)
+    if problem:
+        raise DatasetError(problem)
     if num_classes is not None and info.num_classes != num_classes:
         raise DatasetError(f"{info.path}: attribute num_classes={info.num_classes}, "
                            f"but the model predicts {num_classes} classes")
@@ -220,12 +227,10 @@ class SliceReader:
         self._masks = self._file["masks"]
         self.height, self.width = self._images.shape[1:3]
         self.image_size = image_size
-        if image_size and (self.height, self.width) != (image_size, image_size) and not resize:
+        problem = _size_problem(path, self.height, self.width, image_size, resize)
+        if problem:
             self._file.close()
-            raise DatasetError(
-                f"{path}: slices are {self.height}x{self.width} but --image-size is {image_size}; "
-                "pass --resize to resize them on the fly or --image-size "
-                f"{self.height} to match")
+            raise DatasetError(problem)
         self._resize = bool(image_size) and (self.height, self.width) != (image_size, image_size)
 
     def read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
