@@ -192,3 +192,23 @@ def read_log(path: str) -> tuple[list[dict], list[str]]:
                 continue
             records.append(rec)
     return records, problems
+
+
+def parse_node_counts(text: str, option: str = "--nodes") -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8): positive, distinct, in the order given.
+
+    The one parser of node lists, for ``distseg-jobs sweep --nodes`` and
+    ``distseg-report --project-nodes``. A repeated count is refused in both: two
+    sweep runs would share a run directory, and a projection would print a row twice.
+    Raises ``InputError`` naming ``option``.
+    """
+    from distseg.errors import InputError
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InputError(f"{option} {text!r}: expected node counts like 1,2,4,8")
+    nodes = tuple(int(p) for p in parts)
+    if min(nodes) < 1:
+        raise InputError(f"{option} {text!r}: node counts must be >= 1")
+    if len(set(nodes)) != len(nodes):
+        raise InputError(f"{option} {text!r}: a node count appears twice")
+    return nodes
