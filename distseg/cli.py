@@ -6,16 +6,11 @@ TensorFlow and Horovod are imported inside the commands, so ``--help`` is instan
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
 from distseg import config as config_lib
-
-
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+from distseg.errors import DistsegError, Interrupted, fail
 
 
 @click.group(help="Build distseg HDF5 datasets (slices, masks, case ids, by-case splits).")
@@ -33,12 +28,12 @@ def data():
 @click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same file.")
 def synth(out, cases, size, slices_per_case, val_fraction, dtype, seed):
     """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks)."""
-    from distseg import data as data_lib, synth as synth_lib
+    from distseg import synth as synth_lib
     try:
         info = synth_lib.make_dataset(out, cases, size, seed=seed, slices_per_case=slices_per_case,
                                       val_fraction=val_fraction, dtype=dtype)
-    except data_lib.DatasetError as e:
-        _fail(str(e))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     click.echo(f"wrote {out}: {info.samples} slices {size}x{size} from {cases} cases "
                f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
 
@@ -54,11 +49,11 @@ def lits_sample(out, source_dir):
     The volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5 train,
     slab 6 is a buffer, slab 7 validates (see distseg/lits.py for why).
     """
-    from distseg import data as data_lib, lits
+    from distseg import lits
     try:
         info = lits.convert(out, source_dir)
-    except data_lib.DatasetError as e:
-        _fail(str(e))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     click.echo(f"wrote {out}: {info.samples} slices {info.height}x{info.width} "
                f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
 
@@ -71,8 +66,8 @@ def info(path):
     from distseg import data as data_lib
     try:
         summary = data_lib.inspect(path)
-    except data_lib.DatasetError as e:
-        _fail(str(e))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     click.echo(json.dumps({**summary.summary(), "attrs": summary.attrs}, indent=2, default=str))
 
 
@@ -132,14 +127,16 @@ def train(data_path, run_dir, preset, config_file, resize, validate, **flags):
     try:
         cfg = config_lib.resolve(preset, config_file, overrides)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     from distseg import train as train_lib
     try:
         train_lib.run(cfg)
-    except train_lib.RunError as e:
-        _fail(str(e), e.exit_code)
-    except (train_lib.Interrupted, KeyboardInterrupt) as e:
-        _fail(f"interrupted: {e}", 130)
+    except Interrupted as e:
+        fail(f"interrupted: {e}", e.exit_code)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted: {e}", Interrupted.exit_code)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     finally:
         from distseg import distributed
         distributed.shutdown()

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from distseg.errors import InputError
+
 LR_SCALINGS = ("linear", "sqrt", "none")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "none")
@@ -132,7 +134,7 @@ class Config:
         ]
         for ok, name, why in checks:
             if not ok:
-                raise ValueError(f"config field {name} {why}")
+                raise InputError(f"config field {name} {why}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,11 +179,11 @@ def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
     changes = {}
     for key, value in updates.items():
         if key not in names:
-            raise ValueError(f"config field {where}{key} is unknown (known: {', '.join(names)})")
+            raise InputError(f"config field {where}{key} is unknown (known: {', '.join(names)})")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, Mapping):
-                raise ValueError(f"config field {where}{key} must be a mapping")
+                raise InputError(f"config field {where}{key} must be a mapping")
             changes[key] = _merge(current, value, f"{where}{key}.")
         else:
             changes[key] = _typed(value, current, f"{where}{key}")
@@ -201,7 +203,7 @@ def _typed(value: Any, current: Any, name: str) -> Any:
     else:
         ok = current is None or isinstance(value, kind)
     if not ok:
-        raise ValueError(f"config field {name} must be {kind.__name__}, got {value!r}")
+        raise InputError(f"config field {name} must be {kind.__name__}, got {value!r}")
     return float(value) if kind is float else value
 
 
@@ -209,14 +211,14 @@ def resolve(preset: str = "liver2d", file: str | None = None,
             overrides: Mapping[str, Any] | None = None) -> Config:
     """Layers preset -> JSON file -> overrides (``{"train.lr": 0.1}`` style) and validates."""
     if preset not in PRESETS:
-        raise ValueError(f"preset {preset!r} is unknown (known: {', '.join(PRESETS)})")
+        raise InputError(f"preset {preset!r} is unknown (known: {', '.join(PRESETS)})")
     cfg = PRESETS[preset]()
     if file:
         try:
             with open(file, encoding="utf-8") as f:
                 loaded = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"config file {file}: cannot be read as JSON ({e})") from e
+            raise InputError(f"config file {file}: cannot be read as JSON ({e})") from e
         cfg = _merge(cfg, loaded, "")
     nested: dict[str, Any] = {}
     for dotted, value in (overrides or {}).items():

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distseg.errors import DistsegError, Interrupted, RunError
+
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
 #: environment. Measured on 2 cores with 2 ranks (see README, "Horovod settings"):
 #: the default 1 ms cycle wakes Horovod's background thread a thousand times a second,
@@ -225,6 +227,41 @@ def first_error(message: str | None, code: int = 1) -> tuple[str, int] | None:
         return msg, code
     others = f" (and {len(failed) - 1} other rank(s))" if len(failed) > 1 else ""
     return f"{msg} [rank {rank}{others}]", code
+
+
+def failure_of(e: BaseException) -> tuple[str, int]:
+    """(one-line message, exit code) for an error raised on this rank: its own code for
+    a ``DistsegError``; 2 for other bad input (``ValueError``, ``OSError``: a data
+    file, config or run directory); 1 for anything else."""
+    if isinstance(e, DistsegError):
+        return str(e), e.exit_code
+    if isinstance(e, (ValueError, OSError)) and str(e):
+        return str(e).splitlines()[0], 2
+    return f"{type(e).__name__}: {e}".splitlines()[0], 1
+
+
+def raise_agreed(failure: tuple[str, int] | None) -> None:
+    """Collective: every rank raises the same ``RunError`` if any rank has a failure."""
+    agreed = first_error(*failure) if failure else first_error(None)
+    if agreed:
+        raise RunError(*agreed)
+
+
+def agree(fn, *args, **kwargs):
+    """Runs ``fn`` on every rank and returns its result; if it fails on any rank, with
+    any exception, every rank raises the same ``RunError``. One allgather.
+
+    ``Interrupted`` passes through untouched: a signal reaches every rank by itself.
+    """
+    result, failure = None, None
+    try:
+        result = fn(*args, **kwargs)
+    except Interrupted:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error is shared, then re-raised as RunError
+        failure = failure_of(e)
+    raise_agreed(failure)
+    return result
 
 
 def find_divergence(values, rtol: float = 1e-6):

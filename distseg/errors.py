@@ -41,6 +41,11 @@ class InputError(DistsegError, ValueError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RunError(DistsegError):
+    """A problem every rank of a run agreed on (``distributed.agree``): each rank raises
+    the same message and exit code, so none waits alone in a collective."""
+
+
 class Interrupted(DistsegError):
     """A signal asked the run to stop (exit 130)."""
 

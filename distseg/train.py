@@ -1,9 +1,15 @@
-"""Data-parallel training of the 2D U-Net: one call, ``run(config)``, on every rank.
+"""Data-parallel training of the U-Net: one call, ``run(config)``, on every rank.
 
 The Horovod recipe, with Keras 3 and the core ops of ``horovod.tensorflow``:
 initialise and pin; scale the learning rate by the number of ranks with a warm-up;
 average gradients with one grouped allreduce per step; broadcast rank 0's initial
 state; checkpoint and print on rank 0 only; every rank logs its own measurements.
+
+``run`` reads like its outline: start-up checks (``check_inputs``,
+``prepare_run_dir``), ``build_state``, ``open_session``, then per epoch
+``train_epoch`` -> ``validate`` -> ``finish_epoch``. Every piece that can fail on one
+rank alone goes through ``distributed.agree`` (or rides in a step's allreduce), so
+all ranks stop together with the same message.
 """
 
 from __future__ import annotations
@@ -15,38 +21,16 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import numpy as np
 
-from distseg import config as config_lib
-from distseg import data, distributed as dist, schema
+from distseg import checkpoint, config as config_lib, data, distributed as dist, schema, steps
+from distseg.errors import Interrupted, RunError
 from distseg.runlog import RunLog
 
-
-class RunError(RuntimeError):
-    """A problem every rank agreed on; the message is one line for people."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class Interrupted(RuntimeError):
-    pass
-
-
-def scaled_lr(lr: float, size: int, scaling: str) -> float:
-    """Learning rate for ``size`` ranks: lr*size (linear, Goyal et al. 2017),
-    lr*sqrt(size) (sqrt) or lr (none)."""
-    factor = {"linear": float(size), "sqrt": math.sqrt(size), "none": 1.0}[scaling]
-    return lr * factor
-
-
-def lr_at(step: int, base: float, target: float, warmup_steps: int) -> float:
-    """Linear warm-up from the single-process ``base`` to the scaled ``target``."""
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return target
-    return base + (target - base) * step / warmup_steps
+Failure = tuple[str, int]
 
 
 def resolve_threads(train_cfg, cores: int) -> tuple[int, int]:
@@ -57,8 +41,25 @@ def resolve_threads(train_cfg, cores: int) -> tuple[int, int]:
     return max(1, intra), max(1, inter)
 
 
-def _check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo:
-    """Everything that can be wrong before training starts, checked without side effects."""
+def configure_threads(train_cfg, cores: int) -> tuple[int, int]:
+    """Sets TensorFlow's thread pools (before its first op); returns those in force."""
+    intra, inter = resolve_threads(train_cfg, cores)
+    os.environ.setdefault("OMP_NUM_THREADS", str(intra))
+    import tensorflow as tf  # after dist.init(): threads must be set before first use
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # TF already running in this process (a second run in tests)
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        inter = tf.config.threading.get_inter_op_parallelism_threads()
+    return intra, inter
+
+
+# --- start-up: checks without side effects, then the run directory -----------------
+
+
+def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo:
+    """Everything that can be wrong with the data before training starts."""
     # Rank 0 reads every mask once to check the labels; the others trust its verdict.
     info = data.inspect(cfg.data.path, check_labels=ctx.is_root())
     data.check_fit(info, ranks=ctx.size, batch_size=cfg.train.batch_size,
@@ -68,7 +69,6 @@ def _check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
-    """Refuses a directory that already holds a run (checked by rank 0 alone)."""
     found = schema.existing_run(run_dir) if ctx.is_root() else None
     if found:
         raise RunError(f"{run_dir}: already holds a run ({found} exists); "
@@ -76,7 +76,6 @@ def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
 
 
 def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
-    """Checks that every rank can create and write its log directory."""
     logs = os.path.join(run_dir, schema.LOG_DIR)
     probe = os.path.join(logs, f".probe-{ctx.rank}-{os.getpid()}")
     try:
@@ -88,82 +87,57 @@ def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
         raise RunError(f"{run_dir}: run directory is not writable ({e.strerror})", exit_code=2)
 
 
-def _failure(e: BaseException) -> tuple[str, int]:
-    """(one-line message, exit code) for an error raised on this rank: 2 for bad input
-    (data file, config, run directory), 1 for anything else."""
-    if isinstance(e, RunError):
-        return str(e), e.exit_code
-    if isinstance(e, (ValueError, OSError)) and str(e):
-        return str(e).splitlines()[0], 2
-    return f"{type(e).__name__}: {e}".splitlines()[0], 1
+def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
+    # Chief-only side effect: one config per run, written before any rank logs.
+    if ctx.is_root():
+        checkpoint.write_json_atomic(os.path.join(cfg.run_dir, schema.CONFIG_FILE), cfg.to_dict())
+        os.makedirs(checkpoint.directory(cfg.run_dir), exist_ok=True)
 
 
-def _raise_agreed(failure: tuple[str, int] | None) -> None:
-    """Collective: every rank raises the same ``RunError`` if any rank has a failure."""
-    agreed = dist.first_error(*failure) if failure else dist.first_error(None)
-    if agreed:
-        raise RunError(*agreed)
+def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context) -> None:
+    """Refuses a directory that holds a run, checks every rank can write its log
+    directory, then writes the config. Three agreed phases: no rank may create logs/
+    before rank 0 has looked for a previous run there (a fast rank 1 once made rank 0
+    refuse a fresh directory)."""
+    dist.agree(_refuse_existing_run, cfg.run_dir, ctx)
+    dist.agree(_probe_writable, cfg.run_dir, ctx)
+    dist.agree(_write_config, cfg, ctx)
 
 
-def _agree(fn, *args, **kwargs):
-    """Runs ``fn`` on every rank; if it fails on any rank, with any exception, every
-    rank raises the same ``RunError`` (a rank must never fail alone: the others would
-    hang in the next collective). One allgather."""
-    result, failure = None, None
-    try:
-        result = fn(*args, **kwargs)
-    except Interrupted:
-        raise
-    except Exception as e:  # noqa: BLE001 - every error is shared, then re-raised as RunError
-        failure = _failure(e)
-    _raise_agreed(failure)
-    return result
+# --- model, optimizer and schedule -------------------------------------------------
 
 
-def _write_json_atomic(path: str, obj) -> None:
-    import json
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+@dataclass(frozen=True)
+class Schedule:
+    """Steps per epoch and the learning rate of every step."""
+
+    steps: int
+    lr_base: float
+    lr_target: float
+    warmup_steps: int
+
+    @classmethod
+    def of(cls, train_cfg, train_samples: int, size: int) -> "Schedule":
+        n = schema.steps_per_epoch(train_samples, size, train_cfg.batch_size)
+        if train_cfg.max_steps_per_epoch:
+            n = min(n, train_cfg.max_steps_per_epoch)
+        return cls(steps=n, lr_base=train_cfg.lr,
+                   lr_target=steps.scaled_lr(train_cfg.lr, size, train_cfg.lr_scaling),
+                   warmup_steps=int(round(train_cfg.warmup_epochs * n)))
+
+    def lr(self, global_step: int) -> float:
+        return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
 
 
-def run(cfg: config_lib.Config) -> int:
-    """Trains on every rank; returns 0, or raises ``RunError`` / ``Interrupted``."""
-    ctx = dist.init()
-    intra, inter = resolve_threads(cfg.train, ctx.cores)
-    os.environ.setdefault("OMP_NUM_THREADS", str(intra))
-    import tensorflow as tf  # after dist.init(): threads must be set before first use
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:  # TF already running in this process (a second run in tests)
-        intra = tf.config.threading.get_intra_op_parallelism_threads()
-        inter = tf.config.threading.get_inter_op_parallelism_threads()
+def build_state(cfg: config_lib.Config, ctx: dist.Context):
+    """(model, optimizer, synced variables), identical on every rank."""
     import keras
 
     from distseg import model as model_lib
 
-    info = _agree(_check_inputs, cfg, ctx)
-    # Two agreed phases: no rank may create logs/ before rank 0 has looked for a
-    # previous run there (a fast rank 1 once made rank 0 refuse a fresh directory).
-    _agree(_refuse_existing_run, cfg.run_dir, ctx)
-    _agree(_probe_writable, cfg.run_dir, ctx)
-
-    cfg_dict = cfg.to_dict()
-    cfg_hash = schema.config_hash(cfg_dict)
-
-    def write_config():
-        # Chief-only side effect: one config per run, written before any rank logs.
-        if ctx.is_root():
-            _write_json_atomic(os.path.join(cfg.run_dir, schema.CONFIG_FILE), cfg_dict)
-            os.makedirs(os.path.join(cfg.run_dir, schema.CHECKPOINT_DIR), exist_ok=True)
-    _agree(write_config)
-
-    t = cfg.train
-    keras.utils.set_random_seed(t.seed + ctx.rank)
+    keras.utils.set_random_seed(cfg.train.seed + ctx.rank)
     model = model_lib.from_config(cfg.model)
-    optimizer = keras.optimizers.Adam(learning_rate=t.lr)
+    optimizer = keras.optimizers.Adam(learning_rate=cfg.train.lr)
     optimizer.build(model.trainable_variables)
     # What every rank must hold identically: weights (BatchNorm statistics included)
     # and optimizer state. Not model.variables: that also holds the dropout layers'
@@ -172,268 +146,325 @@ def run(cfg: config_lib.Config) -> int:
     synced = model.weights + optimizer.variables
     # Horovod: every rank starts from rank 0's weights and optimizer state.
     dist.broadcast_variables(synced, root=0)
+    return model, optimizer, synced
 
-    n_train = len(info.train_indices)
-    steps = schema.steps_per_epoch(n_train, ctx.size, t.batch_size)
-    if t.max_steps_per_epoch:
-        steps = min(steps, t.max_steps_per_epoch)
-    lr_target = scaled_lr(t.lr, ctx.size, t.lr_scaling)
-    warmup_steps = int(round(t.warmup_epochs * steps))
+
+# --- the session: what the epochs of one run share ---------------------------------
+
+
+@dataclass
+class Session:
+    """The state the epochs of one run share (built by ``open_session``)."""
+
+    cfg: config_lib.Config
+    ctx: dist.Context
+    info: data.DatasetInfo
+    schedule: Schedule
+    model: Any
+    optimizer: Any
+    synced: list
+    train_step: Any
+    eval_step: Any
+    reader: data.SliceReader
+    log: RunLog
+    batches: Iterator
+    t0: float
+    """``perf_counter`` at the agreed start; log times count from here."""
+    start_time: float
+    """Unix time of the agreed start on rank 0's clock, the same on every rank."""
+    bar: Any = None
+    global_step: int = 0
+    epochs_done: int = 0
+    lr_now: float | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        names = self.info.attrs.get("class_names", config_lib.CLASS_NAMES)
+        return list(names)[:self.cfg.model.num_classes]
+
+
+@dataclass
+class EpochResult:
+    """What one epoch of training measured on this rank."""
+
+    epoch: int
+    start: float
+    seen: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    losses_local: list = field(default_factory=list)
+    failure: Failure | None = None
+    """This rank's first error, not yet raised: it rides on the next collective."""
+    weights: list = field(default_factory=list)
+    train_time: float = 0.0
+    epoch_time: float = 0.0
+
+
+def _on_term(signum, frame):
+    raise Interrupted(f"received signal {signum}")
+
+
+def _progress_bar(ctx: dist.Context, total: int, resources: contextlib.ExitStack):
+    if not ctx.is_root():
+        return None  # rank 0 alone prints progress
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5, desc=f"train x{ctx.size}")
+    resources.callback(bar.close)
+    return bar
+
+
+def _all_batches(info: data.DatasetInfo, ctx: dist.Context, train_cfg, schedule: Schedule):
+    for e in range(train_cfg.epochs):
+        yield from data.shard_batches(info.train_indices, ctx.rank, ctx.size,
+                                      train_cfg.batch_size, e, train_cfg.seed)[:schedule.steps]
+
+
+def open_session(cfg, ctx, info, state, resources: contextlib.ExitStack) -> Session:
+    """Opens the reader and the log, starts the clock on an agreed barrier, installs
+    the SIGTERM handler and the prefetcher. Everything opened is closed by
+    ``resources``."""
+    model, optimizer, synced = state
+    schedule = Schedule.of(cfg.train, len(info.train_indices), ctx.size)
+    shape = (cfg.model.image_size, cfg.model.image_size)
+    reader = resources.enter_context(dist.agree(
+        data.SliceReader, cfg.data.path, image_size=cfg.model.image_size, resize=cfg.data.resize))
+    log = resources.enter_context(dist.agree(RunLog, cfg.run_dir, ctx.rank))
+    dist.barrier()  # the agreed start: every rank leaves this together
+    t0 = time.perf_counter()
+    start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
+    resources.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _on_term))
+    # One prefetcher for the whole run: it reads the next epoch's first batches while
+    # this epoch ends, instead of refilling its queue at every epoch start.
+    feed = data.Prefetcher(reader, _all_batches(info, ctx, cfg.train, schedule),
+                           depth=cfg.data.prefetch)
+    resources.callback(feed.close)
+    return Session(
+        cfg=cfg, ctx=ctx, info=info, schedule=schedule, model=model, optimizer=optimizer,
+        synced=synced, reader=reader, log=log, batches=iter(feed), t0=t0,
+        start_time=start_time,
+        train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
+                                         cfg.train.loss),
+        eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes, cfg.train.loss),
+        bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps, resources))
+
+
+def write_run_record(s: Session, threads: tuple[int, int]) -> None:
+    """Collective: the ``run`` record on every rank (run id and start time agreed)."""
+    ctx, cfg, t = s.ctx, s.cfg, s.cfg.train
     run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if ctx.is_root() else None)
+    versions = dist.versions()
+    params = int(sum(int(np.prod(v.shape)) for v in s.model.trainable_variables))
+    dist.agree(
+        s.log.write, "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size,
+        local_rank=ctx.local_rank, local_size=ctx.local_size, host=versions["host"],
+        pid=os.getpid(), run_id=run_id, start_time=s.start_time, versions=versions,
+        controller=ctx.controller,
+        threads={"intra_op": threads[0], "inter_op": threads[1], "cores": ctx.cores,
+                 "pinned": ctx.pinned, "affinity": sorted(os.sched_getaffinity(0))},
+        horovod_env={k: v for k, v in os.environ.items()
+                     if k.startswith("HOROVOD_") or k in dist.OMPI_DEFAULTS},
+        config_hash=schema.config_hash(cfg.to_dict()),
+        model={"name": "unet2d", "params": params, **cfg.model.__dict__},
+        dataset=s.info.summary(), global_seed=t.seed, steps_per_epoch=s.schedule.steps,
+        batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
+        lr_base=t.lr, lr_scaled=s.schedule.lr_target, warmup_steps=s.schedule.warmup_steps,
+        epochs=t.epochs)
 
-    size = cfg.model.image_size
-    num_classes = cfg.model.num_classes
-    spec = [tf.TensorSpec([None, size, size, 1], tf.float32), tf.TensorSpec([None, size, size], tf.uint8)]
 
-    @tf.function(input_signature=spec + [tf.TensorSpec([], tf.float32)])
-    def train_step(images, masks, failed):
-        with tf.GradientTape() as tape:
-            probs = model(images, training=True)
-            loss = model_lib.segmentation_loss(probs, masks, num_classes, t.loss)
-        grads = tape.gradient(loss, model.trainable_variables)
-        # Horovod: average gradients, the loss (for logging) and the failure flag (so a
-        # rank whose batch could not be read is known to all) in one allreduce.
-        grads, (mean_loss, any_failed) = dist.average_gradients(grads, [loss, failed])
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, mean_loss, any_failed
+# --- one epoch ----------------------------------------------------------------------
 
-    @tf.function(input_signature=spec)
-    def eval_step(images, masks):
-        probs = model(images, training=False)
-        loss = model_lib.segmentation_loss(probs, masks, num_classes, t.loss)
-        return loss, model_lib.dice_counts(probs, masks, num_classes)
 
-    def checksum(variables) -> list[float]:
-        """Sum and sum of squares of every value, in float64, one variable at a time
-        (never a float64 copy of the whole model and optimizer state at once)."""
-        sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
-                for x in (tf.cast(tf.convert_to_tensor(v), tf.float64) for v in variables)]
-        return [float(x) for x in tf.add_n(sums)]
-
-    def check_weights(where: str, variables) -> list[float]:
-        """Aborts on every rank if any rank's weights differ from rank 0's."""
-        mine = checksum(variables)
-        diverged = dist.find_divergence(mine)
-        if diverged:
-            r, other, ref, rel = diverged
-            raise RunError(f"ranks diverged {where}: rank {r}'s weight checksum {other} differs "
-                           f"from rank 0's {ref} (relative {rel:.2e}); check that every rank "
-                           "runs the same code, data file and config")
-        return mine
-
-    class_names = list(info.attrs.get("class_names", config_lib.CLASS_NAMES))[:num_classes]
-    params = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
-    # Stands in for a batch this rank could not read, so that it still joins the
-    # step's allreduce and every rank learns of the failure there.
-    blank = (np.zeros((1, size, size, 1), np.float32), np.zeros((1, size, size), np.uint8))
-
-    epochs_done, global_step, t0 = 0, 0, time.perf_counter()
-    status, reason = "error", "unknown"
-    log = None
-    # Closed in reverse order on the way out, whatever happens.
-    resources = contextlib.ExitStack()
+def _next_batch(s: Session, result: EpochResult):
+    """This rank's next batch; on a read error, a blank stand-in (so the rank still
+    joins the step's allreduce, where every rank learns of the failure)."""
     try:
-        reader = resources.enter_context(
-            _agree(data.SliceReader, cfg.data.path, image_size=size, resize=cfg.data.resize))
-        log = resources.enter_context(_agree(RunLog, cfg.run_dir, ctx.rank))
-
-        dist.barrier()  # the agreed start: every rank leaves this together
-        t0 = time.perf_counter()
-        start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
-
-        def on_term(signum, frame):
-            raise Interrupted(f"received signal {signum}")
-        resources.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, on_term))
-
-        bar = None
-        if ctx.is_root():
-            from tqdm import tqdm
-            bar = tqdm(total=t.epochs * steps, unit="step", file=sys.stderr, dynamic_ncols=True,
-                       mininterval=0.5, desc=f"train x{ctx.size}")
-            resources.callback(bar.close)
-        versions = dist.versions()
-        _agree(lambda: log.write(
-            "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size, local_rank=ctx.local_rank,
-            local_size=ctx.local_size, host=versions["host"], pid=os.getpid(), run_id=run_id,
-            start_time=start_time, versions=versions, controller=ctx.controller,
-            threads={"intra_op": intra, "inter_op": inter, "cores": ctx.cores, "pinned": ctx.pinned,
-                     "affinity": sorted(os.sched_getaffinity(0))},
-            horovod_env={k: v for k, v in os.environ.items()
-                         if k.startswith("HOROVOD_") or k in dist.OMPI_DEFAULTS},
-            config_hash=cfg_hash, model={"name": "unet2d", "params": params, **cfg.model.__dict__},
-            dataset=info.summary(), global_seed=t.seed, steps_per_epoch=steps,
-            batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
-            lr_base=t.lr, lr_scaled=lr_target, warmup_steps=warmup_steps, epochs=t.epochs))
-
-        def all_batches():
-            for e in range(t.epochs):
-                yield from data.shard_batches(info.train_indices, ctx.rank, ctx.size,
-                                              t.batch_size, e, t.seed)[:steps]
-        # One prefetcher for the whole run: it reads the next epoch's first batches
-        # while this epoch ends, instead of refilling its queue at every epoch start.
-        feed = data.Prefetcher(reader, all_batches(), depth=cfg.data.prefetch)
-        resources.callback(feed.close)
-        it = iter(feed)
-        # This rank's first error inside the loop. It is not raised here, alone: it
-        # rides on the next collective, where every rank raises it together.
-        failure: tuple[str, int] | None = None
-        lr_now = None
-        for epoch in range(t.epochs):
-            if ctx.size > 1:
-                # Start every rank's epoch clock together: otherwise the ranks that do
-                # not checkpoint would count rank 0's checkpoint writing (they wait for
-                # it in their first allreduce) as training time, and one process
-                # would not.
-                dist.barrier()
-            epoch_start = time.perf_counter()
-            seen: list[np.ndarray] = []
-            losses, losses_local = [], []
-            for step in range(steps):
-                step_start = time.perf_counter()
-                try:
-                    ids, images, masks = next(it)
-                except Exception as e:  # noqa: BLE001 - shared in the allreduce below
-                    failure = failure or _failure(e)
-                    ids, (images, masks) = np.zeros(0, np.int64), blank
-                data_wait = time.perf_counter() - step_start
-                lr = lr_at(global_step, t.lr, lr_target, warmup_steps)
-                if lr != lr_now:  # changes during warm-up only
-                    optimizer.learning_rate.assign(lr)
-                    lr_now = lr
-                loss_local, loss, any_failed = train_step(images, masks, float(failure is not None))
-                if float(any_failed) > 0:
-                    _raise_agreed(failure)
-                loss_local, loss = float(loss_local), float(loss)
-                now = time.perf_counter()
-                try:
-                    log.write("step", epoch=epoch, step=step, global_step=global_step,
-                              t=now - t0, step_time=now - step_start, data_wait=data_wait,
-                              loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
-                except OSError as e:  # shared in the next step's allreduce, or at epoch end
-                    failure = failure or _failure(e)
-                seen.append(ids)
-                losses.append(loss)
-                losses_local.append(loss_local)
-                global_step += 1
-                if not math.isfinite(loss):  # the averaged loss: the same on every rank
-                    raise RunError(f"training loss is {loss} at epoch {epoch} step {step}; "
-                                   "lower --lr or check the data")
-                if global_step == 1:  # BatchNorm statistics are still local here
-                    check_weights("after the first step",
-                                  model.trainable_variables + optimizer.variables)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-
-            # BatchNorm statistics are updated from local batches: average them so
-            # every rank evaluates and checkpoints the same model.
-            stats = list(model.non_trainable_weights)
-            if stats and ctx.size > 1:
-                for v, mean in zip(stats, dist.allreduce_many([v.numpy() for v in stats])):
-                    v.assign(mean)
-            weights = check_weights(f"after epoch {epoch}", synced)
-            train_time = time.perf_counter() - epoch_start
-
-            val = {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
-            if t.validate and len(info.val_indices):
-                val = _validate(eval_step, reader, info.val_indices, ctx, t.batch_size,
-                                num_classes, class_names)
-            epoch_time = time.perf_counter() - epoch_start
-            seen_ids = np.concatenate(seen)
-
-            def finish_epoch():
-                # Rank-local writes, agreed on: a full disk on one rank, or rank 0's
-                # checkpoint failing, stops every rank with the same message.
-                if failure:
-                    raise RunError(*failure)
-                log.write("epoch", epoch=epoch, t=time.perf_counter() - t0, epoch_time=epoch_time,
-                          train_time=train_time, steps=steps, samples=len(seen_ids),
-                          sample_digest=schema.sample_digest(seen_ids),
-                          train_loss=float(np.mean(losses)),
-                          train_loss_local=float(np.mean(losses_local)),
-                          weight_checksum=weights, **val)
-                done = epoch + 1
-                if ctx.is_root() and (done == t.epochs or
-                                      (t.checkpoint_every and done % t.checkpoint_every == 0)):
-                    _save_checkpoint(cfg.run_dir, done, model, optimizer, t.keep_checkpoints)
-            _agree(finish_epoch)
-            epochs_done = epoch + 1
-            if bar is not None:
-                dice = ", ".join(f"{k} {v:.3f}" for k, v in val["val_dice"].items() if v is not None)
-                vloss = "n/a" if val["val_loss"] is None else f"{val['val_loss']:.4f}"
-                bar.write(f"epoch {epoch}: {epoch_time:.1f} s, train loss {np.mean(losses):.4f}, "
-                          f"val loss {vloss}, val Dice {dice or 'n/a'}")
-        status, reason = "ok", f"finished {epochs_done} epoch(s)"
-        return 0
-    except RunError as e:
-        status, reason = "error", str(e)
-        raise
-    except (Interrupted, KeyboardInterrupt) as e:
-        status, reason = "interrupted", str(e) or "interrupted"
-        raise
-    except Exception as e:
-        status, reason = "error", f"{e.__class__.__name__}: {e}".splitlines()[0]
-        raise
-    finally:
-        try:
-            if log is not None:
-                log.write("end", status=status, reason=reason, t=time.perf_counter() - t0,
-                          epochs_done=epochs_done)
-        except OSError:
-            pass  # best effort: the disk that failed the run may refuse this line too
-        finally:
-            resources.close()
+        return next(s.batches)
+    except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
+        result.failure = result.failure or dist.failure_of(e)
+        size = s.cfg.model.image_size
+        return (np.zeros(0, np.int64), np.zeros((1, size, size, 1), np.float32),
+                np.zeros((1, size, size), np.uint8))
 
 
-def _validate(eval_step, reader, indices, ctx, batch_size, num_classes, class_names) -> dict:
-    """Sharded validation: each rank scores its own slices, one allreduce combines them
-    (and tells every rank whether any rank failed to read its slices)."""
-    from distseg import model as model_lib
+def _set_lr(s: Session) -> float:
+    lr = s.schedule.lr(s.global_step)
+    if lr != s.lr_now:  # changes during warm-up only
+        s.optimizer.learning_rate.assign(lr)
+        s.lr_now = lr
+    return lr
+
+
+def run_step(s: Session, result: EpochResult, step: int) -> None:
+    """One training step on this rank, logged; raises on every rank together."""
+    step_start = time.perf_counter()
+    ids, images, masks = _next_batch(s, result)
+    data_wait = time.perf_counter() - step_start
+    lr = _set_lr(s)
+    loss_local, loss, any_failed = s.train_step(images, masks, float(result.failure is not None))
+    if float(any_failed) > 0:
+        dist.raise_agreed(result.failure)
+    loss_local, loss = float(loss_local), float(loss)
+    now = time.perf_counter()
+    try:
+        s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
+                    t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
+                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
+    except OSError as e:  # shared in the next step's allreduce, or at epoch end
+        result.failure = result.failure or dist.failure_of(e)
+    result.seen.append(ids)
+    result.losses.append(loss)
+    result.losses_local.append(loss_local)
+    s.global_step += 1
+    if not math.isfinite(loss):  # the averaged loss: the same on every rank
+        raise RunError(f"training loss is {loss} at epoch {result.epoch} step {step}; "
+                       "lower --lr or check the data")
+    if s.global_step == 1:  # BatchNorm statistics are still local here
+        steps.check_weights("after the first step",
+                            s.model.trainable_variables + s.optimizer.variables)
+    if s.bar is not None:
+        s.bar.update(1)
+        s.bar.set_postfix(epoch=result.epoch, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+
+
+def train_epoch(s: Session, epoch: int) -> EpochResult:
+    """Trains one epoch on this rank's shard; ends with identical weights on all ranks."""
+    if s.ctx.size > 1:
+        # Start every rank's epoch clock together: otherwise the ranks that do not
+        # checkpoint would count rank 0's checkpoint writing (they wait for it in their
+        # first allreduce) as training time, and one process would not.
+        dist.barrier()
+    result = EpochResult(epoch=epoch, start=time.perf_counter())
+    for step in range(s.schedule.steps):
+        run_step(s, result, step)
+    steps.average_batchnorm(s.model, s.ctx.size)
+    result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
+    result.train_time = time.perf_counter() - result.start
+    return result
+
+
+def _shard_scores(s: Session) -> tuple[float, int, np.ndarray, Failure | None]:
+    """This rank's validation: (loss sum, slices, Dice counts, failure)."""
     loss_sum, n = 0.0, 0
-    counts = np.zeros((3, num_classes))
-    failure = None
+    counts = np.zeros((3, s.cfg.model.num_classes))
     try:
-        for ids in data.shard_eval(indices, ctx.rank, ctx.size, batch_size):
-            images, masks = reader.read(ids)
-            loss, c = eval_step(images, masks)
+        for ids in data.shard_eval(s.info.val_indices, s.ctx.rank, s.ctx.size,
+                                   s.cfg.train.batch_size):
+            images, masks = s.reader.read(ids)
+            loss, c = s.eval_step(images, masks)
             loss_sum += float(loss) * len(ids)
             n += len(ids)
             counts += c.numpy()
     except Exception as e:  # noqa: BLE001 - shared in the allreduce below
-        failure = _failure(e)
-    local = np.concatenate([[loss_sum, n, failure is not None], counts.ravel()])
-    total = dist.allreduce(local, op="sum")
+        return loss_sum, n, counts, dist.failure_of(e)
+    return loss_sum, n, counts, None
+
+
+def validate(s: Session) -> dict:
+    """Collective: sharded validation, each rank scoring its own slices and one
+    allreduce combining them (and telling every rank whether any rank failed)."""
+    if not (s.cfg.train.validate and len(s.info.val_indices)):
+        return {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
+    from distseg import model as model_lib
+    loss_sum, n, counts, failure = _shard_scores(s)
+    num_classes = s.cfg.model.num_classes
+    total = dist.allreduce(np.concatenate([[loss_sum, n, failure is not None], counts.ravel()]),
+                           op="sum")
     if total[2] > 0:
-        _raise_agreed(failure)
-    g_counts = total[3:].reshape(3, num_classes)
+        dist.raise_agreed(failure)
+    local_dice = model_lib.dice_from_counts(counts) if n else [None] * num_classes
     return {
         "val_loss": float(total[0] / max(total[1], 1)),
         "val_loss_local": loss_sum / n if n else None,
         "val_samples_local": n,
         "val_samples": int(total[1]),
-        "val_dice": dict(zip(class_names, model_lib.dice_from_counts(g_counts))),
-        "val_dice_local": dict(zip(class_names, model_lib.dice_from_counts(counts) if n else
-                                   [None] * num_classes)),
+        "val_dice": dict(zip(s.class_names,
+                             model_lib.dice_from_counts(total[3:].reshape(3, num_classes)))),
+        "val_dice_local": dict(zip(s.class_names, local_dice)),
     }
 
 
-def _save_checkpoint(run_dir, epoch, model, optimizer, keep) -> None:
-    """Rank 0 only: weights and optimizer state, written atomically, last ``keep`` kept."""
-    ckdir = os.path.join(run_dir, schema.CHECKPOINT_DIR)
-    stem = os.path.join(ckdir, f"epoch-{epoch:04d}")
-    tmp_w = f"{stem}.tmp.weights.h5"
-    model.save_weights(tmp_w)
-    os.replace(tmp_w, f"{stem}.weights.h5")
-    tmp_o = f"{stem}.tmp.optimizer.npz"
-    with open(tmp_o, "wb") as f:
-        np.savez(f, *[v.numpy() for v in optimizer.variables])
-    os.replace(tmp_o, f"{stem}.optimizer.npz")
-    _write_json_atomic(os.path.join(ckdir, "latest.json"),
-                       {"epoch": epoch, "weights": os.path.basename(stem) + ".weights.h5",
-                        "optimizer": os.path.basename(stem) + ".optimizer.npz"})
-    stems = sorted({f.split(".")[0] for f in os.listdir(ckdir) if f.startswith("epoch-")})
-    for old in stems[:-keep]:
-        for suffix in (".weights.h5", ".optimizer.npz"):
-            path = os.path.join(ckdir, old + suffix)
-            if os.path.exists(path):
-                os.remove(path)
+def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
+    """Rank-local writes, run under ``dist.agree``: a full disk on one rank, or rank
+    0's checkpoint failing, stops every rank with the same message."""
+    if result.failure:
+        raise RunError(*result.failure)
+    seen = np.concatenate(result.seen)
+    s.log.write("epoch", epoch=result.epoch, t=time.perf_counter() - s.t0,
+                epoch_time=result.epoch_time, train_time=result.train_time,
+                steps=s.schedule.steps, samples=len(seen),
+                sample_digest=schema.sample_digest(seen),
+                train_loss=float(np.mean(result.losses)),
+                train_loss_local=float(np.mean(result.losses_local)),
+                weight_checksum=result.weights, **val)
+    t = s.cfg.train
+    if s.ctx.is_root() and checkpoint.is_due(result.epoch + 1, t.epochs, t.checkpoint_every):
+        checkpoint.save(s.cfg.run_dir, result.epoch + 1, s.model, s.optimizer, t.keep_checkpoints)
+
+
+def print_epoch(s: Session, result: EpochResult, val: dict) -> None:
+    if s.bar is None:
+        return
+    dice = ", ".join(f"{k} {v:.3f}" for k, v in val["val_dice"].items() if v is not None)
+    vloss = "n/a" if val["val_loss"] is None else f"{val['val_loss']:.4f}"
+    s.bar.write(f"epoch {result.epoch}: {result.epoch_time:.1f} s, train loss "
+                f"{np.mean(result.losses):.4f}, val loss {vloss}, val Dice {dice or 'n/a'}")
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+def end_status(e: BaseException | None, epochs_done: int) -> tuple[str, str]:
+    """(status, reason) of the ``end`` record for how the run stopped."""
+    if e is None:
+        return "ok", f"finished {epochs_done} epoch(s)"
+    if isinstance(e, (Interrupted, KeyboardInterrupt)):
+        return "interrupted", str(e) or "interrupted"
+    if isinstance(e, RunError):
+        return "error", str(e)
+    return "error", f"{e.__class__.__name__}: {e}".splitlines()[0]
+
+
+def _write_end(s: Session | None, error: BaseException | None) -> None:
+    """The ``end`` record, whatever happened (no log yet: nothing to write)."""
+    if s is None:
+        return
+    status, reason = end_status(error, s.epochs_done)
+    try:
+        s.log.write("end", status=status, reason=reason, t=time.perf_counter() - s.t0,
+                    epochs_done=s.epochs_done)
+    except OSError:
+        pass  # best effort: the disk that failed the run may refuse this line too
+
+
+def train_epochs(s: Session) -> int:
+    """The epoch loop; returns the number of epochs finished."""
+    for epoch in range(s.cfg.train.epochs):
+        result = train_epoch(s, epoch)
+        val = validate(s)
+        result.epoch_time = time.perf_counter() - result.start
+        dist.agree(finish_epoch, s, result, val)
+        s.epochs_done = epoch + 1
+        print_epoch(s, result, val)
+    return s.epochs_done
+
+
+def run(cfg: config_lib.Config) -> int:
+    """Trains on every rank; returns 0, or raises ``RunError`` / ``Interrupted``."""
+    ctx = dist.init()
+    threads = configure_threads(cfg.train, ctx.cores)
+    info = dist.agree(check_inputs, cfg, ctx)
+    prepare_run_dir(cfg, ctx)
+    state = build_state(cfg, ctx)
+    session, error = None, None
+    # Closed in reverse order on the way out, whatever happens.
+    with contextlib.ExitStack() as resources:
+        try:
+            session = open_session(cfg, ctx, info, state, resources)
+            write_run_record(session, threads)
+            train_epochs(session)
+            return 0
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            _write_end(session, error)
