@@ -8,7 +8,9 @@ One HDF5 file per dataset (``FORMAT_VERSION`` 1):
 ``split``    (N,) uint8: 0 train, 1 val, 2 test; assigned per case, never per slice.
 
 File attributes: ``format_version``, ``source``, ``num_classes``, ``class_names``,
-``hu_window`` (low, high), ``spacing`` (z, y, x in mm; NaN where unknown).
+``hu_window`` (low, high), ``spacing`` (z, y, x in mm; NaN where unknown). Readers refuse
+a file whose ``format_version`` is newer than ``FORMAT_VERSION`` (it may hold renamed
+fields they would misread); a file without the attribute is read as version 1.
 
 Datasets are chunked one slice per chunk, so a batch reads only its own slices: the
 file is never loaded whole. Nothing here imports TensorFlow or Horovod; callers pass
@@ -27,15 +29,27 @@ from typing import Iterable, Iterator, Sequence
 import h5py
 import numpy as np
 
-from distseg import schema
+from distseg import errors, schema
 
 FORMAT_VERSION = 1
 SPLITS = schema.SPLITS
 REQUIRED = ("images", "masks", "case_id", "split")
 
+#: Hounsfield-unit window of every distseg dataset (phantom and LiTS alike): soft tissue,
+#: liver and lesions span it, while air and bone clip to 0 and 1.
+HU_WINDOW = (-150.0, 250.0)
 
-class DatasetError(ValueError):
-    """A data file is missing, unreadable or not in the distseg format."""
+
+class DatasetError(errors.InputError):
+    """A data file is missing, unreadable or not in the distseg format (exit 2).
+
+    An ``InputError``, hence also a ``ValueError``.
+    """
+
+
+def window(hu: np.ndarray, low: float = HU_WINDOW[0], high: float = HU_WINDOW[1]) -> np.ndarray:
+    """Clips Hounsfield units to [low, high] and maps them to [0, 1] (float32)."""
+    return ((np.clip(hu, low, high) - low) / (high - low)).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -102,9 +116,15 @@ def _open(path: str) -> h5py.File:
         raise DatasetError(f"{path}: no such data file")
     try:
         # Locking off: many ranks open the same file read-only, often on Lustre/NFS.
-        return h5py.File(path, "r", locking=False)
+        f = h5py.File(path, "r", locking=False)
     except OSError as e:
         raise DatasetError(f"{path}: not a readable HDF5 file ({e.__class__.__name__})") from e
+    try:
+        errors.refuse_newer(path, "format_version", f.attrs.get("format_version", 1), FORMAT_VERSION)
+    except errors.InputError as e:
+        f.close()
+        raise DatasetError(str(e)) from None
+    return f
 
 
 def inspect(path: str, check_labels: bool = True) -> DatasetInfo:

@@ -11,8 +11,9 @@ that does not exist or is too small for ranks x batch size, a run directory that
 holds a run, a training config that ``distseg-train`` would refuse.
 
 This module is logic only. It imports neither TensorFlow nor Horovod (it runs on login
-nodes, where importing TensorFlow can take a minute), only ``distseg.config`` and, for
-the data check, ``distseg.data`` (h5py).
+nodes, where importing TensorFlow can take a minute), only ``distseg.config``,
+``distseg.distributed`` for its Horovod defaults (that module imports Horovod only when a
+run starts) and, for the data check, ``distseg.data`` (h5py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from distseg import config as config_lib, schema
+from distseg import config as config_lib, distributed, schema
+from distseg.errors import InputError
 
 #: ``auto`` picks at run time: ``ibrun`` where it exists (TACC), else ``srun`` inside a
 #: Slurm job, else ``mpirun`` (on one node outside Slurm: ``mpirun`` on localhost).
@@ -39,8 +41,17 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})$")
 
 
-class JobError(ValueError):
-    """A job that cannot be rendered; the message is one line for a person."""
+#: Horovod settings only a batch job sets, on top of ``distributed.HOROVOD_DEFAULTS``:
+#: a hung rank in a queued job burns the allocation until the wall-time limit with
+#: nobody watching, so the job ends it after 10 minutes of stall (an interactive run has
+#: a person, and the tests their own timeouts).
+JOB_HOROVOD_SETTINGS = {
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600",
+}
+
+
+class JobError(InputError):
+    """A job that cannot be rendered; the message is one line for a person (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -194,19 +205,6 @@ def parse_minutes(text: str) -> int:
         raise JobError(f"--time {text!r} is not a Slurm wall time like 02:00:00, 1-12:00:00 or 90 (minutes)")
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-
-
-def parse_nodes(text: str) -> tuple[int, ...]:
-    """``"1,2,4,8"`` -> (1, 2, 4, 8): positive, distinct, in the order given."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise JobError(f"--nodes {text!r}: expected node counts like 1,2,4,8")
-    nodes = tuple(int(p) for p in parts)
-    if min(nodes) < 1:
-        raise JobError(f"--nodes {text!r}: node counts must be >= 1")
-    if len(set(nodes)) != len(nodes):
-        raise JobError(f"--nodes {text!r}: a node count appears twice (their run directories would clash)")
-    return nodes
 
 
 def _slurm_time(minutes: int) -> str:
@@ -379,6 +377,21 @@ def _q(text: str) -> str:
     return shlex.quote(text)
 
 
+def job_environment() -> dict[str, str]:
+    """The Horovod and Open MPI settings a job script exports, in the order it exports them.
+
+    Taken from ``distseg.distributed`` (what ``distseg-train`` itself would set), plus
+    ``JOB_HOROVOD_SETTINGS``: one definition of each value, not a copy in the template.
+    """
+    return {**distributed.HOROVOD_DEFAULTS, **JOB_HOROVOD_SETTINGS, **distributed.OMPI_DEFAULTS}
+
+
+def _exports(settings: dict[str, str]) -> str:
+    """``export NAME=${NAME:-value}`` lines: a value already in the environment wins, so
+    ``HOROVOD_CYCLE_TIME=5 sbatch FILE`` overrides one without rendering again."""
+    return "\n".join(f"export {name}=${{{name}:-{_q(str(value))}}}" for name, value in settings.items())
+
+
 def _bash_array(args: Sequence[str]) -> str:
     return " ".join(_q(a) for a in args)
 
@@ -425,6 +438,7 @@ def render(job: Job, command: str = "") -> str:
         "mcdram": "flat" if job.queue.startswith("flat") else "cache",
         "train_args": _bash_array(spec.train_args),
         "setup": "\n".join(spec.setup) if spec.setup else "# (none: pass --setup 'module load ...' to add lines here)",
+        "horovod_exports": _exports(job_environment()),
     }
     values["common"] = fill(_read_template("common.sh.in"), values, "common.sh.in")
     return fill(_read_template(part.template), values, part.template)

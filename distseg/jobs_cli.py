@@ -13,15 +13,12 @@ import click
 
 from distseg import config as config_lib
 from distseg import jobs as jobs_lib
+from distseg import schema
 from distseg.cli import TRAIN_FLAGS
+from distseg.errors import DistsegError, fail
 
 #: distseg-train options a job passes on; the thread counts are the job script's own.
 _PASSED_ON = {k: v for k, v in TRAIN_FLAGS.items() if k not in ("intra_op_threads", "inter_op_threads")}
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
 
 
 def _default_venv() -> str:
@@ -130,8 +127,8 @@ def render(nodes, run_dir, **p):
     try:
         job = jobs_lib.resolve(_spec(nodes, run_dir, p))
         script = jobs_lib.render(job, _command_line("render"))
-    except jobs_lib.JobError as e:
-        _fail(str(e))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     click.echo(script, nl=False)
 
 
@@ -157,11 +154,11 @@ def sweep(node_list, out_dir, chain, target_loss, target_dice, **p):
     report_args = [a for t in target_loss for a in ("--target-loss", str(t))]
     report_args += [a for t in target_dice for a in ("--target-dice", str(t))]
     try:
-        nodes = jobs_lib.parse_nodes(node_list)
+        nodes = schema.parse_node_counts(node_list, "--nodes")
         written = jobs_lib.write_sweep(_spec(nodes[0], "", p), nodes, out_dir, chain=chain,
                                        report_args=report_args, command=_command_line("sweep"))
-    except jobs_lib.JobError as e:
-        _fail(str(e))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
     for name, job in zip(written.scripts, written.jobs):
         t = job.threads
         layout = f"{t.cores_per_rank} cores/rank" if t else "cores from the allocation"

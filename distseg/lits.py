@@ -23,10 +23,9 @@ import os
 import numpy as np
 
 from distseg import data
-from distseg.synth import window
+from distseg.data import HU_WINDOW, window
 
 PACKAGE = "liver_ct_segmentation_package"
-HU_WINDOW = (-150.0, 250.0)
 SLAB = 16
 SLAB_SPLITS = {**{i: "train" for i in range(6)}, 6: "test", 7: "val"}
 

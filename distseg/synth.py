@@ -11,13 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from distseg import data
-
-HU_WINDOW = (-150.0, 250.0)
-
-
-def window(hu: np.ndarray, low: float = HU_WINDOW[0], high: float = HU_WINDOW[1]) -> np.ndarray:
-    """Clips Hounsfield units to [low, high] and maps them to [0, 1] (float32)."""
-    return ((np.clip(hu, low, high) - low) / (high - low)).astype(np.float32)
+from distseg.data import HU_WINDOW, window
+from distseg.errors import InputError
 
 
 def phantom_case(rng: np.random.Generator, size: int, slices: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +54,12 @@ def make_dataset(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
 
     The split is by case: ``round(val_fraction * cases)`` whole cases (at least one
     when there are two or more cases) go to validation.
+
+    Raises:
+      InputError: a count out of range (also a ``ValueError``).
     """
     if cases < 1 or size < 8 or slices_per_case < 1:
-        raise ValueError("need cases >= 1, size >= 8 and slices_per_case >= 1")
+        raise InputError("need cases >= 1, size >= 8 and slices_per_case >= 1")
     rng = np.random.default_rng(seed)
     n_val = min(cases - 1, max(1 if cases >= 2 else 0, round(val_fraction * cases)))
     val_cases = set(rng.choice(cases, size=n_val, replace=False).tolist())

@@ -1,14 +1,18 @@
-"""Sharding, the HDF5 format, lazy slice reading and bad data files."""
+"""Sharding, the HDF5 format, lazy slice reading, prefetching and bad data files."""
 
 import io
 import json
 import os
+import shutil
+import threading
 
 import h5py
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
-from distseg import data, schema, synth
+from distseg import data, errors, schema, synth
+from distseg.cli import data as data_cli
 
 
 # ---------------------------------------------------------------- sharding
@@ -225,6 +229,11 @@ def _good(n=4, s=16):
     (lambda d: d["masks"].__setitem__((2, 3, 3), 7), "'masks' slice 2 has label 7, expected 0..2"),
     (lambda d: d.update(split=np.array([0, 1, 0, 0], np.uint8), case_id=np.zeros(4, np.int32)),
      "case 0 has slices in more than one split"),
+    (lambda d: d.update(masks=np.zeros((4, 16, 16), np.int16)), "'masks' has dtype int16, expected uint8"),
+    (lambda d: d.update(case_id=np.arange(3, dtype=np.int32)), r"'case_id' has shape \(3,\), expected \(4,\)"),
+    (lambda d: d.update(split=np.array([0, 0, 3, 0], np.uint8)),
+     r"'split' holds values other than 0 \(train\), 1 \(val\), 2 \(test\)"),
+    (lambda d: d.update(_good(n=0)), "'images' holds no slices"),
 ])
 def test_bad_files_get_one_clear_line(tmp_path, change, message):
     arrays = _good()
@@ -243,3 +252,215 @@ def test_missing_and_unreadable_files(tmp_path):
     junk.write_bytes(b"this is not HDF5" * 10)
     with pytest.raises(data.DatasetError, match="not a readable HDF5 file"):
         data.inspect(str(junk))
+
+
+def test_dataset_errors_are_input_errors_that_exit_2():
+    # `except ValueError` callers keep working, and every CLI maps the class to exit 2.
+    assert issubclass(data.DatasetError, errors.InputError)
+    assert issubclass(data.DatasetError, ValueError)
+    assert data.DatasetError("x").exit_code == 2
+
+
+def test_write_refuses_masks_of_another_shape_and_leaves_no_file(tmp_path):
+    path = str(tmp_path / "bad.h5")
+    with pytest.raises(data.DatasetError) as err:
+        data.write_dataset(path, np.zeros((2, 4, 4), np.float32), np.zeros((2, 4, 5), np.uint8),
+                           np.zeros(2), np.zeros(2), source="test", hu_window=data.HU_WINDOW)
+    assert str(err.value) == f"{path}: masks shape (2, 4, 5) != images (2, 4, 4)"
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- format versions
+
+def _with_version(src, dst, version):
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        f.attrs["format_version"] = version
+    return str(dst)
+
+
+def test_a_newer_format_version_is_refused_by_every_reader(tiny, tmp_path):
+    path = _with_version(tiny, tmp_path / "newer.h5", data.FORMAT_VERSION + 1)
+    want = (f"{path}: format_version {data.FORMAT_VERSION + 1} is newer than this distseg reads "
+            f"({data.FORMAT_VERSION}); upgrade distseg to read it")
+    with pytest.raises(data.DatasetError) as err:
+        data.inspect(path)
+    assert str(err.value) == want
+    with pytest.raises(data.DatasetError) as err:
+        data.SliceReader(path)
+    assert str(err.value) == want
+    # The refusing reader closed the file: it can be opened for writing again.
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = data.FORMAT_VERSION
+    assert data.inspect(path).samples == 160
+
+
+def test_a_format_version_that_is_not_a_number_is_refused(tiny, tmp_path):
+    path = _with_version(tiny, tmp_path / "odd.h5", "one")
+    with pytest.raises(data.DatasetError) as err:
+        data.inspect(path)
+    assert str(err.value) == f"{path}: format_version is 'one', expected an integer <= {data.FORMAT_VERSION}"
+
+
+def test_files_without_a_format_version_read_as_version_1(tmp_path):
+    path = str(tmp_path / "old.h5")
+    _write(path, **_good())  # no format_version attribute, as hand-made files have
+    assert data.inspect(path).samples == 4
+
+
+# ---------------------------------------------------------------- distseg-data exits 2 on bad input
+
+def _data_cli(*args):
+    return CliRunner().invoke(data_cli, list(args), catch_exceptions=False)
+
+
+def test_distseg_data_refuses_bad_input_with_exit_2_and_one_line(tiny, tmp_path):
+    newer = _with_version(tiny, tmp_path / "newer.h5", data.FORMAT_VERSION + 1)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["info", newer], f"{newer}: format_version 2 is newer than this distseg reads (1)"),
+        (["info", str(tmp_path / "nope.h5")], f"{tmp_path / 'nope.h5'}: no such data file"),
+        (["synth", "--out", str(tmp_path / "a-file" / "x.h5"), "--cases", "1", "--size", "8"],
+         f"{tmp_path / 'a-file' / 'x.h5'}: cannot be written"),
+        (["lits-sample", "--out", str(tmp_path / "l.h5"), "--source-dir", str(tmp_path / "empty")],
+         f"{tmp_path / 'empty' / 'img_117.mrc'}: cannot be read as MRC"),
+    ]
+    for args, message in cases:
+        out = _data_cli(*args)
+        assert out.exit_code == 2, (args, out.output)
+        assert out.stdout == ""
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), (args, out.stderr)
+
+
+# ---------------------------------------------------------------- checks, resizing, windowing
+
+def test_check_fit_names_what_does_not_fit(phantom):
+    path, info = phantom  # 24 training slices of 64x64, 3 classes
+    data.check_fit(info, ranks=3, batch_size=8, image_size=64, resize=False, num_classes=3)  # exactly fits
+    data.check_fit(info, ranks=1, batch_size=1, image_size=32, resize=True)
+    data.check_fit(info, ranks=1, batch_size=1, image_size=0, resize=False)  # 0: any size
+    for kwargs, want in [
+        (dict(ranks=4, batch_size=8, image_size=64, resize=False),
+         f"{path}: 24 training slices, fewer than ranks x batch size = 4 x 8 = 32"),
+        (dict(ranks=1, batch_size=1, image_size=64, resize=False, num_classes=2),
+         f"{path}: attribute num_classes=3, but the model predicts 2 classes"),
+        (dict(ranks=1, batch_size=1, image_size=48, resize=False),
+         f"{path}: slices are 64x64 but --image-size is 48; pass --resize or --image-size 64"),
+    ]:
+        with pytest.raises(data.DatasetError) as err:
+            data.check_fit(info, **kwargs)
+        assert str(err.value) == want
+
+
+def test_resize_values():
+    a = np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1)  # value = 4 * row + col
+    assert data.resize_nearest(a[..., 0], 2)[0].tolist() == [[0, 2], [8, 10]]
+    # Half-pixel centres: each output pixel averages a 2x2 block of the input.
+    assert data.resize_bilinear(a, 2)[0, ..., 0].tolist() == [[2.5, 4.5], [10.5, 12.5]]
+    up = data.resize_bilinear(np.full((2, 3, 5, 1), 0.25, np.float32), 7)
+    assert up.shape == (2, 7, 7, 1) and np.allclose(up, 0.25)
+    labels = np.array([[[0, 1], [2, 1]]], np.uint8)
+    assert data.resize_nearest(labels, 4)[0].tolist() == [[0, 0, 1, 1], [0, 0, 1, 1],
+                                                          [2, 2, 1, 1], [2, 2, 1, 1]]
+
+
+def test_window_clips_and_scales_hounsfield_units():
+    hu = np.array([-1000.0, -150.0, 50.0, 250.0, 3000.0])
+    assert data.window(hu).tolist() == [0.0, 0.0, 0.5, 1.0, 1.0]
+    assert data.window(hu).dtype == np.float32
+
+
+def test_float16_files_read_as_float32(tmp_path):
+    path = str(tmp_path / "half.h5")
+    info = synth.make_dataset(path, cases=2, size=16, seed=0, slices_per_case=2, dtype="float16")
+    assert info.dtype == "float16"
+    with data.SliceReader(path) as reader:
+        images, _ = reader.read([3, 0])
+    with h5py.File(path, "r") as f:
+        want = f["images"][[0, 3]][::-1].astype(np.float32)
+    assert images.dtype == np.float32 and np.array_equal(images, want)
+
+
+# ---------------------------------------------------------------- the prefetcher
+
+@pytest.fixture()
+def damaged(tmp_path):
+    """A 16-slice phantom file whose 'images' chunk of slice 5 fails to read.
+
+    The distseg writer stores no checksums, so a flipped byte would read back as wrong
+    pixels; a Fletcher-32 checksummed copy of 'images' (same chunks, same values) turns
+    the flipped byte into the read error that failing storage gives.
+    """
+    path = str(tmp_path / "damaged.h5")
+    synth.make_dataset(path, cases=2, size=16, seed=0, slices_per_case=8)
+    with h5py.File(path, "r+") as f:
+        images = f["images"][:]
+        del f["images"]
+        dset = f.create_dataset("images", data=images, chunks=(1, 16, 16, 1), fletcher32=True)
+        chunk = dset.id.get_chunk_info_by_coord((5, 0, 0, 0))
+    with open(path, "r+b") as fh:
+        fh.seek(chunk.byte_offset + 100)
+        byte = fh.read(1)[0]
+        fh.seek(chunk.byte_offset + 100)
+        fh.write(bytes([byte ^ 0xFF]))
+    return path, images
+
+
+def _close_within(prefetcher, seconds):
+    """Calls ``close()`` in a thread: a hang fails this test instead of the suite."""
+    closer = threading.Thread(target=prefetcher.close, daemon=True)
+    closer.start()
+    closer.join(seconds)
+    assert not closer.is_alive(), f"Prefetcher.close() still running after {seconds} s"
+
+
+def test_prefetcher_yields_every_batch_in_order(damaged):
+    path, images = damaged
+    batches = [np.array([3, 0]), np.array([7]), np.array([15, 8, 8])]  # slice 5 never read
+    with data.SliceReader(path) as reader:
+        feed = data.Prefetcher(reader, iter(batches), depth=1)
+        got = list(feed)
+        _close_within(feed, 10)
+    assert [ids.tolist() for ids, _, _ in got] == [[3, 0], [7], [15, 8, 8]]
+    for (ids, imgs, masks), want in zip(got, batches):
+        assert np.array_equal(imgs, images[want]) and masks.shape == (len(want), 16, 16)
+
+
+def test_a_damaged_chunk_reaches_the_consumer_with_its_message(damaged):
+    path, images = damaged
+    with data.SliceReader(path) as reader:
+        with pytest.raises(data.DatasetError) as direct:
+            reader.read([5, 6])
+    assert str(direct.value).startswith(f"{path}: slices 5, 6 of 'images'/'masks' cannot be read (")
+    assert "\n" not in str(direct.value)
+
+    with data.SliceReader(path) as reader:
+        feed = data.Prefetcher(reader, [np.array([0, 1]), np.array([2, 3]), np.array([5, 6]),
+                                        np.array([7])], depth=1)
+        it = iter(feed)
+        first, second = next(it), next(it)
+        assert first[0].tolist() == [0, 1] and np.array_equal(first[1], images[[0, 1]])
+        assert second[0].tolist() == [2, 3]
+        with pytest.raises(data.DatasetError) as err:
+            next(it)
+        _close_within(feed, 10)
+    # The reader's own error, raised in the consumer: same class, same one line.
+    assert str(err.value) == str(direct.value)
+
+
+def test_close_returns_when_the_reader_failed_and_nobody_reads(damaged):
+    path, _ = damaged
+    asked = threading.Event()
+
+    def batches():
+        yield np.array([0])  # fills the one-slot queue
+        asked.set()
+        yield np.array([5])  # fails; the worker then waits to hand over the error
+        yield np.array([6])
+
+    with data.SliceReader(path) as reader:
+        feed = data.Prefetcher(reader, batches(), depth=1)
+        assert asked.wait(10)
+        _close_within(feed, 10)

@@ -20,7 +20,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import textwrap
 import time
 
@@ -28,8 +27,8 @@ import pytest
 
 from distseg import schema, synth
 from proc_group import run_group
+from support import BIN, command_env
 
-BIN = os.path.dirname(sys.executable)
 TIMEOUT = 90  # seconds for each multi-process run
 SUBNET = "10.77.0.0/24"
 TAG = f"ds{os.getpid() % 100000}"
@@ -141,11 +140,9 @@ def _mpirun(agent: str, program: list[str]) -> subprocess.CompletedProcess:
     ]
     cmd = ["ip", "netns", "exec", ns_a, "unshare", "--uts", "sh", "-c",
            f'hostname {name_a} && exec "$@"', "sh", *mpirun, *program]
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2",
-               DISTSEG_PIN="0", OMP_NUM_THREADS="1")
-    for k in list(env):
-        if k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "SLURM_")):
-            env.pop(k)
+    # No launcher or scheduler variables from outside: this mpirun alone places the ranks.
+    env = {k: v for k, v in command_env(DISTSEG_PIN="0", OMP_NUM_THREADS="1").items()
+           if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "SLURM_"))}
     return run_group(cmd, env=env, timeout=TIMEOUT, merge_stderr=True)
 
 
