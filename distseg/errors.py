@@ -54,7 +54,10 @@ class Interrupted(DistsegError):
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Ends a command: ``error: MESSAGE`` on stderr, exit ``code``."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    # One write: under mpirun a line written in two pieces can interleave with another
+    # rank's output.
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
     sys.exit(code)
 
 

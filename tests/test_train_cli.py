@@ -5,49 +5,28 @@ Each launch has a timeout so that a hang fails fast instead of eating CI's time.
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 from distseg import schema, synth
 from proc_group import run_group
+from support import BIN, command_env
+from support import log_records as records
 
-BIN = os.path.dirname(sys.executable)
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
-
-
-def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    env.pop("OMPI_COMM_WORLD_RANK", None)
-    return env
 
 
 def horovodrun(*args, np_=2, gloo=False):
     cmd = [f"{BIN}/horovodrun", "-np", str(np_), "-H", f"localhost:{np_}"]
     if gloo:
         cmd.append("--gloo")
-    return run_group(cmd + [f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=_env())
+    return run_group(cmd + [f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=command_env())
 
 
 def single(*args):
-    return run_group([f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=_env())
-
-
-def records(run_dir, rank):
-    recs, problems = schema.read_log(os.path.join(run_dir, "logs", schema.log_name(rank)))
-    assert not problems
-    for r in recs:
-        schema.validate_record(r)
-    return recs
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("data") / "tiny.h5")
-    synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)  # 128 train slices
-    return path
+    return run_group([f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=command_env())
 
 
 def test_two_ranks_one_epoch_loss_goes_down(tiny, tmp_path):
@@ -87,7 +66,7 @@ def test_single_process_and_gloo_give_valid_runs(tiny, tmp_path):
 
 
 def test_mpirun_launch(tiny, tmp_path):
-    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = command_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = run_group(
         ["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
          f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir",
@@ -97,49 +76,87 @@ def test_mpirun_launch(tiny, tmp_path):
     assert {records(str(tmp_path / "mpi"), r)[0]["controller"] for r in (0, 1)} == {"mpi"}
 
 
-def _bad_files(tmp_path, tiny):
+def _no_masks(d):
     import h5py
-    no_masks = str(tmp_path / "no_masks.h5")
-    with h5py.File(no_masks, "w") as f:
+    path = str(d / "no_masks.h5")
+    with h5py.File(path, "w") as f:
         f["images"] = np.zeros((8, 32, 32, 1), np.float32)
-    labels = str(tmp_path / "labels.h5")
-    synth.make_dataset(labels, cases=4, size=32, seed=0, slices_per_case=8)
-    with h5py.File(labels, "r+") as f:
+    return ["--data", path]
+
+
+def _bad_label(d):
+    import h5py
+    path = str(d / "labels.h5")
+    synth.make_dataset(path, cases=4, size=32, seed=0, slices_per_case=8)
+    with h5py.File(path, "r+") as f:
         f["masks"][5, 0, 0] = 9
-    shape = str(tmp_path / "shape.h5")
-    with h5py.File(shape, "w") as f:
+    return ["--data", path]
+
+
+def _mask_shape(d):
+    import h5py
+    path = str(d / "shape.h5")
+    with h5py.File(path, "w") as f:
         f["images"] = np.zeros((8, 32, 32, 1), np.float32)
         f["masks"] = np.zeros((8, 32, 31), np.uint8)
         f["case_id"] = np.arange(8)
         f["split"] = np.zeros(8, np.uint8)
-    small = str(tmp_path / "small.h5")
-    synth.make_dataset(small, cases=2, size=32, seed=0, slices_per_case=4)
-    a_file = tmp_path / "a_file"
+    return ["--data", path]
+
+
+def _too_small(d):
+    path = str(d / "small.h5")
+    synth.make_dataset(path, cases=2, size=32, seed=0, slices_per_case=4)
+    return ["--data", path]
+
+
+def _unwritable_run_dir(d, tiny):
+    a_file = d / "a_file"
     a_file.write_text("x")
-    return [
-        (["--data", str(tmp_path / "missing.h5")], "missing.h5: no such data file"),
-        (["--data", no_masks], "missing dataset 'masks'"),
-        (["--data", shape], "'masks' has shape (8, 32, 31), expected (8, 32, 32)"),
-        (["--data", labels], "'masks' slice 5 has label 9, expected 0..2"),
-        (["--data", small], "4 training slices, fewer than ranks x batch size = 2 x 4 = 8"),
-        (["--data", tiny, "--image-size", "64"], "slices are 32x32 but --image-size is 64"),
-        (["--data", tiny, "--run-dir", str(a_file / "run")], "run directory is not writable"),
-    ]
+    return ["--data", tiny, "--run-dir", str(a_file / "run")]
 
 
-def test_bad_input_one_line_same_on_every_rank(tiny, tmp_path):
-    for args, message in _bad_files(tmp_path, tiny):
-        if "--run-dir" not in args:
-            args = args + ["--run-dir", str(tmp_path / "run")]
-        out = horovodrun("--preset", "smoke", *args)
-        assert out.returncode != 0, (args, out.stdout[-2000:])
-        text = out.stdout + out.stderr
-        lines = [ln for ln in text.splitlines() if "error: " in ln and message in ln]
-        # one line from each rank, the same words on both (prefixes name the rank)
-        assert len(lines) == 2, (message, text[-3000:])
-        assert len({ln.split("error: ", 1)[1] for ln in lines}) == 1
-        assert "Traceback" not in text, text[-3000:]
-        assert not os.path.exists(tmp_path / "run"), "a failed start left a run directory"
+def _newer_format(d):
+    import h5py
+    path = str(d / "newer.h5")
+    synth.make_dataset(path, cases=4, size=32, seed=0, slices_per_case=8)
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = 99
+    return ["--data", path]
+
+
+#: name -> (how to make the bad input in a directory, the message every rank prints)
+BAD_INPUTS = {
+    "missing file": (lambda d, tiny: ["--data", str(d / "missing.h5")],
+                     "missing.h5: no such data file"),
+    "no masks": (lambda d, tiny: _no_masks(d), "missing dataset 'masks'"),
+    "mask shape": (lambda d, tiny: _mask_shape(d),
+                   "'masks' has shape (8, 32, 31), expected (8, 32, 32)"),
+    "label": (lambda d, tiny: _bad_label(d), "'masks' slice 5 has label 9, expected 0..2"),
+    "too small": (lambda d, tiny: _too_small(d),
+                  "4 training slices, fewer than ranks x batch size = 2 x 4 = 8"),
+    "image size": (lambda d, tiny: ["--data", tiny, "--image-size", "64"],
+                   "slices are 32x32 but --image-size is 64"),
+    "run dir": (_unwritable_run_dir, "run directory is not writable"),
+    "newer format": (lambda d, tiny: _newer_format(d), "format_version 99 is newer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_one_line_same_on_every_rank(tiny, tmp_path, case):
+    make, message = BAD_INPUTS[case]
+    args = make(tmp_path, tiny)
+    if "--run-dir" not in args:
+        args = args + ["--run-dir", str(tmp_path / "run")]
+    out = horovodrun("--preset", "smoke", *args)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, (args, text[-3000:])
+    lines = [ln for ln in text.splitlines() if "error: " in ln and message in ln]
+    # one line from each rank, the same words on both (prefixes name the rank)
+    assert len(lines) == 2, (message, text[-3000:])
+    assert len({ln.split("error: ", 1)[1] for ln in lines}) == 1
+    assert "Traceback" not in text, text[-3000:]
+    assert not os.path.exists(tmp_path / "run"), "a failed start left a run directory"
 
 
 def test_existing_run_is_refused_and_left_intact(tiny, tmp_path):
