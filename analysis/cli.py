@@ -5,16 +5,17 @@ from __future__ import annotations
 import click
 
 
-def _node_list(ctx, param, value: str | None) -> tuple[int, ...]:
+def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
+    """``--project-nodes`` through the one node-list parser (a bad list: exit 2)."""
     if not value:
         return ()
+    from distseg.errors import InputError
+    from distseg.schema import parse_node_counts
+
     try:
-        nodes = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise click.BadParameter(f"expected node counts like 64,128,256, got {value!r}")
-    if any(n < 1 for n in nodes):
-        raise click.BadParameter(f"node counts must be >= 1, got {value!r}")
-    return nodes
+        return parse_node_counts(value, "--project-nodes")
+    except InputError as e:
+        raise click.BadParameter(str(e))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +32,7 @@ def _node_list(ctx, param, value: str | None) -> tuple[int, ...]:
               help="Directory for the CSVs, plots, report.md, report.html and report.json.")
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md",
               show_default=True, help="What to print: Markdown tables or a JSON document.")
-@click.option("--project-nodes", callback=_node_list, default=None,
+@click.option("--project-nodes", callback=_node_counts, default=None,
               help="Project time per epoch to these node counts, e.g. 64,128,256.")
 @click.option("--bandwidth-gbps", type=float, default=100.0, show_default=True,
               help="Projection: link bandwidth in Gbit/s.")
@@ -53,9 +54,9 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     and 4 nodes: distseg-report runs/np1 runs/np2 runs/np4 --target-loss -0.75
     --target-loss -0.76 --out report/
     """
-    from analysis.logs import RunDirError
     from analysis.project import Fabric
     from analysis.report import ReportOptions, main
+    from distseg.errors import DistsegError, fail
 
     try:
         options = ReportOptions(
@@ -67,5 +68,6 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
         raise click.UsageError(str(e))
     try:
         main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress)
-    except RunDirError as e:
-        raise click.ClickException(str(e))
+    except DistsegError as e:
+        # One line and the error's own exit code (2 for bad input), as distseg-train.
+        fail(str(e), e.exit_code)

@@ -11,8 +11,16 @@ schema are ignored and named in a note.
 
 Nothing here raises on a damaged log: every line, field or file that is skipped becomes
 a ``Note`` that the report prints, so a reader can tell what the numbers rest on.
-Only a run directory that does not exist or holds no logs at all is an error
-(``RunDirError``), because then there is nothing to report.
+Two things are errors (``distseg.errors.InputError``, exit 2): a run directory that
+does not exist or holds no logs at all (``RunDirError``), because then there is nothing
+to report, and a log whose ``run`` record carries a ``schema_version`` newer than
+``distseg.schema.SCHEMA_VERSION``, because its fields may mean something else now.
+
+``load_run`` is a pipeline of steps, each a module-level function returning a value:
+``read_config``, ``read_logs`` (each file read and reduced at once: ``placed_steps``,
+``compact_steps``, ``curve_steps``), ``map_launches``, ``identify``,
+``launch_table``, ``launch_durations``, ``combine_steps``, ``global_curve``,
+``epoch_table``, ``run_status`` and ``rank_notes``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -30,7 +39,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from analysis.model import Note
 from distseg import schema
+from distseg.errors import InputError, refuse_newer
 
 #: Step-record fields read into the step frames. All are parsed as float64 so that a
 #: producer writing ``1`` or ``1.0`` for an integer field does not break the fast path;
@@ -55,26 +66,18 @@ _OPEN_BRACE = ord("{")
 _NEWLINE = ord("\n")
 
 
-class RunDirError(ValueError):
-    """A run directory that cannot be reported at all (missing, or without logs)."""
+class RunDirError(InputError):
+    """A run directory that cannot be reported at all (missing, or without logs): exit 2."""
 
 
-@dataclass(frozen=True)
-class Note:
-    """One thing the report skipped, doubts or wants a reader to know.
+def dict_field(record: dict, key: str) -> dict | None:
+    """``record[key]`` when it is a JSON object, else ``None`` (absent or garbled).
 
-    Attributes:
-      level: ``skipped`` (data left out), ``warning`` (numbers may mislead) or ``info``.
-      where: the run label or file the note is about.
-      message: one line for a person.
+    The one check of the nested objects of a ``run`` record (``dataset``, ``model``):
+    a producer may omit them, and a reader must not trust their type.
     """
-
-    level: str
-    where: str
-    message: str
-
-    def line(self) -> str:
-        return f"[{self.level}] {self.where}: {self.message}"
+    value = record.get(key)
+    return value if isinstance(value, dict) else None
 
 
 @dataclass
@@ -153,6 +156,11 @@ class RunData:
     @property
     def nodes(self) -> int | None:
         return len(self.hosts) or None
+
+    @property
+    def dataset(self) -> dict:
+        """The run record's ``dataset`` object (``{}`` when absent or not an object)."""
+        return dict_field(self.run_record, "dataset") or {}
 
     @property
     def ranks(self) -> int:
@@ -326,54 +334,51 @@ def _parse_fast(data: bytes, starts: np.ndarray, path: str, notes: list[Note],
     return steps, others
 
 
-def read_rank_log(path: str, rank: int) -> RankLog:
-    """Reads one rank's log, never raising on its content.
-
-    Args:
-      path: the ``rank-NNNNN.jsonl`` file.
-      rank: the rank its name says.
-
-    Returns:
-      The records by type, step records as a frame, and notes on what was skipped.
-    """
-    log = RankLog(rank=rank, path=path)
+def _read_bytes(path: str, notes: list[Note]) -> bytes | None:
+    """The file's bytes, or ``None`` with a note when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as e:
-        log.notes.append(Note("skipped", path, f"cannot be read ({e.strerror or e})"))
-        log.steps = _empty_steps()
-        return log
-    data, starts = _split_lines(data, path, log.notes)
-    parsed = _parse_fast(data, starts, path, log.notes, log.unknown_fields)
-    if parsed is None:
-        ends = np.append(starts[1:], len(data))
-        recs = _records_from_lines(((i, data[s:e]) for i, (s, e) in enumerate(zip(starts, ends))),
-                                   path, log.notes)
-        step_recs = [(i, r) for i, r in recs if r["type"] == "step"]
-        for _, r in step_recs:
-            log.unknown_fields.update(f"step.{k}" for k in r.keys() - KNOWN_FIELDS["step"])
-        steps = _steps_from_records(step_recs)
-        others = [(i, r) for i, r in recs if r["type"] != "step"]
-    else:
-        steps, others = parsed
-    del data
+        notes.append(Note("skipped", path, f"cannot be read ({e.strerror or e})"))
+        return None
 
-    run_lines = []
-    unknown_types: dict[str, int] = {}
+
+def _parse_slow(data: bytes, starts: np.ndarray, path: str, notes: list[Note],
+                unknown: set[str]) -> tuple[pd.DataFrame, list[tuple[int, dict]]]:
+    """Every line through ``json``: the fallback when pyarrow cannot read the step lines."""
+    ends = np.append(starts[1:], len(data))
+    recs = _records_from_lines(((i, data[s:e]) for i, (s, e) in enumerate(zip(starts, ends))),
+                               path, notes)
+    step_recs = [(i, r) for i, r in recs if r["type"] == "step"]
+    for _, r in step_recs:
+        unknown.update(f"step.{k}" for k in r.keys() - KNOWN_FIELDS["step"])
+    return _steps_from_records(step_recs), [(i, r) for i, r in recs if r["type"] != "step"]
+
+
+def _sort_records(log: RankLog, others: Sequence[tuple[int, dict]]) -> list[int]:
+    """Files the non-step records of ``log`` by type; returns the ``run`` records' lines.
+
+    Each ``epoch`` and ``end`` record gets ``_segment``: the index of the ``run`` record
+    it follows (-1 before any). A record that breaks the schema is kept with a warning
+    (its other fields still count); one of an unknown type is counted and ignored.
+    """
+    run_lines: list[int] = []
+    unknown_types: Counter = Counter()
     for i, rec in others:
         kind = rec["type"]
         if kind not in schema.FIELDS:
-            unknown_types[kind] = unknown_types.get(kind, 0) + 1
+            unknown_types[kind] += 1
             continue
         log.unknown_fields.update(f"{kind}.{k}" for k in rec.keys() - KNOWN_FIELDS[kind])
         try:
             schema.validate_record(rec)
         except ValueError as e:
             if kind == "end" and "status" in str(e) and "lacks" not in str(e):
-                log.notes.append(Note("warning", path, f"line {i + 1}: {e}"))
+                log.notes.append(Note("warning", log.path, f"line {i + 1}: {e}"))
             else:
-                log.notes.append(Note("warning", path, f"line {i + 1}: {e}; used what is there"))
+                log.notes.append(Note("warning", log.path,
+                                      f"line {i + 1}: {e}; used what is there"))
         if kind == "run":
             run_lines.append(i)
             log.runs.append(rec)
@@ -381,21 +386,70 @@ def read_rank_log(path: str, rank: int) -> RankLog:
             rec["_segment"] = len(run_lines) - 1
             (log.epochs if kind == "epoch" else log.ends).append(rec)
     for kind, n in unknown_types.items():
-        log.notes.append(Note("info", path, f"{n} record(s) of unknown type {kind!r} ignored"))
-    for rec in log.runs:
-        if rec.get("rank") not in (None, rank):
-            log.notes.append(Note("warning", path, f"run record says rank {rec.get('rank')}, "
-                                  f"file name says {rank}; using {rank}"))
-            break
+        log.notes.append(Note("info", log.path, f"{n} record(s) of unknown type {kind!r} ignored"))
+    return run_lines
 
+
+def refuse_newer_schema(log: RankLog) -> None:
+    """Raises ``InputError`` naming the file when a ``run`` record of ``log`` carries a
+    ``schema_version`` newer than this distseg reads (a missing one is only noted by
+    the schema check, as for any missing field)."""
+    for rec in log.runs:
+        if rec.get("schema_version") is not None:
+            refuse_newer(log.path, "schema_version", rec["schema_version"],
+                         schema.SCHEMA_VERSION)
+
+
+def _rank_mismatch(log: RankLog) -> list[Note]:
+    for rec in log.runs:
+        if rec.get("rank") not in (None, log.rank):
+            return [Note("warning", log.path, f"run record says rank {rec.get('rank')}, "
+                         f"file name says {log.rank}; using {log.rank}")]
+    return []
+
+
+def segment_steps(steps: pd.DataFrame, run_lines: Sequence[int], path: str,
+                  notes: list[Note]) -> pd.DataFrame:
+    """Replaces the steps' ``_line`` by ``segment``: the index of the ``run`` record
+    before each (-1: none), and notes a step field that no record carries."""
     seg = np.searchsorted(np.asarray(run_lines, np.int64), steps["_line"].to_numpy(),
                           side="right") - 1
     steps = steps.drop(columns="_line")
     steps.insert(0, "segment", seg.astype(np.int32))
     for name in STEP_FIELDS:
         if len(steps) and steps[name].isna().all():
-            log.notes.append(Note("warning", path, f"step records lack field {name!r}"))
-    log.steps = steps
+            notes.append(Note("warning", path, f"step records lack field {name!r}"))
+    return steps
+
+
+def read_rank_log(path: str, rank: int) -> RankLog:
+    """Reads one rank's log, never raising on its content (only on its version).
+
+    Args:
+      path: the ``rank-NNNNN.jsonl`` file.
+      rank: the rank its name says.
+
+    Returns:
+      The records by type, step records as a frame, and notes on what was skipped.
+
+    Raises:
+      InputError: a ``run`` record's ``schema_version`` is newer than this distseg's.
+    """
+    log = RankLog(rank=rank, path=path)
+    data = _read_bytes(path, log.notes)
+    if data is None:
+        log.steps = _empty_steps()
+        return log
+    data, starts = _split_lines(data, path, log.notes)
+    parsed = _parse_fast(data, starts, path, log.notes, log.unknown_fields)
+    if parsed is None:
+        parsed = _parse_slow(data, starts, path, log.notes, log.unknown_fields)
+    steps, others = parsed
+    del data, parsed
+    run_lines = _sort_records(log, others)
+    refuse_newer_schema(log)
+    log.notes.extend(_rank_mismatch(log))
+    log.steps = segment_steps(steps, run_lines, path, log.notes)
     return log
 
 
@@ -433,6 +487,148 @@ def _num(value: Any) -> float:
     return v
 
 
+def run_label(run_dir: str) -> str:
+    """A run's default name: its directory's name."""
+    return os.path.basename(os.path.normpath(run_dir)) or run_dir
+
+
+def read_config(run_dir: str, label: str) -> tuple[dict | None, list[Note]]:
+    """``RUN/config.json``, or ``None`` with a note: the run records still say enough
+    for every table, the config only adds to the cross-run comparisons."""
+    cfg_path = os.path.join(run_dir, schema.CONFIG_FILE)
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            return json.load(f), []
+    except FileNotFoundError:
+        return None, [Note("info", label, f"{cfg_path} is missing; config comparisons use "
+                           "the run records only")]
+    except (OSError, ValueError) as e:
+        return None, [Note("warning", label, f"{cfg_path} cannot be read as JSON ({e})")]
+
+
+def placed_steps(steps: pd.DataFrame, path: str) -> tuple[pd.DataFrame, list[Note]]:
+    """The step records that can be placed in time: after a ``run`` record, with ``t``."""
+    notes = []
+    after_run = (steps["segment"] >= 0).to_numpy()
+    has_t = np.isfinite(steps["t"].to_numpy())
+    orphan = int((~after_run).sum())
+    if orphan:
+        notes.append(Note("skipped", path, f"{orphan} step record(s) before any run "
+                          "record (cannot be placed in time)"))
+    no_t = int((~has_t & after_run).sum())
+    if no_t:
+        notes.append(Note("skipped", path, f"{no_t} step record(s) without a time t"))
+    return steps[after_run & has_t], notes
+
+
+def _int_column(values: np.ndarray, dtype) -> np.ndarray:
+    """A float column as integers, -1 where missing."""
+    return np.nan_to_num(values, nan=-1).astype(dtype)
+
+
+def compact_steps(rank: int, steps: pd.DataFrame) -> pd.DataFrame:
+    """The per-step columns the tables need from one rank's placed steps.
+
+    Columns: ``rank``, ``segment`` (still local to the file), ``epoch``, ``warmup``
+    (first epoch of its segment), ``step_time``, ``data_wait``, ``samples``. A few
+    narrow columns, so that millions of steps of many ranks fit in memory together.
+    """
+    seg = steps["segment"].to_numpy(np.int32)
+    epoch = steps["epoch"].to_numpy()
+    first_epoch = pd.Series(epoch).groupby(seg).transform("first").to_numpy()
+    return pd.DataFrame({
+        "rank": np.full(len(steps), rank, np.int32),
+        "segment": seg,
+        "epoch": _int_column(epoch, np.int32),
+        "warmup": epoch == first_epoch,
+        "step_time": steps["step_time"].to_numpy(np.float64),
+        "data_wait": steps["data_wait"].to_numpy(np.float64),
+        "samples": steps["samples"].to_numpy(np.float64),
+    })
+
+
+def curve_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """One rank's loss curve: ``segment`` (local), ``epoch``, ``step``, ``global_step``,
+    ``t``, ``loss``, ``lr``. ``loss`` is the mean over ranks, so one rank's is enough."""
+    return pd.DataFrame({
+        "segment": steps["segment"].to_numpy(np.int32),
+        "epoch": _int_column(steps["epoch"].to_numpy(), np.int32),
+        "step": _int_column(steps["step"].to_numpy(), np.int64),
+        "global_step": _int_column(steps["global_step"].to_numpy(), np.int64),
+        "t": steps["t"].to_numpy(),
+        "loss": steps["loss"].to_numpy(),
+        "lr": steps["lr"].to_numpy(),
+    })
+
+
+@dataclass
+class LogSet:
+    """A run's logs once read and reduced (what ``read_logs`` keeps of them).
+
+    Attributes:
+      logs: every rank's records, without their step frames.
+      compact: rank -> ``compact_steps`` (segments local to that rank's file).
+      step_tmax: rank -> local segment -> the largest step ``t``.
+      curve: ``curve_steps`` of the rank with the most placed steps (``None``: no steps).
+      curve_rank: that rank.
+      unknown_fields: ``type.field`` -> number of logs that hold it.
+      notes: what was skipped while reading, in file order.
+    """
+
+    logs: list[RankLog] = field(default_factory=list)
+    compact: dict[int, pd.DataFrame] = field(default_factory=dict)
+    step_tmax: dict[int, dict[int, float]] = field(default_factory=dict)
+    curve: pd.DataFrame | None = None
+    curve_rank: int | None = None
+    unknown_fields: Counter = field(default_factory=Counter)
+    notes: list[Note] = field(default_factory=list)
+
+
+def read_logs(files: dict[int, str], progress: Callable[[int], None] | None = None) -> LogSet:
+    """Reads each rank's log and reduces it at once to what the tables need.
+
+    Only one file's full step frame is alive at a time (compact per-rank columns are
+    kept, plus the loss curve of the rank with the most steps), so memory stays bounded
+    by one file, not by the run.
+
+    Args:
+      files: rank -> log path.
+      progress: called with the number of bytes of each file once it is read.
+
+    Raises:
+      InputError: a log was written by a newer distseg (``refuse_newer_schema``).
+    """
+    out = LogSet()
+    for rank, path in files.items():
+        size_bytes = os.path.getsize(path) if os.path.exists(path) else 0
+        log = read_rank_log(path, rank)
+        out.notes.extend(log.notes)
+        log.notes = []
+        out.unknown_fields.update(log.unknown_fields)
+        out.logs.append(log)
+        steps, notes = placed_steps(log.steps, path)
+        log.steps = None
+        out.notes.extend(notes)
+        if len(steps):
+            out.compact[rank] = compact_steps(rank, steps)
+            out.step_tmax[rank] = steps.groupby("segment")["t"].max().to_dict()
+            if out.curve is None or (len(steps), -rank) > (len(out.curve), -out.curve_rank):
+                out.curve, out.curve_rank = curve_steps(steps), rank
+        del steps
+        if progress:
+            progress(size_bytes)
+    return out
+
+
+def unknown_fields_notes(counts: Counter, n_logs: int, label: str) -> list[Note]:
+    """One note naming the fields outside the schema (at most 8, with their counts)."""
+    if not counts:
+        return []
+    shown = ", ".join(f"{name} ({n} of {n_logs} logs)" for name, n in sorted(counts.items())[:8])
+    more = f" and {len(counts) - 8} more" if len(counts) > 8 else ""
+    return [Note("skipped", label, f"ignored field(s) not in distseg.schema: {shown}{more}")]
+
+
 def _segment_key(rec: dict, local: int) -> tuple:
     """Identifies a launch across ranks: the agreed start time and run id.
 
@@ -442,7 +638,178 @@ def _segment_key(rec: dict, local: int) -> tuple:
     return (round(st, 3) if math.isfinite(st) else float(local), str(rec.get("run_id", "")))
 
 
+@dataclass(frozen=True)
+class Launches:
+    """The launches of a run (a resumed run has several), across ranks.
+
+    Attributes:
+      keys: ``(start_time, run_id)`` of each launch, in time order; the index is the
+        launch's (global) segment number.
+      maps: rank -> index of a ``run`` record in that rank's file -> segment number.
+    """
+
+    keys: list[tuple]
+    maps: dict[int, dict[int, int]]
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+    @property
+    def last(self) -> int:
+        return len(self.keys) - 1
+
+    def to_global(self, rank: int, local: np.ndarray) -> np.ndarray:
+        """Segment numbers of ``rank``'s file -> launch numbers."""
+        m = self.maps[rank]
+        return np.array([m[i] for i in range(len(m))], np.int32)[local]
+
+    def run_records(self, logs: Sequence[RankLog], segment: int) -> list[tuple[int, dict]]:
+        """``(rank, run record)`` of each record of launch ``segment``, in rank order."""
+        return [(log.rank, r) for log in logs for i, r in enumerate(log.runs)
+                if self.maps[log.rank][i] == segment]
+
+
+def map_launches(logs: Sequence[RankLog]) -> Launches:
+    """Matches the ``run`` records of all ranks into launches."""
+    keys = sorted({_segment_key(r, i) for log in logs for i, r in enumerate(log.runs)})
+    index = {k: i for i, k in enumerate(keys)}
+    maps = {log.rank: {i: index[_segment_key(r, i)] for i, r in enumerate(log.runs)}
+            for log in logs}
+    return Launches(keys=keys, maps=maps)
+
+
+def _sizes(records: Iterable[dict]) -> list[int]:
+    """The ``size`` fields of ``records`` that are numbers."""
+    return [int(_num(r.get("size"))) for r in records if math.isfinite(_num(r.get("size")))]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who ran: the size, the hosts and the reference ``run`` record.
+
+    Attributes:
+      size: ranks of the run (the largest any launch logged; ``None``: no run record).
+      last_runs: rank -> ``run`` record of the last launch.
+      run_record: the last launch's record of the lowest rank that has one.
+      rank_hosts: rank -> host in the last launch.
+      hosts: distinct hosts of the last launch.
+    """
+
+    size: int | None
+    last_runs: dict[int, dict]
+    run_record: dict
+    rank_hosts: dict[int, str]
+    hosts: list[str]
+
+
+def identify(logs: Sequence[RankLog], launches: Launches) -> Identity:
+    """The run's size, hosts and reference record, from its ``run`` records."""
+    sizes = _sizes(r for log in logs for r in log.runs)
+    last_runs = dict(launches.run_records(logs, launches.last))
+    rank_hosts = {rank: str(r["host"]) for rank, r in last_runs.items()
+                  if r.get("host") is not None}
+    return Identity(size=max(sizes) if sizes else None, last_runs=last_runs,
+                    run_record=last_runs[min(last_runs)] if last_runs else {},
+                    rank_hosts=rank_hosts, hosts=sorted(set(rank_hosts.values())))
+
+
+LAUNCH_COLUMNS = ["segment", "start_time", "run_id", "config_hash", "size", "ranks_logged",
+                  "duration_s"]
+
+
+def launch_table(logs: Sequence[RankLog], launches: Launches) -> pd.DataFrame:
+    """One row per launch (durations still 0: see ``launch_durations``)."""
+    rows = []
+    for k, (_, run_id) in enumerate(launches.keys):
+        recs = [r for _, r in launches.run_records(logs, k)]
+        seg_sizes = _sizes(recs)
+        rows.append({"segment": k, "start_time": _num(recs[0].get("start_time")),
+                     "run_id": run_id,
+                     "config_hash": ",".join(sorted({str(r.get("config_hash")) for r in recs})),
+                     "size": max(seg_sizes) if seg_sizes else None, "ranks_logged": len(recs),
+                     "duration_s": 0.0})
+    return pd.DataFrame(rows, columns=LAUNCH_COLUMNS)
+
+
+def launch_notes(segments: pd.DataFrame, label: str) -> list[Note]:
+    """Notes on the launches: none at all, or several that differ in config or size."""
+    if not len(segments):
+        return [Note("warning", label, "no run record in any log; ranks, nodes and dataset "
+                     "size are unknown")]
+    if len(segments) == 1:
+        return []
+    notes = [Note("info", label, f"resumed run: {len(segments)} launches; wall-clock time is "
+                  "the sum of their durations")]
+    if segments["config_hash"].nunique() > 1:
+        notes.append(Note("warning", label, "the config changed between launches "
+                          f"(config hashes {', '.join(segments['config_hash'])})"))
+    if segments["size"].nunique() > 1:
+        notes.append(Note("warning", label, "the number of ranks changed between launches "
+                          f"({', '.join(map(str, segments['size']))})"))
+    return notes
+
+
+def launch_durations(logs: Sequence[RankLog], launches: Launches,
+                     step_tmax: dict[int, dict[int, float]]) -> np.ndarray:
+    """Seconds each launch lasted: the largest ``t`` any rank logged in it.
+
+    Always at least one entry (0 when there is no launch), so offsets can be taken.
+    """
+    durations = np.zeros(max(launches.count, 1))
+    for log in logs:
+        m = launches.maps[log.rank]
+        for rec in log.epochs + log.ends:
+            seg = m.get(rec["_segment"])
+            t = _num(rec.get("t"))
+            if seg is not None and math.isfinite(t):
+                durations[seg] = max(durations[seg], t)
+        for local, t in step_tmax.get(log.rank, {}).items():
+            if local in m and math.isfinite(t):
+                durations[m[local]] = max(durations[m[local]], t)
+    return durations
+
+
+def offsets_of(durations: np.ndarray) -> np.ndarray:
+    """Start of each launch on the run's wall clock: the sum of the earlier durations."""
+    return np.concatenate(([0.0], np.cumsum(durations)[:-1]))
+
+
+_EMPTY_STEPS = {"rank": np.int32, "segment": np.int32, "epoch": np.int32, "warmup": bool,
+                "step_time": np.float64, "data_wait": np.float64, "samples": np.float64}
+
+
+def combine_steps(compact: dict[int, pd.DataFrame], launches: Launches) -> pd.DataFrame:
+    """All ranks' compact steps in one frame, segments numbered by launch.
+
+    Empties ``compact`` as it goes: its frames are the largest thing held, and they
+    are not needed apart once combined.
+    """
+    for rank, frame in compact.items():
+        frame["segment"] = launches.to_global(rank, frame["segment"].to_numpy())
+    if not compact:
+        return pd.DataFrame({c: np.array([], t) for c, t in _EMPTY_STEPS.items()})
+    steps = pd.concat(list(compact.values()), ignore_index=True)
+    compact.clear()
+    return steps
+
+
+CURVE_COLUMNS = ("segment", "epoch", "step", "global_step", "t", "wall_s", "loss", "lr")
+
+
+def global_curve(curve: pd.DataFrame | None, rank: int | None, launches: Launches,
+                 offsets: np.ndarray, label: str) -> tuple[pd.DataFrame, list[Note]]:
+    """The loss curve on the run's wall clock (``wall_s``: launch offset + ``t``)."""
+    if curve is None:
+        empty = pd.DataFrame({c: [] for c in CURVE_COLUMNS})
+        return empty, [Note("warning", label, "no step records; no loss curve")]
+    curve["segment"] = launches.to_global(rank, curve["segment"].to_numpy())
+    curve.insert(5, "wall_s", offsets[curve["segment"].to_numpy()] + curve["t"].to_numpy())
+    return curve.sort_values("wall_s", kind="stable").reset_index(drop=True), []
+
+
 def _epoch_rows(log: RankLog, seg_map: dict[int, int], classes: list[str]) -> list[dict]:
+    """One row per placed epoch record of ``log``; adds new Dice classes to ``classes``."""
     rows = []
     for rec in log.epochs:
         seg = seg_map.get(rec["_segment"])
@@ -465,6 +832,45 @@ def _epoch_rows(log: RankLog, seg_map: dict[int, int], classes: list[str]) -> li
     return rows
 
 
+def _latest_epochs(epochs: pd.DataFrame, offsets: np.ndarray,
+                   label: str) -> tuple[pd.DataFrame, list[Note]]:
+    """Numbered epochs on the wall clock, one per rank and epoch (a resumed launch's)."""
+    notes = []
+    epochs["epoch"] = pd.to_numeric(epochs["epoch"], errors="coerce")
+    unplaced = int(epochs["epoch"].isna().sum())
+    if unplaced:
+        notes.append(Note("skipped", label, f"{unplaced} epoch record(s) without an epoch "
+                          "number"))
+    epochs = epochs.dropna(subset=["epoch"])
+    epochs["epoch"] = epochs["epoch"].astype(np.int64)
+    epochs["wall_s"] = offsets[epochs["segment"].to_numpy()] + epochs["t"].to_numpy()
+    before = len(epochs)
+    epochs = (epochs.sort_values(["rank", "epoch", "segment"], kind="stable")
+              .drop_duplicates(["rank", "epoch"], keep="last").reset_index(drop=True))
+    if len(epochs) < before:
+        notes.append(Note("info", label, f"{before - len(epochs)} epoch record(s) repeated "
+                          "by a resumed launch; the later ones are used"))
+    return epochs, notes
+
+
+def epoch_table(logs: Sequence[RankLog], launches: Launches, offsets: np.ndarray,
+                label: str) -> tuple[pd.DataFrame, list[str], list[Note]]:
+    """One row per rank and epoch, the Dice classes in log order, and notes.
+
+    Columns: ``rank``, ``segment``, ``epoch``, ``t``, ``wall_s``, the epoch record's
+    times, losses, samples and digest, and ``dice_CLASS`` / ``local_dice_CLASS``.
+    """
+    classes: list[str] = []
+    rows = [row for log in logs for row in _epoch_rows(log, launches.maps[log.rank], classes)]
+    epochs, notes = pd.DataFrame(rows), []
+    if len(epochs):
+        epochs, notes = _latest_epochs(epochs, offsets, label)
+    orphans = sum(1 for log in logs for r in log.epochs if r["_segment"] < 0)
+    if orphans:
+        notes.append(Note("skipped", label, f"{orphans} epoch record(s) before any run record"))
+    return epochs, classes, notes
+
+
 def _status(ends: list[dict], size: int | None) -> tuple[str, bool]:
     if not ends:
         return "no end record (still running, or killed)", False
@@ -481,226 +887,79 @@ def _status(ends: list[dict], size: int | None) -> tuple[str, bool]:
     return f"ok on {len(by.get('ok', []))} of {n} ranks (others still running or killed)", False
 
 
+def run_status(logs: Sequence[RankLog], launches: Launches, who: Identity) -> tuple[str, bool]:
+    """What the last launch's ``end`` records say, and whether every rank ended ``ok``."""
+    ends = [r for log in logs for r in log.ends
+            if launches.maps[log.rank].get(r["_segment"]) == launches.last]
+    return _status(ends, len(who.last_runs) or who.size)
+
+
+def rank_notes(present: Sequence[int], size: int | None, label: str) -> list[Note]:
+    """Notes on ranks whose log is missing, or logs beyond the run's size."""
+    if not size:
+        return []
+    notes = []
+    missing = sorted(set(range(size)) - set(present))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        notes.append(Note("skipped", label, f"log of rank(s) {shown} missing "
+                          f"({len(missing)} of {size}); sums over ranks are extrapolated"))
+    extra = sorted(set(present) - set(range(size)))
+    if extra:
+        notes.append(Note("warning", label, f"logs of rank(s) {extra} beyond the run size {size}"))
+    return notes
+
+
 def load_run(run_dir: str, label: str | None = None,
-             progress: Callable[[int], None] | None = None) -> RunData:
+             progress: Callable[[int], None] | None = None,
+             files: dict[int, str] | None = None) -> RunData:
     """Reads every rank's log of a run directory and combines them.
 
     Args:
       run_dir: the run directory.
       label: name used in tables; defaults to the directory name.
       progress: called with the number of bytes of each log file once it is read.
+      files: rank -> log path, when ``check_run_dir`` was already called.
 
     Returns:
       The run, with notes on everything skipped.
 
     Raises:
       RunDirError: the directory does not exist or holds no logs.
+      InputError: a log was written by a newer distseg.
     """
-    files = check_run_dir(run_dir)
-    label = label or os.path.basename(os.path.normpath(run_dir)) or run_dir
-    notes: list[Note] = []
-
-    config = None
-    cfg_path = os.path.join(run_dir, schema.CONFIG_FILE)
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        notes.append(Note("info", label, f"{cfg_path} is missing; config comparisons use "
-                          "the run records only"))
-    except (OSError, ValueError) as e:
-        notes.append(Note("warning", label, f"{cfg_path} cannot be read as JSON ({e})"))
-
-    logs: list[RankLog] = []
-    unknown_fields: dict[str, int] = {}
-    compact: dict[int, pd.DataFrame] = {}
-    step_tmax: dict[int, dict[int, float]] = {}
-    best: tuple[tuple[int, int], pd.DataFrame] | None = None  # ((n steps, -rank), curve)
-    # Each file is reduced as soon as it is read (compact per-rank columns, plus the
-    # loss curve of the rank with the most steps), so memory stays bounded by one
-    # file's full frame; segments are mapped to launches once all run records are in.
-    for rank, path in files.items():
-        size_bytes = os.path.getsize(path) if os.path.exists(path) else 0
-        log = read_rank_log(path, rank)
-        notes.extend(log.notes)
-        log.notes = []
-        for name in log.unknown_fields:
-            unknown_fields[name] = unknown_fields.get(name, 0) + 1
-        logs.append(log)
-        st, log.steps = log.steps, None
-        orphan = int((st["segment"] < 0).sum())
-        if orphan:
-            notes.append(Note("skipped", path, f"{orphan} step record(s) before any run "
-                              "record (cannot be placed in time)"))
-        no_t = int((~np.isfinite(st["t"].to_numpy()) & (st["segment"] >= 0).to_numpy()).sum())
-        if no_t:
-            notes.append(Note("skipped", path, f"{no_t} step record(s) without a time t"))
-        st = st[(st["segment"] >= 0).to_numpy() & np.isfinite(st["t"].to_numpy())]
-        if len(st):
-            seg = st["segment"].to_numpy(np.int32)
-            step_tmax[rank] = st.groupby("segment")["t"].max().to_dict()
-            epoch = st["epoch"].to_numpy()
-            first_epoch = pd.Series(epoch).groupby(seg).transform("first").to_numpy()
-            compact[rank] = pd.DataFrame({
-                "rank": np.full(len(st), rank, np.int32),
-                "segment": seg,
-                "epoch": np.nan_to_num(epoch, nan=-1).astype(np.int32),
-                "warmup": epoch == first_epoch,
-                "step_time": st["step_time"].to_numpy(np.float64),
-                "data_wait": st["data_wait"].to_numpy(np.float64),
-                "samples": st["samples"].to_numpy(np.float64),
-            })
-            if best is None or (len(st), -rank) > best[0]:
-                best = ((len(st), -rank), pd.DataFrame({
-                    "segment": seg,
-                    "epoch": np.nan_to_num(epoch, nan=-1).astype(np.int32),
-                    "step": np.nan_to_num(st["step"].to_numpy(), nan=-1).astype(np.int64),
-                    "global_step": np.nan_to_num(st["global_step"].to_numpy(),
-                                                 nan=-1).astype(np.int64),
-                    "t": st["t"].to_numpy(),
-                    "loss": st["loss"].to_numpy(),
-                    "lr": st["lr"].to_numpy(),
-                }))
-        del st
-        if progress:
-            progress(size_bytes)
-
-    if unknown_fields:
-        shown = ", ".join(f"{name} ({n} of {len(files)} logs)"
-                          for name, n in sorted(unknown_fields.items())[:8])
-        more = f" and {len(unknown_fields) - 8} more" if len(unknown_fields) > 8 else ""
-        notes.append(Note("skipped", label, f"ignored field(s) not in distseg.schema: "
-                          f"{shown}{more}"))
-
-    keys = sorted({_segment_key(r, i) for log in logs for i, r in enumerate(log.runs)})
-    key_index = {k: i for i, k in enumerate(keys)}
-    seg_maps = {log.rank: {i: key_index[_segment_key(r, i)] for i, r in enumerate(log.runs)}
-                for log in logs}
-    n_seg = len(keys)
-
-    # Sizes, hosts and the reference run record.
-    sizes = [int(_num(r.get("size"))) for log in logs for r in log.runs
-             if math.isfinite(_num(r.get("size")))]
-    size = max(sizes) if sizes else None
-    last = n_seg - 1
-    last_runs = {log.rank: r for log in logs for i, r in enumerate(log.runs)
-                 if seg_maps[log.rank][i] == last}
-    run_record = last_runs[min(last_runs)] if last_runs else {}
-    rank_hosts = {rank: str(r["host"]) for rank, r in last_runs.items() if r.get("host") is not None}
-    hosts = sorted(set(rank_hosts.values()))
-    if n_seg == 0:
-        notes.append(Note("warning", label, "no run record in any log; ranks, nodes and "
-                          "dataset size are unknown"))
-
-    seg_rows = []
-    for k, (st, run_id) in enumerate(keys):
-        recs = [r for log in logs for i, r in enumerate(log.runs) if seg_maps[log.rank][i] == k]
-        hashes = sorted({str(r.get("config_hash")) for r in recs})
-        seg_sizes = [int(_num(r.get("size"))) for r in recs if math.isfinite(_num(r.get("size")))]
-        seg_rows.append({"segment": k, "start_time": _num(recs[0].get("start_time")),
-                         "run_id": run_id, "config_hash": ",".join(hashes),
-                         "size": max(seg_sizes) if seg_sizes else None, "ranks_logged": len(recs),
-                         "duration_s": 0.0})
-    segments = pd.DataFrame(seg_rows, columns=["segment", "start_time", "run_id", "config_hash",
-                                               "size", "ranks_logged", "duration_s"])
-    if n_seg > 1:
-        notes.append(Note("info", label, f"resumed run: {n_seg} launches; wall-clock time is "
-                          "the sum of their durations"))
-        if segments["config_hash"].nunique() > 1:
-            notes.append(Note("warning", label, "the config changed between launches "
-                              f"(config hashes {', '.join(segments['config_hash'])})"))
-        if segments["size"].nunique() > 1:
-            notes.append(Note("warning", label, "the number of ranks changed between launches "
-                              f"({', '.join(map(str, segments['size']))})"))
-
-    # Segment durations: the longest t any rank logged in a launch.
-    durations = np.zeros(max(n_seg, 1))
-    for log in logs:
-        m = seg_maps[log.rank]
-        for rec in log.epochs + log.ends:
-            seg = m.get(rec["_segment"])
-            t = _num(rec.get("t"))
-            if seg is not None and math.isfinite(t):
-                durations[seg] = max(durations[seg], t)
-        for local, t in step_tmax.get(log.rank, {}).items():
-            if local in m and math.isfinite(t):
-                durations[m[local]] = max(durations[m[local]], t)
-    offsets = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
-    segments["duration_s"] = durations[:n_seg]
-    segments["offset_s"] = offsets[:n_seg]
-
-    def to_global(rank: int, local: np.ndarray) -> np.ndarray:
-        m = seg_maps[rank]
-        lut = np.array([m[i] for i in range(len(m))], np.int32)
-        return lut[local]
-
-    for rank, frame in compact.items():
-        frame["segment"] = to_global(rank, frame["segment"].to_numpy())
-    steps = (pd.concat(list(compact.values()), ignore_index=True) if compact else pd.DataFrame(
-        {"rank": np.array([], np.int32), "segment": np.array([], np.int32),
-         "epoch": np.array([], np.int32), "warmup": np.array([], bool),
-         "step_time": np.array([], np.float64), "data_wait": np.array([], np.float64),
-         "samples": np.array([], np.float64)}))
-    compact.clear()
-    if best is None:
-        curve = pd.DataFrame({c: [] for c in ("segment", "epoch", "step", "global_step", "t",
-                                               "wall_s", "loss", "lr")})
-        curve_rank = None
-        notes.append(Note("warning", label, "no step records; no loss curve"))
-    else:
-        curve, curve_rank = best[1], -best[0][1]
-        curve["segment"] = to_global(curve_rank, curve["segment"].to_numpy())
-        curve.insert(5, "wall_s", offsets[curve["segment"].to_numpy()] + curve["t"].to_numpy())
-        curve = curve.sort_values("wall_s", kind="stable").reset_index(drop=True)
-
-    # Epoch records.
-    classes: list[str] = []
-    rows = [row for log in logs for row in _epoch_rows(log, seg_maps[log.rank], classes)]
-    epochs = pd.DataFrame(rows)
-    if len(epochs):
-        epochs["epoch"] = pd.to_numeric(epochs["epoch"], errors="coerce")
-        unplaced = int(epochs["epoch"].isna().sum())
-        if unplaced:
-            notes.append(Note("skipped", label, f"{unplaced} epoch record(s) without an epoch "
-                              "number"))
-        epochs = epochs.dropna(subset=["epoch"])
-        epochs["epoch"] = epochs["epoch"].astype(np.int64)
-        epochs["wall_s"] = offsets[epochs["segment"].to_numpy()] + epochs["t"].to_numpy()
-        before = len(epochs)
-        epochs = (epochs.sort_values(["rank", "epoch", "segment"], kind="stable")
-                  .drop_duplicates(["rank", "epoch"], keep="last").reset_index(drop=True))
-        if len(epochs) < before:
-            notes.append(Note("info", label, f"{before - len(epochs)} epoch record(s) repeated "
-                              "by a resumed launch; the later ones are used"))
-    orphan_epochs = sum(1 for log in logs for r in log.epochs if r["_segment"] < 0)
-    if orphan_epochs:
-        notes.append(Note("skipped", label, f"{orphan_epochs} epoch record(s) before any run "
-                          "record"))
-
-    ends = [r for log in logs for r in log.ends if seg_maps[log.rank].get(r["_segment"]) == last]
-    status, finished = _status(ends, len(last_runs) or size)
-    present = [log.rank for log in logs]
-    missing = sorted(set(range(size)) - set(present)) if size else []
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        notes.append(Note("skipped", label, f"log of rank(s) {shown} missing "
-                          f"({len(missing)} of {size}); sums over ranks are extrapolated"))
-    extra = sorted(set(present) - set(range(size))) if size else []
-    if extra:
-        notes.append(Note("warning", label, f"logs of rank(s) {extra} beyond the run size {size}"))
+    files = check_run_dir(run_dir) if files is None else files
+    label = label or run_label(run_dir)
+    config, notes = read_config(run_dir, label)
+    read = read_logs(files, progress)
+    notes += read.notes + unknown_fields_notes(read.unknown_fields, len(files), label)
+    launches = map_launches(read.logs)
+    who = identify(read.logs, launches)
+    segments = launch_table(read.logs, launches)
+    notes += launch_notes(segments, label)
+    durations = launch_durations(read.logs, launches, read.step_tmax)
+    offsets = offsets_of(durations)
+    segments["duration_s"] = durations[:launches.count]
+    segments["offset_s"] = offsets[:launches.count]
+    steps = combine_steps(read.compact, launches)
+    curve, curve_notes = global_curve(read.curve, read.curve_rank, launches, offsets, label)
+    epochs, classes, epoch_notes = epoch_table(read.logs, launches, offsets, label)
+    status, finished = run_status(read.logs, launches, who)
+    present = [log.rank for log in read.logs]
+    notes += curve_notes + epoch_notes + rank_notes(present, who.size, label)
     if not finished:
         notes.append(Note("info", label, f"status: {status}"))
-
-    return RunData(label=label, path=run_dir, size=size, hosts=hosts, rank_hosts=rank_hosts, run_record=run_record,
-                   config=config, segments=segments, ranks_present=present,
-                   ranks_missing=missing, status=status, finished=finished, epochs=epochs,
-                   steps=steps, curve=curve, curve_rank=curve_rank, classes=classes,
-                   notes=notes)
+    missing = sorted(set(range(who.size)) - set(present)) if who.size else []
+    return RunData(label=label, path=run_dir, size=who.size, hosts=who.hosts,
+                   rank_hosts=who.rank_hosts, run_record=who.run_record, config=config,
+                   segments=segments, ranks_present=present, ranks_missing=missing,
+                   status=status, finished=finished, epochs=epochs, steps=steps, curve=curve,
+                   curve_rank=read.curve_rank, classes=classes, notes=notes)
 
 
 def unique_labels(run_dirs: Sequence[str]) -> list[str]:
     """Directory names, or the paths as given where two names collide."""
-    names = [os.path.basename(os.path.normpath(p)) or p for p in run_dirs]
+    names = [run_label(p) for p in run_dirs]
     return [p if names.count(n) > 1 else n for n, p in zip(names, run_dirs)]
 
 
@@ -715,6 +974,7 @@ def load_runs(run_dirs: Sequence[str], show_progress: bool | None = None) -> lis
     Raises:
       RunDirError: a directory is missing or has no logs (checked before any reading,
         so a typo fails fast).
+      InputError: a log was written by a newer distseg.
     """
     from tqdm import tqdm
 
@@ -724,6 +984,5 @@ def load_runs(run_dirs: Sequence[str], show_progress: bool | None = None) -> lis
     disable = None if show_progress is None else not show_progress
     with tqdm(total=total, unit="B", unit_scale=True, desc="reading logs", disable=disable,
               leave=False, dynamic_ncols=True) as bar:
-        return [load_run(p, label, progress=bar.update)
-                for p, label in zip(run_dirs, unique_labels(run_dirs))]
-
+        return [load_run(p, label, progress=bar.update, files=files)
+                for p, label, files in zip(run_dirs, unique_labels(run_dirs), all_files)]

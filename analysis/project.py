@@ -28,7 +28,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.logs import RunData
+from analysis.logs import RunData, dict_field
+from analysis.model import Projection
 from distseg.schema import steps_per_epoch
 
 LATENCY_TERMS = ("ring", "log")
@@ -69,31 +70,158 @@ def allreduce_seconds(ranks: int, grad_bytes: float, fabric: Fabric) -> float:
     return 2.0 * (ranks - 1) / ranks * grad_bytes / bandwidth + fabric.latency_us * 1e-6 * rounds
 
 
-@dataclass
-class Projection:
-    """The fitted model and its table.
-
-    Attributes:
-      table: one row per measured run (``kind`` = ``measured``, with the model's value
-        beside it) and per projected node count (``kind`` = ``projection``).
-      assumptions: one line each, printed with the table.
-      compute_s: the fitted per-step compute time.
-    """
-
-    table: pd.DataFrame
-    assumptions: list[str]
-    compute_s: float
-
-
 def grad_bytes_of(runs: Sequence[RunData], override: float | None) -> tuple[float | None, str]:
     """Gradient bytes: ``--grad-bytes``, else the logged parameter count x 4."""
     if override:
         return float(override), "--grad-bytes"
     for run in runs:
-        model = run.run_record.get("model")
-        if isinstance(model, dict) and model.get("params"):
+        model = dict_field(run.run_record, "model")
+        if model and model.get("params"):
             return 4.0 * float(model["params"]), f"{int(model['params']):,} parameters x 4 bytes"
     return None, "unknown"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured run the model is fitted to.
+
+    Attributes:
+      run: its label.
+      ranks / nodes: its size.
+      epoch_s: median steady training time per epoch.
+      steps: steps per epoch each rank ran.
+      train_samples / batch_size: its dataset size and per-rank batch.
+      capped: whether ``max_steps_per_epoch`` cut its epochs short.
+    """
+
+    run: str
+    ranks: int
+    nodes: int
+    epoch_s: float
+    steps: int
+    train_samples: int
+    batch_size: int
+    capped: bool
+
+    @property
+    def step_s(self) -> float:
+        return self.epoch_s / self.steps
+
+
+def fit_points(runs: Sequence[RunData], tpe: pd.DataFrame) -> list[Point]:
+    """The runs that can be fitted: a finished epoch and the run record's sizes."""
+    points = []
+    for run in runs:
+        row = tpe[tpe["run"] == run.label].iloc[0]
+        rec, ds = run.run_record, run.dataset
+        spe = rec.get("steps_per_epoch")
+        if not (math.isfinite(row["median_train_s"]) and spe and ds.get("train_samples")
+                and rec.get("batch_size")):
+            continue
+        n_train, batch = int(ds["train_samples"]), int(rec["batch_size"])
+        points.append(Point(run=run.label, ranks=run.ranks, nodes=run.nodes or 1,
+                            epoch_s=float(row["median_train_s"]), steps=int(spe),
+                            train_samples=n_train, batch_size=batch,
+                            capped=int(spe) < steps_per_epoch(n_train, run.ranks, batch)))
+    return points
+
+
+@dataclass(frozen=True)
+class EpochModel:
+    """The fitted model of one training epoch at any number of ranks.
+
+    Attributes:
+      compute_s: fitted per-step compute time.
+      grad_bytes: gradient bytes allreduced per step.
+      fabric: bandwidth and latency assumptions.
+      train_samples / batch_size: the dataset and per-rank batch (from the base run).
+      cap: steps per epoch when the measured runs were capped, else ``None``.
+    """
+
+    compute_s: float
+    grad_bytes: float
+    fabric: Fabric
+    train_samples: int
+    batch_size: int
+    cap: int | None
+
+    def epoch(self, ranks: int) -> tuple[float, float, int]:
+        """``(epoch seconds, allreduce seconds per step, steps per epoch)`` at ``ranks``."""
+        steps = steps_per_epoch(self.train_samples, ranks, self.batch_size)
+        if self.cap:
+            steps = min(steps, self.cap)
+        comm = allreduce_seconds(ranks, self.grad_bytes, self.fabric)
+        return steps * (self.compute_s + comm), comm, steps
+
+
+def fit(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> EpochModel:
+    """Least-squares ``t_compute`` (the mean residual step time, at least 0); the
+    dataset, batch and step cap of the run with the fewest ranks."""
+    residual = [p.step_s - allreduce_seconds(p.ranks, grad_bytes, fabric) for p in points]
+    base = min(points, key=lambda p: p.ranks)
+    return EpochModel(compute_s=max(float(np.mean(residual)), 0.0), grad_bytes=grad_bytes,
+                      fabric=fabric, train_samples=base.train_samples,
+                      batch_size=base.batch_size, cap=base.steps if base.capped else None)
+
+
+def measured_rows(points: Sequence[Point], model: EpochModel, base: Point) -> list[dict]:
+    """One row per measured run: its time beside the model's, and its efficiency."""
+    rows = []
+    for p in points:
+        epoch_m, comm, _ = model.epoch(p.ranks)
+        rows.append({"kind": "measured", "run": p.run, "nodes": p.nodes, "ranks": p.ranks,
+                     "steps_per_epoch": p.steps, "step_s": p.step_s,
+                     "allreduce_s": comm, "epoch_s": p.epoch_s, "model_epoch_s": epoch_m,
+                     "residual_s": p.epoch_s - epoch_m,
+                     "efficiency": base.epoch_s * base.ranks / (p.epoch_s * p.ranks),
+                     "note": ""})
+    return rows
+
+
+def projected_rows(nodes: Sequence[int], ranks_per_node: int, model: EpochModel,
+                   base: Point) -> list[dict]:
+    """One row per projected node count; efficiency against the model's base run."""
+    base_model = model.epoch(base.ranks)[0]
+    n_train, batch = model.train_samples, model.batch_size
+    rows = []
+    for n in nodes:
+        ranks = int(n) * ranks_per_node
+        note = ""
+        if n_train < ranks * batch:
+            note = f"infeasible: {n_train} samples < ranks x batch = {ranks} x {batch}"
+        epoch_m, comm, steps = model.epoch(ranks)
+        rows.append({"kind": "projection", "run": f"projected {n} nodes", "nodes": int(n),
+                     "ranks": ranks, "steps_per_epoch": steps,
+                     "step_s": model.compute_s + comm, "allreduce_s": comm, "epoch_s": epoch_m,
+                     "model_epoch_s": epoch_m, "residual_s": math.nan,
+                     "efficiency": base_model * base.ranks / (epoch_m * ranks), "note": note})
+    return rows
+
+
+def assumptions(model: EpochModel, n_points: int, g_source: str, rpn: int,
+                rpn_given: bool, base: Point) -> list[str]:
+    """The lines printed with the table; the first labels it a projection."""
+    fabric, cap = model.fabric, model.cap
+    rounds = "2(R-1)" if fabric.latency_term == "ring" else "2 log2 R"
+    return [
+        "PROJECTION from a model, not a measurement.",
+        f"t_step = t_compute + 2(R-1)/R x G/B + latency x {rounds}"
+        f" for R ranks (ring allreduce of one fused gradient buffer per step).",
+        f"t_compute = {model.compute_s:.4g} s per step: the mean over {n_points} measured "
+        "run(s) of (median steady training time per epoch / steps per epoch - modelled "
+        "allreduce time). Validation is not modelled: epoch_s is training time only.",
+        f"G = {model.grad_bytes:,.0f} gradient bytes ({g_source}); B = "
+        f"{fabric.bandwidth_gbps:g} Gb/s; latency = {fabric.latency_us:g} us per message.",
+        f"{rpn} rank(s) per node (from "
+        f"{'--ranks-per-node' if rpn_given else 'the largest measured run'}); "
+        "every rank's link is assumed to run at B (no NIC sharing, no faster intra-node path, "
+        "no overlap of communication with compute).",
+        f"Dataset of {model.train_samples} train samples, {model.batch_size} per rank per "
+        "step (strong scaling: the epoch is split over more ranks)"
+        + (f", capped at {cap} steps per epoch." if cap else "."),
+        f"Efficiency is against {base.run} ({base.ranks} rank(s)): measured rows use "
+        "measured times, projected rows the model's time for that run.",
+    ]
 
 
 def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
@@ -119,78 +247,16 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
     if g_bytes is None:
         raise ValueError("projection needs the gradient size: the run records hold no "
                          "model.params; pass --grad-bytes")
-    points = []
-    for run in runs:
-        row = tpe[tpe["run"] == run.label].iloc[0]
-        rec = run.run_record
-        ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
-        spe = rec.get("steps_per_epoch")
-        if not (math.isfinite(row["median_train_s"]) and spe and ds.get("train_samples")
-                and rec.get("batch_size")):
-            continue
-        points.append({"run": run.label, "ranks": run.ranks, "nodes": run.nodes or 1,
-                       "epoch_s": float(row["median_train_s"]), "steps": int(spe),
-                       "step_s": float(row["median_train_s"]) / int(spe),
-                       "train_samples": int(ds["train_samples"]),
-                       "batch_size": int(rec["batch_size"]),
-                       "cap": int(spe) < steps_per_epoch(int(ds["train_samples"]), run.ranks,
-                                                         int(rec["batch_size"]))})
+    points = fit_points(runs, tpe)
     if not points:
         raise ValueError("projection needs at least one run with a finished epoch and a run "
                          "record giving steps_per_epoch, batch_size and dataset.train_samples")
-    residual = [p["step_s"] - allreduce_seconds(p["ranks"], g_bytes, fabric) for p in points]
-    compute = max(float(np.mean(residual)), 0.0)
-    largest = max(points, key=lambda p: p["ranks"])
-    rpn = ranks_per_node or max(1, round(largest["ranks"] / largest["nodes"]))
-    base = min(points, key=lambda p: p["ranks"])
-    n_train, batch = base["train_samples"], base["batch_size"]
-    cap = base["steps"] if base["cap"] else None
-
-    def model_epoch(ranks: int) -> tuple[float, float, int]:
-        steps = steps_per_epoch(n_train, ranks, batch)
-        if cap:
-            steps = min(steps, cap)
-        comm = allreduce_seconds(ranks, g_bytes, fabric)
-        return steps * (compute + comm), comm, steps
-
-    base_model = model_epoch(base["ranks"])[0]
-    rows = []
-    for p in points:
-        epoch_m, comm, steps = model_epoch(p["ranks"])
-        rows.append({"kind": "measured", "run": p["run"], "nodes": p["nodes"], "ranks": p["ranks"],
-                     "steps_per_epoch": p["steps"], "step_s": p["step_s"],
-                     "allreduce_s": comm, "epoch_s": p["epoch_s"], "model_epoch_s": epoch_m,
-                     "residual_s": p["epoch_s"] - epoch_m,
-                     "efficiency": base["epoch_s"] * base["ranks"] / (p["epoch_s"] * p["ranks"]),
-                     "note": ""})
-    for n in nodes:
-        ranks = int(n) * rpn
-        note = ""
-        if n_train < ranks * batch:
-            note = f"infeasible: {n_train} samples < ranks x batch = {ranks} x {batch}"
-        epoch_m, comm, steps = model_epoch(ranks)
-        rows.append({"kind": "projection", "run": f"projected {n} nodes", "nodes": int(n),
-                     "ranks": ranks, "steps_per_epoch": steps, "step_s": compute + comm,
-                     "allreduce_s": comm, "epoch_s": epoch_m, "model_epoch_s": epoch_m,
-                     "residual_s": math.nan,
-                     "efficiency": base_model * base["ranks"] / (epoch_m * ranks),
-                     "note": note})
-    table = pd.DataFrame(rows)
-    assumptions = [
-        "PROJECTION from a model, not a measurement.",
-        f"t_step = t_compute + 2(R-1)/R x G/B + latency x {'2(R-1)' if fabric.latency_term == 'ring' else '2 log2 R'}"
-        f" for R ranks (ring allreduce of one fused gradient buffer per step).",
-        f"t_compute = {compute:.4g} s per step: the mean over {len(points)} measured run(s) of "
-        "(median steady training time per epoch / steps per epoch - modelled allreduce "
-        "time). Validation is not modelled: epoch_s is training time only.",
-        f"G = {g_bytes:,.0f} gradient bytes ({g_source}); B = {fabric.bandwidth_gbps:g} Gb/s; "
-        f"latency = {fabric.latency_us:g} us per message.",
-        f"{rpn} rank(s) per node (from {'--ranks-per-node' if ranks_per_node else 'the largest measured run'}); "
-        "every rank's link is assumed to run at B (no NIC sharing, no faster intra-node path, "
-        "no overlap of communication with compute).",
-        f"Dataset of {n_train} train samples, {batch} per rank per step (strong scaling: the "
-        "epoch is split over more ranks)" + (f", capped at {cap} steps per epoch." if cap else "."),
-        f"Efficiency is against {base['run']} ({base['ranks']} rank(s)): measured rows use "
-        "measured times, projected rows the model's time for that run.",
-    ]
-    return Projection(table=table, assumptions=assumptions, compute_s=compute)
+    model = fit(points, g_bytes, fabric)
+    largest = max(points, key=lambda p: p.ranks)
+    rpn = ranks_per_node or max(1, round(largest.ranks / largest.nodes))
+    base = min(points, key=lambda p: p.ranks)
+    table = pd.DataFrame(measured_rows(points, model, base)
+                         + projected_rows(nodes, rpn, model, base))
+    return Projection(table=table, compute_s=model.compute_s,
+                      assumptions=assumptions(model, len(points), g_source, rpn,
+                                              bool(ranks_per_node), base))

@@ -1,5 +1,7 @@
-"""Rendering a computed report as Markdown (terminal and ``report.md``), HTML and JSON.
+"""Rendering a report ``Document`` as Markdown (terminal and ``report.md``), HTML and JSON.
 
+Everything here takes an ``analysis.model.Document`` and returns text or JSON-ready
+values; nothing computes a number. A section is drawn according to its ``Role``.
 The HTML is self-contained: styles inline and plots embedded as base64 PNG data, so a
 single file can be mailed or opened from a cluster's scratch space in any browser.
 """
@@ -11,15 +13,16 @@ import html
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 
-from analysis.tables import TRAIN_TIME
+from analysis.model import Document, Role, Section
 
-if TYPE_CHECKING:  # pragma: no cover
-    from analysis.report import Report
+TITLE = "distseg scaling report"
+#: Version of the JSON document's layout (``schema`` in ``report.json``).
+JSON_SCHEMA = "distseg-report/1"
 
 
 def fmt(value: Any) -> str:
@@ -62,112 +65,51 @@ def html_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
             "</tbody>\n</table></div>\n")
 
 
-# Columns shown in the documents (the CSVs have them all).
-TPE_COLS = ["run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
-            "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
-            "throughput_samples_s", "throughput_per_rank", "status"]
-SCALING_COLS = ["run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
-                "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
-                "throughput_efficiency"]
-HOURS_COLS = ["run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step"]
-PROJ_COLS = ["kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allreduce_s",
-             "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note"]
+def _md_table(section: Section, images: bool, max_items: int | None) -> list[str]:
+    return [md_table(section.frame, section.columns)]
 
 
-def sections(report: "Report") -> list[tuple[str, str, Any]]:
-    """The report as ``(title, intro, content)``; content is a frame, a list or a figure.
+def _md_figure(section: Section, images: bool, max_items: int | None) -> list[str]:
+    return [f"![{section.title}]({section.figure})\n"] if images else []
 
-    Markdown, HTML and the terminal all render this one list, so they cannot drift.
-    """
-    t = report.tables
-    out: list[tuple[str, str, Any]] = []
-    out.append(("Runs", "One row per run directory; a launch is one start of the job "
-                "(a resumed run has several).", ("table", t["runs"], None)))
-    warnings = [n for n in report.notes if n.level == "warning"]
-    if warnings:
-        out.append(("Warnings", "Read these before the numbers.",
-                    ("list", [n.line() for n in warnings])))
-    tpe = t["time_per_epoch"]
-    fallback = [r for r, time in zip(tpe["run"], tpe["time"]) if time != TRAIN_TIME]
-    out.append(("Time per epoch", "*_train_s: seconds of training per epoch, the slowest "
-                "rank's train_time (no validation; a synchronous epoch lasts as long as its "
-                "slowest rank). median_epoch_s: the slowest rank's epoch_time, with "
-                "validation. The first epoch of each launch is warm-up: shown as "
-                "warmup_train_s and left out of the other columns. throughput_samples_s = "
-                "samples of all ranks / training seconds, over the epochs after warm-up."
-                + (f" Runs {', '.join(fallback)} logged no train_time: their *_train_s "
-                   "columns are epoch_time, with validation." if fallback else ""),
-                ("table", tpe, TPE_COLS)))
-    out.append(("Scaling", "Against the run with the fewest ranks, on training time per "
-                "epoch (median_train_s) and on throughput. normalised_time = T / T_base; "
-                "speedup = T_base / T; efficiency = speedup / (ranks / base ranks); "
-                "throughput_speedup = X / X_base, throughput_efficiency likewise.",
-                ("table", t["scaling"], SCALING_COLS)))
-    if len(t["hours_to_target"]):
-        smooth = report.options.smooth
-        out.append(("Hours to target", "First wall-clock time at which the "
-                    + (f"trailing mean over {smooth} steps of the " if smooth > 1 else "")
-                    + "training loss (mean over ranks) is <= the target, or the global "
-                    "validation Dice >= the target; no interpolation. Hours count from the "
-                    "run's agreed start (after start-up), summed over the launches of a "
-                    "resumed run.", ("table", t["hours_to_target"], HOURS_COLS)))
-    out.append(("Loss versus wall-clock time", "Training loss per step (lines) and "
-                "validation loss per epoch (dashed, markers). Data: loss_vs_time.csv.",
-                ("figure", "loss_vs_time.png")))
-    out.append(("Rank balance", "Per run, steady steps: mean step time across ranks, the "
-                "slowest rank, imbalance ratio = slowest rank's mean step time / mean over "
-                "ranks (1.0 = balanced), and the largest share of step time spent waiting "
-                "for input. Per rank: rank_balance.csv. step_time includes the gradient "
-                "allreduce, where fast ranks wait for the slowest, so in synchronous training "
-                "step times even out; a rank that starves for input shows in its data-wait "
-                "share.",
-                ("table", t["rank_balance_summary"], None)))
-    out.append(("Validation Dice across ranks", "Each rank scores its own validation shard; "
-                "the band is the min-max over ranks, the line the median, dotted the global "
-                "Dice. Data: val_dice_spread.csv.", ("figure", "val_dice_spread.png")))
-    last = t["val_dice_last"]
-    if len(last):
-        out.append(("Validation Dice, last epoch", "", ("table", last, None)))
-    out.append(("Coverage", "Per epoch, whether the ranks' shards covered the train set "
-                "exactly once, from the logged sample counts and digests (see the README section 'distseg-report' "
-                "for what this can and cannot prove). Per epoch: coverage.csv.",
-                ("table", t["coverage_summary"], None)))
-    if report.projection is not None:
-        out.append(("Projection (model, not measured)", "",
-                    ("projection", report.projection.table, report.projection.assumptions)))
-    elif report.projection_error:
-        out.append(("Projection (model, not measured)", "",
-                    ("list", [f"not computed: {report.projection_error}"])))
-    others = [n for n in report.notes if n.level != "warning"]
-    out.append(("Skipped and notes", "What was left out of the numbers, and why.",
-                ("list", [n.line() for n in others] or ["nothing skipped"])))
+
+def _md_list(section: Section, images: bool, max_items: int | None) -> list[str]:
+    items = section.items
+    shown = items if max_items is None else items[:max_items]
+    out = ["\n".join(f"- {i}" for i in shown) + "\n"]
+    if len(shown) < len(items):
+        out.append(f"- ... {len(items) - len(shown)} more in report.md\n")
     return out
 
 
-def markdown(report: "Report", images: bool = True, max_items: int | None = None) -> str:
-    """The report as Markdown; ``images=False`` and ``max_items`` for the terminal."""
-    lines = ["# distseg scaling report\n", f"{report.summary_line()}\n"]
-    for title, intro, content in sections(report):
-        kind = content[0]
-        if kind == "figure" and not images:
+def _md_projection(section: Section, images: bool, max_items: int | None) -> list[str]:
+    label, *assumptions = section.items
+    return ["**" + label + "** Assumptions:\n",
+            "\n".join(f"- {a}" for a in assumptions) + "\n",
+            md_table(section.frame, section.columns)]
+
+
+_MD_BODY = {Role.TABLE: _md_table, Role.FIGURE: _md_figure, Role.LIST: _md_list,
+            Role.WARNINGS: _md_list, Role.PROJECTION: _md_projection}
+
+
+def markdown(doc: Document, images: bool = True, max_items: int | None = None) -> str:
+    """The report as Markdown.
+
+    Args:
+      doc: the report.
+      images: whether figures are linked; the terminal cannot show them, so without
+        images their sections are left out altogether.
+      max_items: the most lines of a list shown (the terminal's cut; ``None``: all).
+    """
+    lines = [f"# {TITLE}\n", f"{doc.summary}\n"]
+    for section in doc.sections:
+        if section.role is Role.FIGURE and not images:
             continue
-        lines.append(f"## {title}\n")
-        if intro:
-            lines.append(intro + "\n")
-        if kind == "table":
-            lines.append(md_table(content[1], content[2]))
-        elif kind == "figure":
-            lines.append(f"![{title}]({content[1]})\n")
-        elif kind == "list":
-            items = content[1]
-            shown = items if max_items is None else items[:max_items]
-            lines.append("\n".join(f"- {i}" for i in shown) + "\n")
-            if len(shown) < len(items):
-                lines.append(f"- ... {len(items) - len(shown)} more in report.md\n")
-        elif kind == "projection":
-            lines.append("**" + content[2][0] + "** Assumptions:\n")
-            lines.append("\n".join(f"- {a}" for a in content[2][1:]) + "\n")
-            lines.append(md_table(content[1], PROJ_COLS))
+        lines.append(f"## {section.title}\n")
+        if section.intro:
+            lines.append(section.intro + "\n")
+        lines.extend(_MD_BODY[section.role](section, images, max_items))
     return "\n".join(lines)
 
 
@@ -187,60 +129,77 @@ li { margin: .2em 0; } .warn li { color: #a30; }
 """
 
 
-def html_document(report: "Report", figures_dir: str) -> str:
-    """A self-contained HTML page: inline CSS, plots as base64 ``data:`` URIs."""
+def _html_table(section: Section, figures_dir: str) -> str:
+    return html_table(section.frame, section.columns)
+
+
+def _html_figure(section: Section, figures_dir: str) -> str:
+    path = os.path.join(figures_dir, section.figure)
+    try:
+        with open(path, "rb") as f:
+            data = base64.b64encode(f.read()).decode("ascii")
+    except OSError:
+        return f"<p><em>figure {html.escape(section.figure)} missing</em></p>"
+    return f"<img alt=\"{html.escape(section.title)}\" src=\"data:image/png;base64,{data}\">"
+
+
+def _html_items(items: Iterable[str]) -> str:
+    return "".join(f"<li>{html.escape(i)}</li>" for i in items)
+
+
+def _html_list(section: Section, figures_dir: str) -> str:
+    return "<ul>" + _html_items(section.items) + "</ul>"
+
+
+def _html_warnings(section: Section, figures_dir: str) -> str:
+    return "<ul class=\"warn\">" + _html_items(section.items) + "</ul>"
+
+
+def _html_projection(section: Section, figures_dir: str) -> str:
+    label, *assumptions = section.items
+    return ("<div class=\"projection\"><p><strong>"
+            f"{html.escape(label)}</strong> Assumptions:</p><ul>" + _html_items(assumptions)
+            + "</ul>" + html_table(section.frame, section.columns) + "</div>")
+
+
+_HTML_BODY = {Role.TABLE: _html_table, Role.FIGURE: _html_figure, Role.LIST: _html_list,
+              Role.WARNINGS: _html_warnings, Role.PROJECTION: _html_projection}
+
+
+def html_document(doc: Document, figures_dir: str) -> str:
+    """A self-contained HTML page: inline CSS, plots from ``figures_dir`` as base64
+    ``data:`` URIs (a missing plot is named, not fatal)."""
     parts = ["<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-             "<title>distseg scaling report</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>distseg scaling report</h1>",
-             f"<p>{html.escape(report.summary_line())}</p>"]
-    for title, intro, content in sections(report):
-        kind = content[0]
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        if intro:
-            parts.append(f"<p class=\"intro\">{html.escape(intro)}</p>")
-        if kind == "table":
-            parts.append(html_table(content[1], content[2]))
-        elif kind == "figure":
-            path = os.path.join(figures_dir, content[1])
-            try:
-                with open(path, "rb") as f:
-                    data = base64.b64encode(f.read()).decode("ascii")
-                parts.append(f"<img alt=\"{html.escape(title)}\" "
-                             f"src=\"data:image/png;base64,{data}\">")
-            except OSError:
-                parts.append(f"<p><em>figure {html.escape(content[1])} missing</em></p>")
-        elif kind == "list":
-            cls = " class=\"warn\"" if title == "Warnings" else ""
-            parts.append(f"<ul{cls}>" + "".join(f"<li>{html.escape(i)}</li>"
-                                               for i in content[1]) + "</ul>")
-        elif kind == "projection":
-            parts.append("<div class=\"projection\"><p><strong>"
-                         f"{html.escape(content[2][0])}</strong> Assumptions:</p><ul>"
-                         + "".join(f"<li>{html.escape(a)}</li>" for a in content[2][1:])
-                         + "</ul>" + html_table(content[1], PROJ_COLS) + "</div>")
+             f"<title>{TITLE}</title>", f"<style>{_CSS}</style></head><body>",
+             f"<h1>{TITLE}</h1>", f"<p>{html.escape(doc.summary)}</p>"]
+    for section in doc.sections:
+        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if section.intro:
+            parts.append(f"<p class=\"intro\">{html.escape(section.intro)}</p>")
+        parts.append(_HTML_BODY[section.role](section, figures_dir))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict]:
     """Rows as JSON-ready dicts (NaN and NA become null)."""
     return json.loads(df.to_json(orient="records", date_format="iso"))
 
 
-def json_document(report: "Report") -> dict:
-    """The report for machines; ``loss_vs_time`` is referenced by file, not inlined."""
-    doc = {"schema": "distseg-report/1", "summary": report.summary_line(),
-           "options": report.options_dict(),
-           "tables": {k: _records(v) for k, v in report.tables.items() if k != "loss_vs_time"},
+def json_document(doc: Document) -> dict:
+    """The report for machines; tables kept out of it (the per-step curve) are
+    referenced by their CSV file in ``files``."""
+    out = {"schema": JSON_SCHEMA, "summary": doc.summary, "options": doc.options,
+           "tables": {name: records(frame) for name, frame in doc.tables.json_frames()},
            "projection": None,
            "notes": [{"level": n.level, "where": n.where, "message": n.message}
-                     for n in report.notes],
-           "files": report.files}
-    if report.projection is not None:
-        doc["projection"] = {"label": "projection (model, not measured)",
-                             "assumptions": report.projection.assumptions,
-                             "compute_s_per_step": report.projection.compute_s,
-                             "table": _records(report.projection.table)}
-    elif report.projection_error:
-        doc["projection"] = {"error": report.projection_error}
-    return doc
+                     for n in doc.notes],
+           "files": doc.files}
+    if doc.projection is not None:
+        out["projection"] = {"label": "projection (model, not measured)",
+                             "assumptions": doc.projection.assumptions,
+                             "compute_s_per_step": doc.projection.compute_s,
+                             "table": records(doc.projection.table)}
+    elif doc.projection_error:
+        out["projection"] = {"error": doc.projection_error}
+    return out

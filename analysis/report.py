@@ -16,9 +16,10 @@ from typing import Sequence, TextIO
 
 import pandas as pd
 
-from analysis import logs, render, tables
-from analysis.logs import Note, RunData
-from analysis.project import Fabric, Projection, project
+from analysis import coverage, logs, outline, render, tables
+from analysis.logs import RunData
+from analysis.model import Document, Note, Projection, Tables, csv_files
+from analysis.project import Fabric, project
 
 FORMATS = ("md", "json")
 
@@ -62,7 +63,7 @@ class Report:
 
     runs: list[RunData]
     options: ReportOptions
-    tables: dict[str, pd.DataFrame]
+    tables: Tables
     notes: list[Note]
     projection: Projection | None = None
     projection_error: str = ""
@@ -81,12 +82,21 @@ class Report:
         d["run_dirs"] = [r.path for r in self.runs]
         return d
 
+    def document(self) -> Document:
+        """The report as ``render`` draws it (Markdown, HTML, JSON)."""
+        return Document(
+            summary=self.summary_line(),
+            sections=outline.sections(self.tables, self.notes, self.options.smooth,
+                                      self.projection, self.projection_error),
+            tables=self.tables, notes=tuple(self.notes), projection=self.projection,
+            projection_error=self.projection_error, options=self.options_dict(),
+            files=dict(self.files))
+
 
 def _runs_table(runs: Sequence[RunData], tpe: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for run in runs:
-        rec = run.run_record
-        ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
+        rec, ds = run.run_record, run.dataset
         rows.append({"run": run.label, "path": run.path, "ranks": run.ranks, "nodes": run.nodes,
                      "hosts": ", ".join(run.hosts[:4]) + (" ..." if len(run.hosts) > 4 else ""),
                      "ranks_logged": len(run.ranks_present), "launches": len(run.segments),
@@ -107,35 +117,31 @@ def _dice_last(spread: pd.DataFrame) -> pd.DataFrame:
     return out[["run", "epoch", "class", "ranks", "min", "median", "max", "global"]]
 
 
-def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
-          show_progress: bool | None = None) -> Report:
-    """Reads the runs and computes every table.
-
-    Raises:
-      logs.RunDirError: a run directory is missing or has no logs.
-      ValueError: an option is out of range.
-    """
-    options = (options or ReportOptions()).validate()
-    runs = logs.load_runs(run_dirs, show_progress=show_progress)
-    notes = [n for r in runs for n in r.notes] + tables.config_mismatches(runs)
+def compute_tables(runs: Sequence[RunData], options: ReportOptions) -> Tables:
+    """Every table of the report, from the loaded runs."""
     tpe = tables.time_per_epoch(runs)
     balance = tables.rank_balance(runs)
     spread = tables.val_dice_spread(runs)
-    cov = tables.coverage(runs)
-    t = {
-        "runs": _runs_table(runs, tpe),
-        "time_per_epoch": tpe,
-        "scaling": tables.scaling(tpe),
-        "loss_vs_time": tables.loss_vs_time(runs, options.smooth),
-        "hours_to_target": tables.hours_to_target(runs, options.target_loss, options.target_dice,
-                                                  options.smooth, options.dice_class),
-        "rank_balance": balance,
-        "rank_balance_summary": tables.rank_balance_summary(balance),
-        "val_dice_spread": spread,
-        "val_dice_last": _dice_last(spread),
-        "coverage": cov,
-        "coverage_summary": tables.coverage_summary(cov),
-    }
+    cov = coverage.coverage(runs)
+    return Tables(
+        runs=_runs_table(runs, tpe),
+        time_per_epoch=tpe,
+        scaling=tables.scaling(tpe),
+        loss_vs_time=tables.loss_vs_time(runs, options.smooth),
+        hours_to_target=tables.hours_to_target(runs, options.target_loss, options.target_dice,
+                                               options.smooth, options.dice_class),
+        rank_balance=balance,
+        rank_balance_summary=tables.rank_balance_summary(balance),
+        val_dice_spread=spread,
+        val_dice_last=_dice_last(spread),
+        coverage=cov,
+        coverage_summary=coverage.coverage_summary(cov),
+    )
+
+
+def option_notes(runs: Sequence[RunData], options: ReportOptions) -> list[Note]:
+    """Warnings about options that look like slips given what the logs hold."""
+    notes = []
     for target in options.target_loss:
         if target > 0 and any(len(r.curve) and (r.curve["loss"] < 0).any() for r in runs):
             notes.append(Note("warning", "options", f"--target-loss {target:g} is positive but "
@@ -144,57 +150,94 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
         notes.append(Note("warning", "options", f"--dice-class {options.dice_class!r} is not "
                           "among the logged classes "
                           f"({', '.join(sorted({c for r in runs for c in r.classes}))})"))
-    report = Report(runs=runs, options=options, tables=t, notes=notes)
+    return notes
+
+
+def _project(report: Report) -> None:
+    """Fits the projection asked for; a fit that is impossible becomes a warning."""
+    options = report.options
+    try:
+        report.projection = project(report.runs, report.tables.time_per_epoch,
+                                    options.project_nodes, options.fabric,
+                                    options.grad_bytes, options.ranks_per_node)
+    except ValueError as e:
+        report.projection_error = str(e)
+        report.notes.append(Note("warning", "projection", str(e)))
+
+
+def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
+          show_progress: bool | None = None) -> Report:
+    """Reads the runs and computes every table.
+
+    Raises:
+      logs.RunDirError: a run directory is missing or has no logs.
+      distseg.errors.InputError: a log or data file was written by a newer distseg.
+      ValueError: an option is out of range.
+    """
+    options = (options or ReportOptions()).validate()
+    runs = logs.load_runs(run_dirs, show_progress=show_progress)
+    notes = [n for r in runs for n in r.notes] + tables.config_mismatches(runs)
+    report = Report(runs=runs, options=options, tables=compute_tables(runs, options),
+                    notes=notes + option_notes(runs, options))
     if options.project_nodes:
-        try:
-            report.projection = project(runs, tpe, options.project_nodes, options.fabric,
-                                        options.grad_bytes, options.ranks_per_node)
-        except ValueError as e:
-            report.projection_error = str(e)
-            notes.append(Note("warning", "projection", str(e)))
+        _project(report)
     return report
 
 
 #: Table name -> CSV file written by ``write``.
-CSV_FILES = {"time_per_epoch": "time_per_epoch.csv", "scaling": "scaling.csv",
-             "loss_vs_time": "loss_vs_time.csv", "hours_to_target": "hours_to_target.csv",
-             "rank_balance": "rank_balance.csv", "val_dice_spread": "val_dice_spread.csv",
-             "coverage": "coverage.csv"}
+CSV_FILES = csv_files()
 
 
-def write(report: Report, out_dir: str) -> dict[str, str]:
-    """Writes every output file into ``out_dir``; returns name -> path."""
-    from analysis import plots  # matplotlib only when files are written
-
-    os.makedirs(out_dir, exist_ok=True)
+def _write_csvs(report: Report, out_dir: str) -> dict[str, str]:
     files = {}
-    for name, fname in CSV_FILES.items():
-        path = os.path.join(out_dir, fname)
-        report.tables[name].to_csv(path, index=False)
-        files[name] = path
+    for name, fname, frame in report.tables.csv_frames():
+        files[name] = os.path.join(out_dir, fname)
+        frame.to_csv(files[name], index=False)
     path = os.path.join(out_dir, "projection.csv")
     if report.projection is not None:
         report.projection.table.to_csv(path, index=False)
         files["projection"] = path
     elif os.path.exists(path):
         os.remove(path)  # from an earlier report in this directory: no longer true
-    files["loss_vs_time_png"] = plots.loss_vs_time(
-        report.tables["loss_vs_time"], os.path.join(out_dir, "loss_vs_time.png"),
-        report.options.target_loss, report.options.smooth)
+    return files
+
+
+def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
+    from analysis import plots  # matplotlib only when files are written
+
     classes = list(dict.fromkeys(c for r in report.runs for c in tables.foreground(r.classes)))
-    files["val_dice_spread_png"] = plots.val_dice_spread(
-        report.tables["val_dice_spread"], os.path.join(out_dir, "val_dice_spread.png"), classes)
+    return {
+        "loss_vs_time_png": plots.loss_vs_time(
+            report.tables.loss_vs_time, os.path.join(out_dir, outline.LOSS_FIGURE),
+            report.options.target_loss, report.options.smooth),
+        "val_dice_spread_png": plots.val_dice_spread(
+            report.tables.val_dice_spread, os.path.join(out_dir, outline.DICE_FIGURE), classes),
+    }
+
+
+def _write(report: Report, out_dir: str) -> Document:
+    """Writes every output file; returns the document they were rendered from."""
+    os.makedirs(out_dir, exist_ok=True)
+    files = _write_csvs(report, out_dir)
+    files.update(_write_plots(report, out_dir))
     files["report_md"] = os.path.join(out_dir, "report.md")
     files["report_html"] = os.path.join(out_dir, "report.html")
     files["report_json"] = os.path.join(out_dir, "report.json")
     report.files = files
+    doc = report.document()
     with open(files["report_md"], "w", encoding="utf-8") as f:
-        f.write(render.markdown(report))
+        f.write(render.markdown(doc))
     with open(files["report_html"], "w", encoding="utf-8") as f:
-        f.write(render.html_document(report, out_dir))
+        f.write(render.html_document(doc, out_dir))
     with open(files["report_json"], "w", encoding="utf-8") as f:
-        json.dump(render.json_document(report), f, indent=1)
-    return files
+        json.dump(render.json_document(doc), f, indent=1)
+    return doc
+
+
+def write(report: Report, out_dir: str) -> dict[str, str]:
+    """Writes every output file into ``out_dir``; returns name -> path."""
+    _write(report, out_dir)
+    return report.files
 
 
 def main(run_dirs: Sequence[str], options: ReportOptions, out_dir: str | None = "report",
@@ -209,13 +252,12 @@ def main(run_dirs: Sequence[str], options: ReportOptions, out_dir: str | None = 
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")
     stream = stream or sys.stdout
     report = build(run_dirs, options, show_progress=show_progress)
-    if out_dir:
-        write(report, out_dir)
+    doc = _write(report, out_dir) if out_dir else report.document()
     if fmt == "json":
-        json.dump(render.json_document(report), stream, indent=1)
+        json.dump(render.json_document(doc), stream, indent=1)
         stream.write("\n")
     else:
-        stream.write(render.markdown(report, images=False, max_items=20))
+        stream.write(render.markdown(doc, images=False, max_items=20))
         if out_dir:
             stream.write(f"\nWrote {len(report.files)} files to {out_dir}/ "
                          f"(open {report.files['report_html']} in a browser).\n")

@@ -18,15 +18,12 @@ part of the interface. Definitions that matter for reading the numbers:
 from __future__ import annotations
 
 import math
-import os
-from collections import Counter
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from analysis.logs import Note, RunData
-from distseg import schema
+from analysis.logs import Note, RunData, dict_field
 
 NOT_REACHED = "not reached"
 
@@ -371,181 +368,15 @@ def val_dice_spread(runs: Sequence[RunData]) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
-def expected_samples(run: RunData) -> tuple[float, str]:
-    """Samples one epoch should cover across ranks, and why (see ``shard_batches``)."""
-    rec = run.run_record
-    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
-    n, size, b = ds.get("train_samples"), run.size, rec.get("batch_size")
-    if n is None or not size:
-        return math.nan, "unknown (no dataset.train_samples or size in the run record)"
-    n, size = int(n), int(size)
-    if b is not None:
-        b = int(b)
-        full = schema.steps_per_epoch(n, size, b)
-        spe = rec.get("steps_per_epoch")
-        if spe is not None and int(spe) < full:
-            return math.nan, f"capped: {spe} of {full} steps per epoch (max_steps_per_epoch)"
-        if b == 1 and n % size:
-            return float(n - n % size), (f"batch size 1: {n % size} of {n} samples skipped per "
-                                         "epoch by design (a new random few each epoch)")
-    return float(n), "all train samples"
-
-
-_FILE_DIGESTS: dict[tuple, tuple[str | None, str]] = {}
-
-
-def data_file_digest(run: RunData) -> tuple[str | None, str]:
-    """Digest of the train split of the data file the run logged, if it can be trusted.
-
-    The file is read only when it still exists and its sample counts equal the logged
-    ones (a file rewritten since the run would give a wrong reference). Only the small
-    ``split`` dataset is read. Returns the digest (or ``None``) and a phrase saying
-    where it comes from or why there is none.
-    """
-    rec = run.run_record
-    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
-    path, n, n_train = ds.get("path"), ds.get("samples"), ds.get("train_samples")
-    if not isinstance(path, str) or not path or n is None or n_train is None:
-        return None, "no data file path and sizes in the run record"
-    if not os.path.isfile(path):
-        return None, f"data file {path} not found here"
-    try:
-        key = (path, os.path.getmtime(path), int(n), int(n_train))
-    except (OSError, TypeError, ValueError):
-        return None, f"data file {path} cannot be checked"
-    if key in _FILE_DIGESTS:
-        return _FILE_DIGESTS[key]
-    try:
-        import h5py  # a plain HDF5 reader; only the split labels are read
-
-        # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
-        with h5py.File(path, "r", locking=False) as f:
-            split = np.asarray(f["split"][...])
-    except Exception as e:  # noqa: BLE001 (any unreadable file only loses the cross-check)
-        result: tuple[str | None, str] = (None, f"data file {path} unreadable "
-                                          f"({e.__class__.__name__})")
-    else:
-        train = np.flatnonzero(split == schema.SPLITS["train"])
-        if len(split) != int(n) or len(train) != int(n_train):
-            result = (None, f"data file {path} now holds {len(split)} samples, "
-                      f"{len(train)} train (the run logged {n}, {n_train})")
-        else:
-            result = (schema.sample_digest(train.tolist()), "train split of the data file")
-    _FILE_DIGESTS[key] = result
-    return result
-
-
-def _dataset_key(run: RunData) -> tuple:
-    rec = run.run_record
-    ds = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else {}
-    return (os.path.basename(str(ds.get("path", ""))), ds.get("samples"), ds.get("train_samples"),
-            ds.get("source"))
-
-
-def coverage(runs: Sequence[RunData]) -> pd.DataFrame:
-    """Per run and epoch: did the ranks' shards cover the train set exactly once?
-
-    The logs hold per-rank sample counts and digests (sums of mixed ids modulo 2**64),
-    not the ids. Digests add, so the ranks' digests of an epoch combine into the digest
-    of what the epoch covered. An epoch is ``covered`` when every rank logged it, the
-    samples add up to the expected count and the combined digest equals the reference:
-    the digest of the data file's train split when that file is still readable here,
-    else the digest most epochs agree on (every epoch is a new permutation of the same
-    set, in every run of that dataset), which needs at least two epochs that agree.
-    A gap or an overlap between shards changes the combined digest.
-    """
-    cols = ["run", "epoch", "ranks_logged", "ranks", "samples", "expected_samples",
-            "combined_digest", "reference_digest", "reference", "digest_matches", "covered",
-            "status"]
-    prepared = []
-    votes: dict[tuple, Counter] = {}
-    for run in runs:
-        e = run.epochs
-        if not len(e):
-            continue
-        expected, why = expected_samples(run)
-        varying = why.startswith("batch size 1") or why.startswith("capped")
-        per_epoch = []
-        for epoch, g in e.groupby("epoch"):
-            digests = [d for d in g["sample_digest"] if isinstance(d, str)]
-            try:
-                combined = schema.combine_digests(digests) if len(digests) == len(g) else None
-            except ValueError:
-                combined = None
-            complete = bool(run.size) and int(g["rank"].nunique()) == run.size
-            samples = float(g["samples"].sum(min_count=1))
-            per_epoch.append((int(epoch), g, combined, samples))
-            if complete and combined is not None and not varying and samples == expected:
-                votes.setdefault(_dataset_key(run), Counter())[combined] += 1
-        prepared.append((run, expected, why, varying, per_epoch))
-
-    rows = []
-    for run, expected, why, varying, per_epoch in prepared:
-        reference, source = data_file_digest(run)
-        if reference is None:
-            ballot = votes.get(_dataset_key(run), Counter())
-            ranked = ballot.most_common(2)
-            total = sum(ballot.values())
-            if ranked and ranked[0][1] >= 2 and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
-                reference = ranked[0][0]
-                source = (f"{ranked[0][1]} of {total} complete epochs of this dataset agree "
-                          f"on one digest; {source}")
-            elif len(ranked) > 1:
-                source = f"epochs disagree and nothing tells which is right; {source}"
-            else:
-                source = f"a single complete epoch, nothing to cross-check; {source}"
-        for epoch, g, combined, samples in per_epoch:
-            n_ranks = int(g["rank"].nunique())
-            row = {"run": run.label, "epoch": epoch, "ranks_logged": n_ranks, "ranks": run.size,
-                   "samples": samples, "expected_samples": expected,
-                   "combined_digest": combined, "reference_digest": reference,
-                   "reference": source, "digest_matches": None, "covered": None}
-            if not run.size or n_ranks < run.size:
-                row["status"] = f"unknown: {n_ranks} of {run.size or '?'} ranks logged this epoch"
-            elif combined is None:
-                row["status"] = "unknown: a rank logged no sample digest"
-            elif why.startswith("capped"):
-                row["status"] = f"partial by design ({why})"
-            elif not math.isfinite(expected):
-                row["status"] = f"unknown: expected count {why}"
-            elif samples != expected:
-                row.update(covered=False, status=f"NOT covered: {samples:.0f} samples seen, "
-                           f"{expected:.0f} expected ({why})")
-            elif varying:
-                row.update(covered=True, status=f"covered (count only; {why})")
-            elif reference is None:
-                row["status"] = f"count right, digest not checked: {source}"
-            elif combined != reference:
-                row.update(digest_matches=False, covered=False,
-                           status=f"NOT covered: combined digest {combined} differs from the "
-                           f"reference {reference} (shards overlap or leave a gap)")
-            else:
-                row.update(digest_matches=True, covered=True, status="covered")
-            rows.append(row)
-    return pd.DataFrame(rows, columns=cols)
-
-
-def coverage_summary(cov: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: how many epochs were covered, and the first problem if any."""
-    rows = []
-    for run, g in cov.groupby("run", sort=False):
-        bad = g[g["covered"] == False]  # noqa: E712 (a column of True/False/None)
-        unknown = g[g["covered"].isna()]
-        first = bad if len(bad) else unknown
-        rows.append({"run": run, "epochs": len(g), "covered": int((g["covered"] == True).sum()),  # noqa: E712
-                     "not_covered": len(bad), "unknown": len(unknown),
-                     "reference": g["reference"].iloc[0],
-                     "first_problem": (f"epoch {int(first['epoch'].iloc[0])}: "
-                                       f"{first['status'].iloc[0]}") if len(first) else ""})
-    return pd.DataFrame(rows, columns=["run", "epochs", "covered", "not_covered", "unknown",
-                                       "reference", "first_problem"])
-
-
 def _signature(run: RunData) -> dict[str, object]:
     """What must agree across runs of one study: model, data and seed."""
     rec, cfg = run.run_record, run.config or {}
-    model = rec.get("model") if isinstance(rec.get("model"), dict) else cfg.get("model")
-    data = rec.get("dataset") if isinstance(rec.get("dataset"), dict) else cfg.get("data")
+    model = dict_field(rec, "model")
+    if model is None:
+        model = cfg.get("model")
+    data = dict_field(rec, "dataset")
+    if data is None:
+        data = cfg.get("data")
     if isinstance(data, dict):
         data = {k: v for k, v in data.items() if k != "path"}
     if isinstance(model, dict):

@@ -8,6 +8,7 @@ every expected number below follows from the fixture by hand.
 import json
 import math
 import os
+import subprocess
 
 import h5py
 import numpy as np
@@ -20,6 +21,7 @@ from analysis.cli import report as report_cmd
 from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
 from distseg import schema
+from support import BIN, command_env
 from tests.analysis_fixtures.runs import Launch, RunSpec, shards, write_run
 
 H = 3600.0
@@ -67,7 +69,7 @@ def slow_run(tmp_path):
 
 def test_loss_crosses_target_at_exactly_3_5_hours(slow_run):
     rep = build([slow_run], ReportOptions(target_loss=(-0.75, -0.76, -0.9)))
-    hours = rep.tables["hours_to_target"]
+    hours = rep.tables.hours_to_target
     first = _row(hours, target=-0.75)
     assert first["reached"] and first["hours"] == pytest.approx(3.5, abs=1e-12)
     assert first["global_step"] == 209 and first["epoch"] == 209 // 4
@@ -82,10 +84,10 @@ def test_loss_crosses_target_at_exactly_3_5_hours(slow_run):
 def test_smoothing_delays_the_crossing_by_the_trailing_window(slow_run):
     # The trailing mean of 3 steps of a linear curve is its value one step earlier.
     rep = build([slow_run], ReportOptions(target_loss=(-0.75,), smooth=3))
-    row = _row(rep.tables["hours_to_target"], target=-0.75)
+    row = _row(rep.tables.hours_to_target, target=-0.75)
     assert row["global_step"] == 210 and row["hours"] == pytest.approx(211 * 60 / H)
     assert "smoothed 3" in row["metric"]
-    curve = rep.tables["loss_vs_time"]
+    curve = rep.tables.loss_vs_time
     train = curve[curve["series"] == "train"]
     assert len(train) == 240
     k = train["global_step"].to_numpy()
@@ -99,7 +101,7 @@ def test_dice_target_is_reached_at_the_first_epoch_whose_global_dice_is_high_eno
     # 0.505 + 0.1 epoch; 0.8 is first reached at epoch 3, which ends at 4 x 4 x 1 s.
     run = write_run(str(tmp_path / "np2"), RunSpec(epochs=5))
     rep = build([run], ReportOptions(target_dice=(0.8, 0.99)))
-    hours = rep.tables["hours_to_target"]
+    hours = rep.tables.hours_to_target
     hit = _row(hours, target=0.8)
     assert hit["reached"] and hit["epoch"] == 3 and hit["hours"] == pytest.approx(16 / H)
     assert hit["metric"] == "val_dice (mean liver+lesion)"
@@ -123,7 +125,7 @@ def study(tmp_path):
 
 def test_time_per_epoch_uses_training_time_and_skips_the_warmup_epoch(study):
     rep = build(study)
-    tpe = rep.tables["time_per_epoch"]
+    tpe = rep.tables.time_per_epoch
     # steps per epoch: 8, 4, 2 (16 samples, batch 2 per rank)
     for run, ranks, nodes, steps, step_s in (("np1", 1, 1, 8, 1.0), ("np2", 2, 1, 4, 1.1),
                                              ("np4", 4, 2, 2, 1.25)):
@@ -143,7 +145,7 @@ def test_time_per_epoch_uses_training_time_and_skips_the_warmup_epoch(study):
 
 
 def test_scaling_against_the_smallest_run(study):
-    sc = build(study).tables["scaling"]
+    sc = build(study).tables.scaling
     np2, np4 = _row(sc, run="np2"), _row(sc, run="np4")
     assert set(sc["base"]) == {"np1"}
     assert np2["speedup"] == pytest.approx(8.0 / 4.4)
@@ -160,7 +162,7 @@ def test_epoch_time_is_the_fallback_when_train_time_is_not_logged(tmp_path):
     _rewrite(_log(run, 0), lambda lines: [
         json.dumps({k: v for k, v in json.loads(l).items() if k != "train_time"}) + "\n"
         for l in lines])
-    row = _row(build([run]).tables["time_per_epoch"], run="old")
+    row = _row(build([run]).tables.time_per_epoch, run="old")
     assert row["median_train_s"] == pytest.approx(8 + 2.0)
     assert row["time"] == tables.EPOCH_TIME_FALLBACK
 
@@ -169,7 +171,7 @@ def test_rank_balance_names_the_slowest_rank(tmp_path):
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2, step_time=[1.0, 1.5],
                                                    data_wait=[0.1, 0.3]))
     rep = build([run])
-    bal = rep.tables["rank_balance"]
+    bal = rep.tables.rank_balance
     r0, r1 = _row(bal, rank=0), _row(bal, rank=1)
     assert r0["mean_step_s"] == pytest.approx(1.0) and r1["mean_step_s"] == pytest.approx(1.5)
     assert r1["mean_data_wait_s"] == pytest.approx(0.3)
@@ -177,13 +179,13 @@ def test_rank_balance_names_the_slowest_rank(tmp_path):
     assert r0["steps"] == 8  # 3 epochs x 4 steps, the warm-up epoch left out
     assert list(bal["slowest"]) == [False, True] and set(bal["slowest_rank"]) == {1}
     assert list(bal["imbalance_ratio"]) == pytest.approx([1.5 / 1.25] * 2)
-    summary = _row(rep.tables["rank_balance_summary"], run="np2")
+    summary = _row(rep.tables.rank_balance_summary, run="np2")
     assert summary["slowest_rank"] == 1 and summary["most_waiting_rank"] == 1
 
 
 def test_val_dice_spread_over_ranks(tmp_path):
     run = write_run(str(tmp_path / "np4"), RunSpec(size=4, epochs=2))
-    spread = build([run]).tables["val_dice_spread"]
+    spread = build([run]).tables.val_dice_spread
     row = _row(spread, epoch=1, **{"class": "liver"})
     # 0.5 + 0.1 x 1 + 0.01 x rank for ranks 0..3
     assert (row["ranks"], row["min"], row["max"]) == (4, pytest.approx(0.6), pytest.approx(0.63))
@@ -205,7 +207,7 @@ def _h5_split(path, n_train, n_val, train_first=True):
 def test_coverage_true_against_the_data_file(tmp_path):
     data = _h5_split(tmp_path / "d.h5", 16, 4)
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=1, data_path=data))
-    cov = build([run]).tables["coverage"]
+    cov = build([run]).tables.coverage
     row = _row(cov, epoch=0)
     assert row["covered"] == True and row["digest_matches"] == True  # noqa: E712
     assert row["reference"] == "train split of the data file"
@@ -216,7 +218,7 @@ def test_coverage_false_when_the_data_file_split_differs(tmp_path):
     # Same counts, but the train ids in the file are 4..19, not the 0..15 trained on.
     data = _h5_split(tmp_path / "d.h5", 16, 4, train_first=False)
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=2, data_path=data))
-    cov = build([run]).tables["coverage"]
+    cov = build([run]).tables.coverage
     assert list(cov["covered"]) == [False, False]
     assert cov["status"].str.startswith("NOT covered: combined digest").all()
 
@@ -239,11 +241,11 @@ def test_coverage_detects_an_overlap_from_the_digests_alone(tmp_path):
         return out
     _rewrite(_log(run, 1), edit)
     rep = build([run])
-    cov = rep.tables["coverage"]
+    cov = rep.tables.coverage
     assert list(cov["covered"]) == [True, False, True]
     assert list(cov["samples"]) == [16, 16, 16]
     assert "2 of 3 complete epochs" in cov["reference"].iloc[0]
-    summary = _row(rep.tables["coverage_summary"], run="np2")
+    summary = _row(rep.tables.coverage_summary, run="np2")
     assert (summary["covered"], summary["not_covered"]) == (2, 1)
     assert summary["first_problem"].startswith("epoch 1: NOT covered")
 
@@ -252,9 +254,9 @@ def test_coverage_count_mismatch_and_single_epoch_cross_run(tmp_path):
     # Two one-epoch runs of the same data: each alone proves nothing, together they agree.
     a = write_run(str(tmp_path / "np1"), RunSpec(size=1, epochs=1))
     b = write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=1))
-    cov = build([a, b]).tables["coverage"]
+    cov = build([a, b]).tables.coverage
     assert list(cov["covered"]) == [True, True]
-    alone = build([a]).tables["coverage"]
+    alone = build([a]).tables.coverage
     assert alone["covered"].isna().all()
     assert alone["status"].iloc[0].startswith("count right, digest not checked")
 
@@ -267,7 +269,7 @@ def test_coverage_count_mismatch_and_single_epoch_cross_run(tmp_path):
             out.append(json.dumps(rec) + "\n")
         return out
     _rewrite(_log(b, 0), drop_one)
-    row = build([b]).tables["coverage"].iloc[0]
+    row = build([b]).tables.coverage.iloc[0]
     assert row["covered"] == False and "15 samples seen, 16 expected" in row["status"]  # noqa: E712
 
 
@@ -280,12 +282,12 @@ def test_killed_run_truncated_last_line(tmp_path):
     rep = build([run], ReportOptions(target_loss=(-5.0,)))
     lines = _notes(rep)
     assert sum("truncated last line" in n for n in lines) == 2, lines
-    tpe = _row(rep.tables["time_per_epoch"], run="killed")
+    tpe = _row(rep.tables.time_per_epoch, run="killed")
     assert tpe["epochs"] == 2 and tpe["status"].startswith("no end record")
     # the 3 steps of the unfinished epoch count in the curve and the balance
-    train = rep.tables["loss_vs_time"].query("series == 'train'")
+    train = rep.tables.loss_vs_time.query("series == 'train'")
     assert len(train) == 11
-    assert _row(rep.tables["hours_to_target"], target=-5.0)["result"] == (
+    assert _row(rep.tables.hours_to_target, target=-5.0)["result"] == (
         "not reached (run not finished)")
 
 
@@ -294,11 +296,11 @@ def test_missing_rank_log(tmp_path):
     os.remove(_log(run, 2))
     rep = build([run])
     assert any("log of rank(s) 2 missing (1 of 4)" in n for n in _notes(rep, "skipped"))
-    tpe = _row(rep.tables["time_per_epoch"], run="np4")
+    tpe = _row(rep.tables.time_per_epoch, run="np4")
     assert tpe["ranks"] == 4 and tpe["samples_per_epoch"] == 16  # 3 ranks' 12, scaled up
-    cov = rep.tables["coverage"]
+    cov = rep.tables.coverage
     assert cov["covered"].isna().all() and cov["status"].str.contains("3 of 4 ranks").all()
-    assert sorted(rep.tables["rank_balance"]["rank"]) == [0, 1, 3]
+    assert sorted(rep.tables.rank_balance["rank"]) == [0, 1, 3]
 
 
 def test_run_still_in_progress(tmp_path):
@@ -309,7 +311,7 @@ def test_run_still_in_progress(tmp_path):
     rep = build([run])
     assert not rep.runs[0].finished
     assert rep.runs[0].status == "no end record (still running, or killed)"
-    assert _row(rep.tables["time_per_epoch"], run="live")["epochs"] == 2
+    assert _row(rep.tables.time_per_epoch, run="live")["epochs"] == 2
     assert not _notes(rep, "skipped")
 
 
@@ -328,9 +330,9 @@ def test_resumed_run_continues_its_logs(tmp_path):
     assert sum("truncated record followed by another" in n for n in lines) == 2
     # loss -1.15 is first reached at global step 12: epoch 3's first step, the 5th step
     # of the second launch, so 11 s + 5 s of wall-clock time.
-    row = _row(rep.tables["hours_to_target"], target=-1.15)
+    row = _row(rep.tables.hours_to_target, target=-1.15)
     assert row["global_step"] == 12 and row["hours"] == pytest.approx(16 / H)
-    tpe = _row(rep.tables["time_per_epoch"], run="resumed")
+    tpe = _row(rep.tables.time_per_epoch, run="resumed")
     # epochs 0 and 2 each open a launch: both are warm-up
     assert (tpe["epochs"], tpe["steady_epochs"]) == (4, 2)
 
@@ -347,7 +349,7 @@ def test_unknown_fields_and_records_are_ignored_with_a_note(tmp_path):
     assert any("step.gpu_mem (2 of 2 logs)" in n and "step.io" in n and "epoch.power_w" in n
                for n in lines), lines
     assert any("unknown type 'profile'" in n for n in _notes(rep))
-    tpe = rep.tables["time_per_epoch"].set_index("run")
+    tpe = rep.tables.time_per_epoch.set_index("run")
     cols = ["median_train_s", "throughput_samples_s", "epochs"]
     pd.testing.assert_series_equal(tpe.loc["plain", cols], tpe.loc["extra", cols],
                                    check_names=False)
@@ -359,7 +361,7 @@ def test_corrupt_line_in_the_middle_is_skipped(tmp_path):
              + lines[3:])
     rep = build([run])
     assert any("1 line(s) that are not log records" in n for n in _notes(rep, "skipped"))
-    assert len(rep.tables["loss_vs_time"].query("series == 'train'")) == 16
+    assert len(rep.tables.loss_vs_time.query("series == 'train'")) == 16
 
 
 def test_config_mismatch_is_flagged(tmp_path):
@@ -377,7 +379,7 @@ def test_empty_log_and_log_without_run_record(tmp_path):
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2))
     open(_log(run, 1), "w").close()
     rep = build([run])
-    assert _row(rep.tables["time_per_epoch"], run="np2")["epochs"] == 3
+    assert _row(rep.tables.time_per_epoch, run="np2")["epochs"] == 3
     bare = tmp_path / "bare" / "logs"
     bare.mkdir(parents=True)
     (bare / "rank-00000.jsonl").write_text('{"type":"step","rank":0,"t":1}\n')
@@ -470,9 +472,19 @@ def test_cli_json_format_parses(study, tmp_path):
 ])
 def test_cli_bad_run_dir_is_one_line_and_fails(tmp_path, make, message):
     res = CliRunner().invoke(report_cmd, [make(tmp_path), "--out", str(tmp_path / "r")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # bad input, as in distseg-train
     assert res.output.count("\n") == 1 and message in res.output, res.output
+    assert res.output.startswith("error: run directory ")
     assert not (tmp_path / "r").exists()
+
+
+def test_installed_command_exits_2_with_one_line_on_a_bad_run_dir(tmp_path):
+    proc = subprocess.run([os.path.join(BIN, "distseg-report"), str(tmp_path / "nope"),
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True,
+                          timeout=120, env=command_env(), cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: run directory {tmp_path / 'nope'} does not exist\n"
+    assert proc.stdout == "" and not (tmp_path / "r").exists()
 
 
 def test_cli_rejects_bad_options(study):
@@ -480,6 +492,9 @@ def test_cli_rejects_bad_options(study):
     assert res.exit_code == 2 and "--smooth" in res.output
     res = CliRunner().invoke(report_cmd, [study[0], "--project-nodes", "4,x"])
     assert res.exit_code == 2 and "node counts" in res.output
+    # The one node-list parser (distseg.schema.parse_node_counts) refuses a repeat.
+    res = CliRunner().invoke(report_cmd, [study[0], "--project-nodes", "2,2"])
+    assert res.exit_code == 2 and "--project-nodes '2,2': a node count appears twice" in res.output
 
 
 def test_fast_and_line_by_line_parsers_agree(tmp_path):

@@ -11,6 +11,9 @@ import os
 import subprocess
 import sys
 
+import h5py
+import numpy as np
+
 from tests.analysis_fixtures.runs import RunSpec, write_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,8 +52,14 @@ finally:
 
 
 def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
-    runs = [write_run(str(tmp_path / "np1"), RunSpec(size=1)),
-            write_run(str(tmp_path / "np2"), RunSpec(size=2))]
+    # A readable data file, so the coverage cross-check opens it (and imports
+    # distseg.data for its FORMAT_VERSION) under the blocker too.
+    data = str(tmp_path / "d.h5")
+    with h5py.File(data, "w") as f:
+        f["split"] = np.r_[np.zeros(16), np.ones(4)].astype(np.uint8)
+        f.attrs["format_version"] = 1
+    runs = [write_run(str(tmp_path / "np1"), RunSpec(size=1, data_path=data)),
+            write_run(str(tmp_path / "np2"), RunSpec(size=2, data_path=data))]
     out = tmp_path / "report"
     env = dict(os.environ, PYTHONPATH=REPO, MPLBACKEND="Agg")
     proc = subprocess.run(
@@ -62,5 +71,7 @@ def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
     doc = json.loads(proc.stdout)
     assert [r["ranks"] for r in doc["tables"]["time_per_epoch"]] == [1, 2]
     assert doc["projection"]["table"]
+    assert {r["reference"] for r in doc["tables"]["coverage"]} == {"train split of the data file"}
+    assert all(r["covered"] for r in doc["tables"]["coverage"])
     for name in ("report.html", "report.md", "loss_vs_time.png", "coverage.csv"):
         assert (out / name).stat().st_size > 0

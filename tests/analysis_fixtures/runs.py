@@ -180,3 +180,50 @@ def write_run(run_dir: str, spec: RunSpec | None = None, **changes) -> str:
                 else:
                     f.write(json.dumps(rec, separators=(",", ":")) + "\n")
     return run_dir
+
+
+def run_record(rank: int, size: int, start_time: float = 1.7e9, run_id: str = "run0",
+               **changes) -> dict:
+    """A minimal valid ``run`` record, for logs written by hand (``changes`` override)."""
+    rec = {"type": "run", "rank": rank, "time": start_time, "schema_version": 1,
+           "size": size, "local_rank": rank, "local_size": size, "host": "node0",
+           "run_id": run_id, "start_time": start_time, "versions": {}, "controller": "gloo",
+           "threads": {}, "config_hash": "c0", "dataset": {"train_samples": 16},
+           "global_seed": 0, "steps_per_epoch": 4, "batch_size": 2,
+           "global_batch_size": 2 * size, "lr_base": 0.005, "lr_scaled": 0.005 * size}
+    rec.update(changes)
+    return rec
+
+
+def step(rank: int, epoch: int, step: int, t: float, **changes) -> dict:
+    """A ``step`` record (one step of 1 s, loss -0.1 x global step), ``changes`` applied."""
+    rec = {"type": "step", "rank": rank, "time": 1.7e9 + t, "epoch": epoch, "step": step,
+           "global_step": 4 * epoch + step, "t": t, "step_time": 1.0, "data_wait": 0.0,
+           "loss": -0.1 * (4 * epoch + step), "loss_local": 0.0, "lr": 0.005, "samples": 2}
+    rec.update(changes)
+    return rec
+
+
+def epoch_record(rank: int, epoch: int, t: float, **changes) -> dict:
+    """An ``epoch`` record, liver Dice 0.5 (``changes`` add or override fields)."""
+    rec = {"type": "epoch", "rank": rank, "time": 1.7e9 + t, "epoch": epoch, "t": t,
+           "epoch_time": 4.0, "train_time": 4.0, "steps": 4, "samples": 8,
+           "sample_digest": "0" * 16, "train_loss": -0.1, "val_loss": -0.5,
+           "val_dice": {"liver": 0.5}, "val_dice_local": {"liver": 0.5}}
+    rec.update(changes)
+    return rec
+
+
+def end_record(rank: int, t: float, status: str = "ok", reason: str = "finished") -> dict:
+    return {"type": "end", "rank": rank, "time": 1.7e9 + t, "status": status,
+            "reason": reason, "t": t, "epochs_done": 1}
+
+
+def write_log(run_dir: str, rank: int, lines: Sequence[dict | str]) -> str:
+    """Writes ``rank``'s log of hand-built records (a ``str`` is written as it is)."""
+    os.makedirs(os.path.join(run_dir, schema.LOG_DIR), exist_ok=True)
+    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    with open(path, "w") as f:
+        for rec in lines:
+            f.write(rec if isinstance(rec, str) else json.dumps(rec, separators=(",", ":")) + "\n")
+    return path

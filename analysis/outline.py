@@ -1,0 +1,145 @@
+"""What the report says, in which order: its sections, built from the computed tables.
+
+The words a reader sees around the numbers live here, once; ``render`` only draws the
+``Section`` list, the same for the terminal, ``report.md`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from analysis.model import Note, Projection, Role, Section, Tables
+from analysis.tables import TRAIN_TIME
+
+#: Figure files written by ``analysis.report.write`` and shown by the documents.
+LOSS_FIGURE = "loss_vs_time.png"
+DICE_FIGURE = "val_dice_spread.png"
+
+# Columns shown in the documents (the CSVs have them all).
+TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
+            "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
+            "throughput_samples_s", "throughput_per_rank", "status")
+SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
+                "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
+                "throughput_efficiency")
+HOURS_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step")
+PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allreduce_s",
+             "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
+PROJECTION_TITLE = "Projection (model, not measured)"
+
+
+def runs_section(t: Tables) -> Section:
+    return Section("Runs", Role.TABLE, "One row per run directory; a launch is one start of "
+                   "the job (a resumed run has several).", frame=t.runs)
+
+
+def warnings_section(notes: Sequence[Note]) -> Section | None:
+    """The warnings, ahead of the numbers they qualify (``None`` when there are none)."""
+    warnings = tuple(n.line() for n in notes if n.level == "warning")
+    if not warnings:
+        return None
+    return Section("Warnings", Role.WARNINGS, "Read these before the numbers.", items=warnings)
+
+
+def time_per_epoch_section(t: Tables) -> Section:
+    tpe = t.time_per_epoch
+    fallback = [r for r, time in zip(tpe["run"], tpe["time"]) if time != TRAIN_TIME]
+    intro = ("*_train_s: seconds of training per epoch, the slowest rank's train_time (no "
+             "validation; a synchronous epoch lasts as long as its slowest rank). "
+             "median_epoch_s: the slowest rank's epoch_time, with validation. The first "
+             "epoch of each launch is warm-up: shown as warmup_train_s and left out of the "
+             "other columns. throughput_samples_s = samples of all ranks / training seconds, "
+             "over the epochs after warm-up.")
+    if fallback:
+        intro += (f" Runs {', '.join(fallback)} logged no train_time: their *_train_s "
+                  "columns are epoch_time, with validation.")
+    return Section("Time per epoch", Role.TABLE, intro, frame=tpe, columns=TPE_COLS)
+
+
+def scaling_section(t: Tables) -> Section:
+    return Section("Scaling", Role.TABLE, "Against the run with the fewest ranks, on training "
+                   "time per epoch (median_train_s) and on throughput. normalised_time = T / "
+                   "T_base; speedup = T_base / T; efficiency = speedup / (ranks / base ranks); "
+                   "throughput_speedup = X / X_base, throughput_efficiency likewise.",
+                   frame=t.scaling, columns=SCALING_COLS)
+
+
+def hours_section(t: Tables, smooth: int) -> Section | None:
+    """Hours to each target (``None`` when no target was given)."""
+    if not len(t.hours_to_target):
+        return None
+    intro = ("First wall-clock time at which the "
+             + (f"trailing mean over {smooth} steps of the " if smooth > 1 else "")
+             + "training loss (mean over ranks) is <= the target, or the global validation "
+             "Dice >= the target; no interpolation. Hours count from the run's agreed start "
+             "(after start-up), summed over the launches of a resumed run.")
+    return Section("Hours to target", Role.TABLE, intro, frame=t.hours_to_target,
+                   columns=HOURS_COLS)
+
+
+def loss_figure_section() -> Section:
+    return Section("Loss versus wall-clock time", Role.FIGURE, "Training loss per step "
+                   "(lines) and validation loss per epoch (dashed, markers). Data: "
+                   "loss_vs_time.csv.", figure=LOSS_FIGURE)
+
+
+def balance_section(t: Tables) -> Section:
+    return Section("Rank balance", Role.TABLE, "Per run, steady steps: mean step time across "
+                   "ranks, the slowest rank, imbalance ratio = slowest rank's mean step time / "
+                   "mean over ranks (1.0 = balanced), and the largest share of step time "
+                   "spent waiting for input. Per rank: rank_balance.csv. step_time includes "
+                   "the gradient allreduce, where fast ranks wait for the slowest, so in "
+                   "synchronous training step times even out; a rank that starves for input "
+                   "shows in its data-wait share.", frame=t.rank_balance_summary)
+
+
+def dice_sections(t: Tables) -> list[Section]:
+    """The Dice figure, and the last epoch's Dice table when any rank logged Dice."""
+    out = [Section("Validation Dice across ranks", Role.FIGURE, "Each rank scores its own "
+                   "validation shard; the band is the min-max over ranks, the line the median, "
+                   "dotted the global Dice. Data: val_dice_spread.csv.", figure=DICE_FIGURE)]
+    if len(t.val_dice_last):
+        out.append(Section("Validation Dice, last epoch", Role.TABLE, frame=t.val_dice_last))
+    return out
+
+
+def coverage_section(t: Tables) -> Section:
+    return Section("Coverage", Role.TABLE, "Per epoch, whether the ranks' shards covered the "
+                   "train set exactly once, from the logged sample counts and digests (see the "
+                   "README section 'distseg-report' for what this can and cannot prove). Per "
+                   "epoch: coverage.csv.", frame=t.coverage_summary)
+
+
+def projection_section(projection: Projection | None, error: str) -> Section | None:
+    """The projection, or why it was not computed (``None`` when none was asked for)."""
+    if projection is not None:
+        return Section(PROJECTION_TITLE, Role.PROJECTION, frame=projection.table,
+                       columns=PROJ_COLS, items=tuple(projection.assumptions))
+    if error:
+        return Section(PROJECTION_TITLE, Role.LIST, items=(f"not computed: {error}",))
+    return None
+
+
+def notes_section(notes: Sequence[Note]) -> Section:
+    others = tuple(n.line() for n in notes if n.level != "warning")
+    return Section("Skipped and notes", Role.LIST, "What was left out of the numbers, and why.",
+                   items=others or ("nothing skipped",))
+
+
+def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
+             projection: Projection | None = None,
+             projection_error: str = "") -> tuple[Section, ...]:
+    """The report's sections in reading order.
+
+    Args:
+      t: the computed tables.
+      notes: every note (warnings get their own section, first).
+      smooth: the ``--smooth`` window, named in the hours-to-target intro.
+      projection: the fitted model, if any.
+      projection_error: why a projection that was asked for is missing.
+    """
+    parts = [runs_section(t), warnings_section(notes), time_per_epoch_section(t),
+             scaling_section(t), hours_section(t, smooth), loss_figure_section(),
+             balance_section(t), *dice_sections(t), coverage_section(t),
+             projection_section(projection, projection_error), notes_section(notes)]
+    return tuple(p for p in parts if p is not None)

@@ -1,0 +1,281 @@
+"""``analysis.logs``: each step of the ``load_run`` pipeline alone, on hand-built logs.
+
+The logs are a few records written with ``tests/analysis_fixtures/runs.py``'s record
+builders, so every number below (launch durations, offsets, wall-clock times, which
+rank's curve is kept) follows from the records by hand.
+"""
+
+import json
+import os
+import subprocess
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import logs
+from distseg import schema
+from distseg.errors import InputError
+from support import BIN, command_env
+from tests.analysis_fixtures.runs import (end_record, epoch_record, run_record, step,
+                                          write_log)
+
+
+@pytest.fixture
+def resumed(tmp_path):
+    """Two ranks, two launches (start times 100 and 200); rank 1 logs more steps.
+
+    Launch 0 lasts 3.5 s (rank 1's epoch record), launch 1 lasts 4 s (rank 0's end).
+    """
+    run_dir = str(tmp_path / "resumed")
+    write_log(run_dir, 0, [
+        run_record(0, 2, start_time=100.0, run_id="a"), step(0, 0, 0, 1.0), step(0, 0, 1, 2.0),
+        epoch_record(0, 0, 3.0), run_record(0, 2, start_time=200.0, run_id="b"),
+        step(0, 1, 0, 1.5), epoch_record(0, 1, 2.5), end_record(0, 4.0)])
+    write_log(run_dir, 1, [
+        run_record(1, 2, start_time=100.0, run_id="a", host="node1"), step(1, 0, 0, 1.0),
+        epoch_record(1, 0, 3.5), run_record(1, 2, start_time=200.0, run_id="b", host="node1"),
+        step(1, 1, 0, 1.0), step(1, 1, 1, 2.0), step(1, 1, 2, 3.0), end_record(1, 3.2)])
+    return run_dir
+
+
+def _read(run_dir):
+    return logs.read_logs(logs.check_run_dir(run_dir))
+
+
+# ----------------------------------------------------------------------------- one file
+
+
+def test_read_rank_log_files_records_by_type_and_places_steps_after_run_records(resumed):
+    log = logs.read_rank_log(os.path.join(resumed, "logs", "rank-00000.jsonl"), 0)
+    assert [r["run_id"] for r in log.runs] == ["a", "b"]
+    assert [r["_segment"] for r in log.epochs] == [0, 1]
+    assert [r["_segment"] for r in log.ends] == [1]
+    assert list(log.steps["segment"]) == [0, 0, 1]
+    assert list(log.steps["t"]) == [1.0, 2.0, 1.5]
+    assert not log.notes and not log.unknown_fields
+
+
+def test_a_newer_schema_version_is_refused_naming_the_file(tmp_path):
+    path = write_log(str(tmp_path / "new"), 0, [run_record(0, 1, schema_version=2),
+                                                step(0, 0, 0, 1.0)])
+    with pytest.raises(InputError) as e:
+        logs.read_rank_log(path, 0)
+    assert str(e.value) == (f"{path}: schema_version 2 is newer than this distseg reads "
+                            f"({schema.SCHEMA_VERSION}); upgrade distseg to read it")
+    assert e.value.exit_code == 2
+    # The current version and a record without one (only noted) are read.
+    for rec in (run_record(0, 1), {k: v for k, v in run_record(0, 1).items()
+                                   if k != "schema_version"}):
+        write_log(str(tmp_path / "new"), 0, [rec, step(0, 0, 0, 1.0)])
+        assert len(logs.read_rank_log(path, 0).steps) == 1
+
+
+def test_the_command_refuses_a_newer_log_with_one_line_and_exit_2(tmp_path):
+    run_dir = str(tmp_path / "np1")
+    path = write_log(run_dir, 0, [run_record(0, 1, schema_version=7), step(0, 0, 0, 1.0)])
+    proc = subprocess.run([os.path.join(BIN, "distseg-report"), run_dir, "--no-progress",
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True,
+                          timeout=120, env=command_env(), cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: {path}: schema_version 7 is newer than this distseg "
+                           "reads (1); upgrade distseg to read it\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_segment_steps_numbers_steps_by_the_run_record_before_them():
+    steps = pd.DataFrame({"_line": [0, 2, 5, 9], **{f: [1.0] * 4 for f in logs.STEP_FIELDS}})
+    steps["lr"] = np.nan
+    notes = []
+    out = logs.segment_steps(steps, [1, 6], "f", notes)
+    assert list(out["segment"]) == [-1, 0, 0, 1] and "_line" not in out
+    assert [n.line() for n in notes] == ["[warning] f: step records lack field 'lr'"]
+
+
+# ----------------------------------------------------------------------------- reducing a file
+
+
+def test_placed_steps_drops_steps_before_a_run_record_or_without_t():
+    steps = pd.DataFrame({"segment": [-1, 0, 0, 1, -1], "t": [1.0, np.nan, 2.0, 3.0, np.nan]})
+    kept, notes = logs.placed_steps(steps, "f")
+    assert list(kept["t"]) == [2.0, 3.0]
+    assert [n.message for n in notes] == [
+        "2 step record(s) before any run record (cannot be placed in time)",
+        "1 step record(s) without a time t"]
+
+
+def test_compact_steps_marks_the_first_epoch_of_each_segment_as_warmup():
+    steps = pd.DataFrame({"segment": [0, 0, 0, 1, 1], "epoch": [0, 0, 1, 2, np.nan],
+                          "step_time": [3.0, 3.0, 1.0, 2.0, 1.0], "data_wait": 0.5,
+                          "samples": 2.0})
+    c = logs.compact_steps(7, steps)
+    assert list(c["rank"]) == [7] * 5 and c["rank"].dtype == np.int32
+    assert list(c["warmup"]) == [True, True, False, True, False]
+    assert list(c["epoch"]) == [0, 0, 1, 2, -1]  # a missing epoch becomes -1
+    assert list(c["step_time"]) == [3.0, 3.0, 1.0, 2.0, 1.0]
+
+
+def test_curve_steps_keeps_loss_and_lr_and_integer_counters():
+    steps = pd.DataFrame({"segment": [0, 0], "epoch": [0.0, 0.0], "step": [0.0, np.nan],
+                          "global_step": [4.0, 5.0], "t": [1.0, 2.0], "loss": [-0.1, -0.2],
+                          "lr": [0.1, 0.1]})
+    c = logs.curve_steps(steps)
+    assert list(c.columns) == ["segment", "epoch", "step", "global_step", "t", "loss", "lr"]
+    assert list(c["step"]) == [0, -1] and list(c["global_step"]) == [4, 5]
+    assert list(c["loss"]) == [-0.1, -0.2]
+
+
+def test_read_logs_keeps_the_curve_of_the_rank_with_most_steps(resumed):
+    sizes = []
+    read = logs.read_logs(logs.check_run_dir(resumed), progress=sizes.append)
+    assert read.curve_rank == 1 and len(read.curve) == 4
+    assert sizes == [os.path.getsize(os.path.join(resumed, "logs", schema.log_name(r)))
+                     for r in (0, 1)]
+    assert read.step_tmax == {0: {0: 2.0, 1: 1.5}, 1: {0: 1.0, 1: 3.0}}
+    assert sorted(read.compact) == [0, 1] and len(read.compact[0]) == 3
+    assert all(log.steps is None for log in read.logs)  # freed once reduced
+
+
+def test_read_logs_breaks_a_tie_towards_the_lowest_rank(tmp_path):
+    run_dir = str(tmp_path / "tie")
+    for rank in (0, 1):
+        write_log(run_dir, rank, [run_record(rank, 2), step(rank, 0, 0, 1.0 + rank)])
+    read = _read(run_dir)
+    assert read.curve_rank == 0 and list(read.curve["t"]) == [1.0]
+
+
+def test_unknown_fields_notes_name_eight_and_count_the_rest():
+    counts = Counter({f"step.f{i}": 1 for i in range(10)})
+    (note,) = logs.unknown_fields_notes(counts, 3, "run")
+    assert note.message.endswith("step.f7 (1 of 3 logs) and 2 more")
+    assert note.message.count("(1 of 3 logs)") == 8
+    assert logs.unknown_fields_notes(Counter(), 3, "run") == []
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def test_launches_are_matched_across_ranks_and_timed(resumed):
+    read = _read(resumed)
+    launches = logs.map_launches(read.logs)
+    assert launches.keys == [(100.0, "a"), (200.0, "b")] and launches.last == 1
+    assert launches.maps == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}}
+    durations = logs.launch_durations(read.logs, launches, read.step_tmax)
+    assert list(durations) == [3.5, 4.0]
+    assert list(logs.offsets_of(durations)) == [0.0, 3.5]
+    table = logs.launch_table(read.logs, launches)
+    assert list(table["run_id"]) == ["a", "b"] and list(table["ranks_logged"]) == [2, 2]
+    assert list(table["start_time"]) == [100.0, 200.0] and list(table["size"]) == [2, 2]
+    assert [n.message for n in logs.launch_notes(table, "r")] == [
+        "resumed run: 2 launches; wall-clock time is the sum of their durations"]
+
+
+def test_launch_notes_warn_when_config_or_size_change_and_when_there_is_none():
+    table = pd.DataFrame({"config_hash": ["x", "y"], "size": [2, 4]})
+    assert [n.message for n in logs.launch_notes(table, "r")][1:] == [
+        "the config changed between launches (config hashes x, y)",
+        "the number of ranks changed between launches (2, 4)"]
+    (none,) = logs.launch_notes(table.iloc[:0], "r")
+    assert none.level == "warning" and none.message.startswith("no run record in any log")
+
+
+def test_identify_takes_the_last_launch_of_the_lowest_rank(resumed):
+    read = _read(resumed)
+    who = logs.identify(read.logs, logs.map_launches(read.logs))
+    assert who.size == 2 and who.run_record["run_id"] == "b" and who.run_record["rank"] == 0
+    assert who.rank_hosts == {0: "node0", 1: "node1"} and who.hosts == ["node0", "node1"]
+
+
+def test_steps_and_curve_on_the_runs_wall_clock(resumed):
+    read = _read(resumed)
+    launches = logs.map_launches(read.logs)
+    offsets = np.array([0.0, 3.5])
+    curve, notes = logs.global_curve(read.curve, read.curve_rank, launches, offsets, "r")
+    assert list(curve["wall_s"]) == [1.0, 4.5, 5.5, 6.5] and not notes
+    assert list(curve["segment"]) == [0, 1, 1, 1]
+    steps = logs.combine_steps(read.compact, launches)
+    assert list(zip(steps["rank"], steps["segment"])) == [(0, 0), (0, 0), (0, 1), (1, 0),
+                                                          (1, 1), (1, 1), (1, 1)]
+    assert not read.compact  # emptied: the combined frame is all that is kept
+    empty, (note,) = logs.global_curve(None, None, launches, offsets, "r")
+    assert len(empty) == 0 and note.message == "no step records; no loss curve"
+
+
+# ----------------------------------------------------------------------------- epochs, status
+
+
+def test_epoch_table_places_epochs_on_the_wall_clock(resumed):
+    read = _read(resumed)
+    launches = logs.map_launches(read.logs)
+    epochs, classes, notes = logs.epoch_table(read.logs, launches, np.array([0.0, 3.5]), "r")
+    assert list(zip(epochs["rank"], epochs["epoch"], epochs["wall_s"])) == [
+        (0, 0, 3.0), (0, 1, 6.0), (1, 0, 3.5)]
+    assert classes == ["liver"] and list(epochs["dice_liver"]) == [0.5] * 3 and not notes
+
+
+def test_epoch_table_keeps_the_later_of_a_repeated_epoch_and_notes_the_unplaceable(tmp_path):
+    run_dir = str(tmp_path / "rep")
+    write_log(run_dir, 0, [
+        epoch_record(0, 9, 1.0),  # before any run record
+        run_record(0, 1, start_time=100.0), epoch_record(0, 0, 4.0), epoch_record(0, 1, 8.0),
+        run_record(0, 1, start_time=200.0), epoch_record(0, 1, 5.0, train_loss=-0.7),
+        {**epoch_record(0, 2, 9.0), "epoch": None}])
+    read = _read(run_dir)
+    launches = logs.map_launches(read.logs)
+    offsets = logs.offsets_of(logs.launch_durations(read.logs, launches, read.step_tmax))
+    epochs, _, notes = logs.epoch_table(read.logs, launches, offsets, "r")
+    assert list(offsets) == [0.0, 8.0]
+    assert list(epochs["epoch"]) == [0, 1] and list(epochs["wall_s"]) == [4.0, 13.0]
+    assert epochs["train_loss"].iloc[1] == -0.7  # the resumed launch's record
+    assert [n.message for n in notes] == [
+        "1 epoch record(s) without an epoch number",
+        "1 epoch record(s) repeated by a resumed launch; the later ones are used",
+        "1 epoch record(s) before any run record"]
+
+
+def test_run_status_reads_the_last_launchs_end_records(resumed):
+    read = _read(resumed)
+    launches = logs.map_launches(read.logs)
+    who = logs.identify(read.logs, launches)
+    assert logs.run_status(read.logs, launches, who) == ("ok", True)
+    assert logs._status([{"status": "ok"}], 4) == (
+        "ok on 1 of 4 ranks (others still running or killed)", False)
+    assert logs._status([{"status": "ok"}, {"status": "error", "reason": " boom "}], 2) == (
+        "error: boom", False)
+
+
+def test_rank_notes_name_missing_and_extra_ranks():
+    missing, extra = logs.rank_notes([0, 2, 5], 4, "r")
+    assert missing.message == ("log of rank(s) 1, 3 missing (2 of 4); sums over ranks are "
+                               "extrapolated")
+    assert extra.level == "warning" and extra.message.startswith("logs of rank(s) [5]")
+    assert logs.rank_notes([0], None, "r") == []
+
+
+def test_read_config_notes_a_missing_or_broken_config(tmp_path):
+    assert logs.read_config(str(tmp_path), "r")[1][0].level == "info"
+    (tmp_path / schema.CONFIG_FILE).write_text("{not json")
+    config, (note,) = logs.read_config(str(tmp_path), "r")
+    assert config is None and note.level == "warning" and "cannot be read as JSON" in note.message
+    (tmp_path / schema.CONFIG_FILE).write_text(json.dumps({"train": {"seed": 3}}))
+    assert logs.read_config(str(tmp_path), "r") == ({"train": {"seed": 3}}, [])
+
+
+def test_load_run_combines_the_steps(resumed):
+    run = logs.load_run(resumed)
+    assert (run.label, run.size, run.nodes, run.finished) == ("resumed", 2, 2, True)
+    assert list(run.segments["duration_s"]) == [3.5, 4.0]
+    assert list(run.segments["offset_s"]) == [0.0, 3.5]
+    assert run.curve_rank == 1 and len(run.steps) == 7
+    assert run.dataset == {"train_samples": 16}
+    assert [n.message for n in run.notes] == [
+        f"{os.path.join(resumed, schema.CONFIG_FILE)} is missing; config comparisons use the "
+        "run records only",
+        "resumed run: 2 launches; wall-clock time is the sum of their durations"]
+
+
+def test_dict_field_trusts_only_objects():
+    rec = {"dataset": {"samples": 3}, "model": "unet"}
+    assert logs.dict_field(rec, "dataset") == {"samples": 3}
+    assert logs.dict_field(rec, "model") is None and logs.dict_field(rec, "nope") is None

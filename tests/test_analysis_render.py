@@ -1,0 +1,140 @@
+"""``analysis.model``, ``analysis.outline`` and ``analysis.render``: the report model
+is a leaf, renderers choose by role (never by title), and the structure stays small.
+"""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+from analysis import outline, render, tables
+from analysis.model import Document, Note, Projection, Role, Section, Tables, csv_files
+from support import REPO
+
+ANALYSIS = os.path.join(REPO, "analysis")
+
+
+def _imports_of(module: str) -> set[str]:
+    """The ``analysis`` modules that ``analysis/<module>.py`` imports, at any depth."""
+    tree = ast.parse(open(os.path.join(ANALYSIS, module + ".py")).read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "analysis":
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("analysis."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names
+                       if a.name.startswith("analysis."))
+    return out
+
+
+def test_the_model_is_a_leaf_and_render_depends_only_on_it():
+    assert _imports_of("model") == set()
+    assert _imports_of("render") == {"model"}
+    assert "report" not in _imports_of("outline") | _imports_of("render")
+    code = ("import sys, analysis.model; "
+            "print(sorted(m for m in sys.modules if m.startswith('analysis')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=60, check=True).stdout
+    assert out.strip() == "['analysis', 'analysis.model']"
+
+
+def test_no_import_cycle_between_analysis_modules():
+    modules = [f[:-3] for f in os.listdir(ANALYSIS) if f.endswith(".py") and f != "__init__.py"]
+    graph = {m: _imports_of(m) for m in modules}
+
+    def reaches(start, goal, seen):
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+                   for n in graph.get(start, ()))
+    assert [m for m in modules if reaches(m, m, set())] == []
+
+
+def test_no_function_in_analysis_reaches_80_lines():
+    long = []
+    for name in sorted(os.listdir(ANALYSIS)):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(ANALYSIS, name)).read())
+            long += [f"{name}:{n.name}" for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.end_lineno - n.lineno >= 80]
+    assert long == []
+
+
+def _tables(**frames) -> Tables:
+    empty = {name: pd.DataFrame() for name in Tables.__dataclass_fields__}
+    return Tables(**{**empty, **frames})
+
+
+def _doc(*sections, **changes) -> Document:
+    fields = dict(summary="1 run(s)", sections=tuple(sections), tables=_tables(), notes=(),
+                  projection=None, projection_error="", options={}, files={})
+    fields.update(changes)
+    return Document(**fields)
+
+
+def test_the_warning_style_follows_the_role_not_the_title():
+    page = render.html_document(_doc(Section("Read first", Role.WARNINGS, items=("a <b>",)),
+                                     Section("Warnings", Role.LIST, items=("c",))), "/nowhere")
+    assert "<h2>Read first</h2>\n<ul class=\"warn\"><li>a &lt;b&gt;</li></ul>" in page
+    assert "<h2>Warnings</h2>\n<ul><li>c</li></ul>" in page
+
+
+def test_markdown_cuts_long_lists_and_leaves_figures_out_of_the_terminal():
+    doc = _doc(Section("Notes", Role.LIST, items=tuple(f"n{i}" for i in range(5))),
+               Section("Plot", Role.FIGURE, "intro", figure="p.png"))
+    terminal = render.markdown(doc, images=False, max_items=2)
+    assert "- n0\n- n1\n\n- ... 3 more in report.md\n" in terminal and "Plot" not in terminal
+    full = render.markdown(doc)
+    assert "- n4" in full and "## Plot\n\nintro\n\n![Plot](p.png)\n" in full
+
+
+def test_projection_section_bolds_its_label_and_shows_the_chosen_columns():
+    proj = Projection(table=pd.DataFrame({"kind": ["projection"], "nodes": [4], "x": [1]}),
+                      assumptions=["LABEL.", "one", "two"], compute_s=0.5)
+    section = outline.projection_section(proj, "")
+    md = render.markdown(_doc(section))
+    assert "**LABEL.** Assumptions:\n\n- one\n- two\n" in md
+    assert "| kind | nodes |\n|---|---|\n| projection | 4 |" in md  # x is not in PROJ_COLS
+    failed = outline.projection_section(None, "no fit")
+    assert (failed.role, failed.items) == (Role.LIST, ("not computed: no fit",))
+    assert outline.projection_section(None, "") is None
+
+
+def test_json_document_holds_the_tables_the_model_says():
+    doc = _doc(tables=_tables(scaling=pd.DataFrame({"run": ["a"], "speedup": [float("nan")]}),
+                              loss_vs_time=pd.DataFrame({"loss": [1.0]})),
+               notes=(Note("info", "a", "m"),), files={"scaling": "s.csv"})
+    out = render.json_document(doc)
+    assert out["tables"]["scaling"] == [{"run": "a", "speedup": None}]
+    assert "loss_vs_time" not in out["tables"] and len(out["tables"]) == 10
+    assert out["notes"] == [{"level": "info", "where": "a", "message": "m"}]
+    json.dumps(out)
+    assert csv_files() == {"time_per_epoch": "time_per_epoch.csv", "scaling": "scaling.csv",
+                           "loss_vs_time": "loss_vs_time.csv",
+                           "hours_to_target": "hours_to_target.csv",
+                           "rank_balance": "rank_balance.csv",
+                           "val_dice_spread": "val_dice_spread.csv",
+                           "coverage": "coverage.csv"}
+
+
+def test_sections_follow_the_reading_order_and_skip_what_is_empty():
+    notes = [Note("warning", "r", "w"), Note("skipped", "r", "s")]
+    tpe = pd.DataFrame({"run": ["new", "old"],
+                        "time": [tables.TRAIN_TIME, tables.EPOCH_TIME_FALLBACK]})
+    parts = outline.sections(_tables(time_per_epoch=tpe), notes)
+    titles = [(s.title, s.role) for s in parts]
+    assert titles == [("Runs", Role.TABLE), ("Warnings", Role.WARNINGS),
+                      ("Time per epoch", Role.TABLE), ("Scaling", Role.TABLE),
+                      ("Loss versus wall-clock time", Role.FIGURE),
+                      ("Rank balance", Role.TABLE),
+                      ("Validation Dice across ranks", Role.FIGURE), ("Coverage", Role.TABLE),
+                      ("Skipped and notes", Role.LIST)]
+    assert parts[-1].items == ("[skipped] r: s",) and parts[1].items == ("[warning] r: w",)
+    assert parts[2].intro.endswith(" Runs old logged no train_time: their *_train_s columns "
+                                   "are epoch_time, with validation.")
+    assert parts[2].columns == outline.TPE_COLS
+    assert outline.notes_section([]).items == ("nothing skipped",)
