@@ -86,7 +86,7 @@ class DataConfig:
     """Where the data comes from and how it is fed."""
 
     path: str = ""
-    """HDF5 file in the distseg format (see README, 'Data format')."""
+    """HDF5 file in the distseg format (see docs/data.md)."""
     resize: bool = False
     """Resize slices whose size differs from ``model.image_size`` instead of refusing them."""
     prefetch: int = 2

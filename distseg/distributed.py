@@ -23,7 +23,7 @@ import numpy as np
 from distseg.errors import DistsegError, Interrupted, RunError
 
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
-#: environment. Measured on 2 cores with 2 ranks (see README, "Horovod settings"):
+#: environment. Measured on 2 cores with 2 ranks (see docs/performance.md):
 #: the default 1 ms cycle wakes Horovod's background thread a thousand times a second,
 #: and that thread competes with the compute thread for the same core.
 HOROVOD_DEFAULTS = {
