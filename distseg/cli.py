@@ -71,6 +71,65 @@ def info(path):
     click.echo(json.dumps({**summary.summary(), "attrs": summary.attrs}, indent=2, default=str))
 
 
+def parse_window(ctx, param, value):
+    """``LOW,HIGH`` in HU -> (low, high); shared with distseg-predict."""
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected LOW,HIGH in HU, e.g. -100,400") from None
+    if not high > low:
+        raise click.BadParameter(f"{value!r}: HIGH must be above LOW")
+    return low, high
+
+
+@data.command("convert", context_settings={"max_content_width": 100})
+@click.argument("source", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--size", default=240, show_default=True, type=click.IntRange(8),
+              help="In-plane slice size (linear resampling for images, nearest for labels).")
+@click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
+              help="CT window in HU (default -150,250, the window of every distseg dataset).")
+@click.option("--modality", default="auto", show_default=True, type=click.Choice(["auto", "ct", "mr"]),
+              help="auto: from dataset.json (pairs: CT); ct: HU window; mr: per-volume percentiles.")
+@click.option("--channel", default=None, type=click.IntRange(0),
+              help="Channel of 4-D multi-channel MSD images (required for them).")
+@click.option("--roi-margin", default=None, type=click.IntRange(0),
+              help="Keep only slices within the labelled region plus this many on each side (default: all).")
+@click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of cases (not slices) that validate; ignored with --folds.")
+@click.option("--folds", default=0, show_default=True, type=click.IntRange(0),
+              help="K-fold cross-validation by case (0: off); --fold picks the validating fold.")
+@click.option("--fold", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the case split.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1),
+              help="Processes reading cases (memory: about one volume each).")
+@click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
+              help="A bad case stops the conversion (nothing written) or is skipped and listed.")
+@click.option("--compression", default="lzf", show_default=True, type=click.Choice(["lzf", "gzip", "none"]),
+              help="HDF5 filter (benchmarked in docs/data.md).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+def convert(source, out, **options):
+    """Convert an MSD task folder or LiTS-style NIfTI/NRRD pairs into a distseg HDF5 file.
+
+    Volumes are reoriented to RAS, windowed (CT) or normalised (MR), resampled in-plane
+    to --size and split by case; what prediction needs to go back to each scan is
+    recorded. The file is written as OUT.partial and renamed only when complete.
+    """
+    from distseg.convert import pipeline
+    try:
+        summary = pipeline.run(source, out, pipeline.Options(**options))
+    except Interrupted as e:
+        fail(f"interrupted: {e}; nothing written", e.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted; nothing written", Interrupted.exit_code)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo("\n".join(summary.lines()))
+
+
 TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
     "epochs": ("train.epochs", click.IntRange(1), "Passes over the training slices."),
@@ -89,7 +148,19 @@ TRAIN_FLAGS = {
     "seed": ("train.seed", int, "Global seed: init weights and shard permutations."),
     "max_steps_per_epoch": ("train.max_steps_per_epoch", click.IntRange(0), "Cap steps per epoch (0: full pass)."),
     "checkpoint_every": ("train.checkpoint_every", click.IntRange(0), "Checkpoint every N epochs on rank 0 (0: last only)."),
+    "on_nonfinite": ("train.on_nonfinite", click.Choice(config_lib.NONFINITE), "A non-finite loss or gradient on any rank: stop every rank, or skip that step's update everywhere."),
 }
+
+
+def _train_config(resume: bool, preset, config_file, overrides) -> config_lib.Config:
+    """A new run's config (preset -> --config -> flags), or a resumed run's own."""
+    if not resume:
+        return config_lib.resolve(preset or "liver2d", config_file, overrides)
+    for flag, given in (("--preset", preset), ("--config", config_file)):
+        if given:
+            raise ValueError(f"{flag} cannot be combined with --resume: a resumed run "
+                             "keeps the config.json of its run directory")
+    return config_lib.for_resume(overrides["run_dir"], overrides)
 
 
 def _train_options(fn):
@@ -99,18 +170,22 @@ def _train_options(fn):
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False),
-              help="HDF5 dataset (distseg-data synth / lits-sample).")
+@click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
+              help="HDF5 dataset (distseg-data synth / lits-sample); required unless --resume.")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="New directory for config.json, logs/rank-NNNNN.jsonl and checkpoints/.")
-@click.option("--preset", default="liver2d", show_default=True, type=click.Choice(sorted(config_lib.PRESETS)),
-              help="Defaults to start from: liver2d (240x240, 64 filters), demo (128x128, 16 filters), smoke (tiny).")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the run in --run-dir from its newest whole checkpoint, with its "
+                   "config.json; --epochs may extend it, flags that change what is trained are refused.")
+@click.option("--preset", default=None, type=click.Choice(sorted(config_lib.PRESETS)),
+              help="Defaults to start from: liver2d (the default; 240x240, 64 filters), demo "
+                   "(128x128, 16 filters), smoke (tiny).")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="JSON config (e.g. another run's config.json) applied over the preset.")
 @click.option("--resize/--no-resize", default=None, help="Resize slices to --image-size instead of refusing them.")
 @click.option("--validate/--no-validate", default=None, help="Sharded validation after each epoch.")
 @_train_options
-def train(data_path, run_dir, preset, config_file, resize, validate, **flags):
+def train(data_path, run_dir, resume, preset, config_file, resize, validate, **flags):
     """Train a 2D U-Net on liver-CT slices, data-parallel over Horovod ranks.
 
     Run it the same way at any scale: as one process, or under
@@ -119,18 +194,21 @@ def train(data_path, run_dir, preset, config_file, resize, validate, **flags):
     Horovod allreduce per step; the learning rate is scaled to the number of ranks
     with a warm-up. Rank 0 writes RUN_DIR/config.json, checkpoints and the progress
     bar; every rank writes RUN_DIR/logs/rank-NNNNN.jsonl for distseg-report.
+
+    SIGTERM or SIGUSR1 on any rank (or the end of horovodrun) stops every rank at the
+    next step after a checkpoint (exit 130); `--resume` continues from there.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
                       "train.validate": validate})
     try:
-        cfg = config_lib.resolve(preset, config_file, overrides)
+        cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))
     from distseg import train as train_lib
     try:
-        train_lib.run(cfg)
+        train_lib.run(cfg, resuming=resume)
     except Interrupted as e:
         fail(f"interrupted: {e}", e.exit_code)
     except KeyboardInterrupt as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -18,6 +19,7 @@ from distseg.errors import InputError
 LR_SCALINGS = ("linear", "sqrt", "none")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "none")
+NONFINITE = ("stop", "skip")
 CLASS_NAMES = ("background", "liver", "lesion")
 
 
@@ -79,6 +81,9 @@ class TrainConfig:
     """Cap on steps per epoch (0: a full pass); for smoke tests and benchmarks."""
     validate: bool = True
     """Run the sharded validation after each epoch."""
+    on_nonfinite: str = "stop"
+    """A non-finite loss or gradient on any rank: ``stop`` the run (every rank, with one
+    message) or ``skip`` that step's update on every rank and count it in the log."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class Config:
              f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
             (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
             (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
+            (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
+             f"must be one of {NONFINITE}, got {t.on_nonfinite!r}"),
             (t.intra_op_threads >= 0, "train.intra_op_threads", "must be >= 0"),
             (t.inter_op_threads >= 0, "train.inter_op_threads", "must be >= 0"),
             (t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0"),
@@ -230,3 +237,35 @@ def resolve(preset: str = "liver2d", file: str | None = None,
             node = node.setdefault(p, {})
         node[leaf] = value
     return _merge(cfg, nested, "").validate()
+
+
+#: Fields a resumed run may change: they do not change what is trained (``epochs`` may
+#: only extend the run, which ``distseg.train`` checks against the checkpoint).
+RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
+                     "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
+                     "train.on_nonfinite", "data.prefetch")
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def for_resume(run_dir: str, overrides: Mapping[str, Any] | None = None) -> Config:
+    """The config of the run in ``run_dir`` (its ``config.json``) with the allowed
+    ``overrides`` applied. An override that would change what is trained (data, model,
+    seed, batch, learning rate...) raises ``InputError`` naming the field."""
+    path = f"{run_dir.rstrip('/')}/config.json"
+    if not os.path.exists(path):
+        raise InputError(f"{run_dir}: holds no config.json, so there is no run to --resume")
+    saved = resolve("liver2d", path, {"run_dir": run_dir})
+    changes = {k: v for k, v in (overrides or {}).items() if v is not None and k != "run_dir"}
+    for dotted, value in changes.items():
+        was = _get(saved, dotted)
+        if value != was and dotted not in RESUME_MAY_CHANGE:
+            raise InputError(f"config field {dotted}: the run was trained with {was!r}; "
+                             f"--resume cannot change it to {value!r} (it may change "
+                             f"{', '.join(f.split('.')[-1] for f in RESUME_MAY_CHANGE)})")
+    return resolve("liver2d", path, {**changes, "run_dir": run_dir})

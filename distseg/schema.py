@@ -34,6 +34,13 @@ field needs a new ``SCHEMA_VERSION``.
     val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares].
 ``end``   once, at the end, whatever happened:
     status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
+``resume`` once per resumed launch, before its ``run`` record (``--resume``):
+    from_epoch and from_step (where this launch continues), global_step, checkpoint
+    (the manifest it loaded), size_before (ranks that wrote it), size, warnings
+    (damaged checkpoints skipped, steps redone).
+
+Also, when a step's update was skipped on every rank (``--on-nonfinite skip``): the
+``step`` record has ``skipped: true`` and the ``epoch`` record counts ``skipped_steps``.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "val_loss", "val_dice", "val_dice_local",
     ),
     "end": ("status", "reason", "t", "epochs_done"),
+    "resume": ("from_epoch", "from_step", "global_step", "checkpoint", "size_before", "size"),
 }
 
 #: Fields the trainer also writes, documented above, that readers may rely on when
@@ -95,10 +103,11 @@ FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs"),
-    "step": (),
+    "step": ("skipped",),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
-              "val_samples_local", "val_samples", "weight_checksum"),
+              "val_samples_local", "val_samples", "weight_checksum", "skipped_steps"),
     "end": (),
+    "resume": ("warnings",),
 }
 
 END_STATUSES = ("ok", "error", "interrupted")

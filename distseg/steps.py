@@ -37,27 +37,39 @@ def _input_spec(spatial_shape: Sequence[int]):
 
 
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str):
-    """Compiles ``train_step(images, masks, failed) -> (loss, mean loss, any failed)``.
+    """Compiles ``train_step(images, masks, flags) -> (loss, mean loss, any flags)``.
 
-    ``failed`` is 1.0 on a rank that could not read its batch (it passes a blank one):
-    the flag rides in the step's one allreduce, so every rank learns of the failure
-    there instead of waiting for a rank that has stopped.
+    ``flags`` holds this rank's [failed, stop]: 1.0 on a rank that could not read its
+    batch (it passes a blank one) or that was asked to stop. They ride in the step's
+    one allreduce with a third flag, a non-finite loss or gradient on this rank, so
+    every rank learns of each at the same step instead of waiting for a rank that has
+    stopped. The returned flags are means over ranks (> 0: some rank raised it). The
+    update is applied only when no rank's loss and gradients were finite.
     """
     import tensorflow as tf
 
     from distseg import model as model_lib
 
-    @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([], tf.float32)])
-    def train_step(images, masks, failed):
+    @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)])
+    def train_step(images, masks, flags):
         with tf.GradientTape() as tape:
             probs = model(images, training=True)
             local_loss = model_lib.segmentation_loss(probs, masks, num_classes, loss)
         grads = tape.gradient(local_loss, model.trainable_variables)
-        # Horovod: average gradients, the loss (for logging) and the failure flag in
-        # one grouped allreduce.
-        grads, (mean_loss, any_failed) = dist.average_gradients(grads, [local_loss, failed])
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return local_loss, mean_loss, any_failed
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
+                                  tf.float32)
+        # Horovod: average gradients, the loss (for logging) and the flags in one
+        # grouped allreduce.
+        grads, (mean_loss, mean_flags) = dist.average_gradients(
+            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+
+        def apply():
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return tf.constant(True)
+
+        tf.cond(mean_flags[2] > 0, lambda: tf.constant(False), apply)
+        return local_loss, mean_loss, mean_flags
 
     return train_step
 

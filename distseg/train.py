@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import sys
 import time
 import uuid
@@ -26,7 +25,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from distseg import checkpoint, config as config_lib, data, distributed as dist, schema, steps
+from distseg import checkpoint, config as config_lib, data, distributed as dist, resume, schema
+from distseg import steps, stopping
 from distseg.errors import Interrupted, RunError
 from distseg.runlog import RunLog
 
@@ -94,12 +94,13 @@ def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
         os.makedirs(checkpoint.directory(cfg.run_dir), exist_ok=True)
 
 
-def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context) -> None:
-    """Refuses a directory that holds a run, checks every rank can write its log
-    directory, then writes the config. Three agreed phases: no rank may create logs/
-    before rank 0 has looked for a previous run there (a fast rank 1 once made rank 0
-    refuse a fresh directory)."""
-    dist.agree(_refuse_existing_run, cfg.run_dir, ctx)
+def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
+    """Refuses a directory that holds a run (unless ``resuming`` it), checks every
+    rank can write its log directory, then writes the config. Three agreed phases: no
+    rank may create logs/ before rank 0 has looked for a previous run there (a fast
+    rank 1 once made rank 0 refuse a fresh directory)."""
+    if not resuming:
+        dist.agree(_refuse_existing_run, cfg.run_dir, ctx)
     dist.agree(_probe_writable, cfg.run_dir, ctx)
     dist.agree(_write_config, cfg, ctx)
 
@@ -149,6 +150,20 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context):
     return model, optimizer, synced
 
 
+def start_state(cfg: config_lib.Config, ctx: dist.Context, resuming: bool):
+    """(model, optimizer, synced) and, when ``resuming``, the ``resume.Resumed`` they
+    were restored from. A new run checks its directory before building anything; a
+    resumed one rewrites its config only once its checkpoint has loaded."""
+    if not resuming:
+        prepare_run_dir(cfg, ctx, resuming=False)
+        return build_state(cfg, ctx), None
+    state = build_state(cfg, ctx)
+    resumed = resume.restore(ctx, cfg.run_dir, *state)
+    resume.check_extends(resumed, cfg.train.epochs)
+    prepare_run_dir(cfg, ctx, resuming=True)
+    return state, resumed
+
+
 # --- the session: what the epochs of one run share ---------------------------------
 
 
@@ -172,6 +187,10 @@ class Session:
     """``perf_counter`` at the agreed start; log times count from here."""
     start_time: float
     """Unix time of the agreed start on rank 0's clock, the same on every rank."""
+    stop: stopping.StopFlag
+    resumed: resume.Resumed | None = None
+    start: tuple[int, int] = (0, 0)
+    """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
     bar: Any = None
     global_step: int = 0
     epochs_done: int = 0
@@ -194,34 +213,37 @@ class EpochResult:
     losses_local: list = field(default_factory=list)
     failure: Failure | None = None
     """This rank's first error, not yet raised: it rides on the next collective."""
+    skipped: int = 0
+    """Steps whose update every rank skipped (non-finite loss or gradient)."""
+    elapsed_before: float = 0.0
+    """Training seconds of this epoch spent by an earlier launch (resumed inside it)."""
     weights: list = field(default_factory=list)
     train_time: float = 0.0
     epoch_time: float = 0.0
 
 
-def _on_term(signum, frame):
-    raise Interrupted(f"received signal {signum}")
-
-
-def _progress_bar(ctx: dist.Context, total: int, resources: contextlib.ExitStack):
+def _progress_bar(ctx: dist.Context, total: int, done: int, resources: contextlib.ExitStack):
     if not ctx.is_root():
         return None  # rank 0 alone prints progress
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True,
+    bar = tqdm(total=total, initial=done, unit="step", file=sys.stderr, dynamic_ncols=True,
                mininterval=0.5, desc=f"train x{ctx.size}")
     resources.callback(bar.close)
     return bar
 
 
-def _all_batches(info: data.DatasetInfo, ctx: dist.Context, train_cfg, schedule: Schedule):
-    for e in range(train_cfg.epochs):
+def _all_batches(info: data.DatasetInfo, ctx: dist.Context, train_cfg, schedule: Schedule,
+                 start: tuple[int, int]):
+    """This rank's batches from (epoch, step) ``start`` to the end of training."""
+    for e in range(start[0], train_cfg.epochs):
+        first = start[1] if e == start[0] else 0
         yield from data.shard_batches(info.train_indices, ctx.rank, ctx.size,
-                                      train_cfg.batch_size, e, train_cfg.seed)[:schedule.steps]
+                                      train_cfg.batch_size, e, train_cfg.seed)[first:schedule.steps]
 
 
-def open_session(cfg, ctx, info, state, resources: contextlib.ExitStack) -> Session:
-    """Opens the reader and the log, starts the clock on an agreed barrier, installs
-    the SIGTERM handler and the prefetcher. Everything opened is closed by
+def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack) -> Session:
+    """Opens the reader and the log, starts the clock on an agreed barrier, routes the
+    stop signals to a flag and starts the prefetcher. Everything opened is closed by
     ``resources``."""
     model, optimizer, synced = state
     schedule = Schedule.of(cfg.train, len(info.train_indices), ctx.size)
@@ -232,20 +254,24 @@ def open_session(cfg, ctx, info, state, resources: contextlib.ExitStack) -> Sess
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
-    resources.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _on_term))
+    stop = stopping.StopFlag()
+    stopping.install(stop, resources)
+    start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
-    feed = data.Prefetcher(reader, _all_batches(info, ctx, cfg.train, schedule),
+    feed = data.Prefetcher(reader, _all_batches(info, ctx, cfg.train, schedule, start),
                            depth=cfg.data.prefetch)
     resources.callback(feed.close)
     return Session(
         cfg=cfg, ctx=ctx, info=info, schedule=schedule, model=model, optimizer=optimizer,
         synced=synced, reader=reader, log=log, batches=iter(feed), t0=t0,
-        start_time=start_time,
+        start_time=start_time, stop=stop, resumed=resumed, start=start,
+        global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
                                          cfg.train.loss),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes, cfg.train.loss),
-        bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps, resources))
+        bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
+                          start[0] * schedule.steps + start[1], resources))
 
 
 def write_run_record(s: Session, threads: tuple[int, int]) -> None:
@@ -271,6 +297,18 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         epochs=t.epochs)
 
 
+def write_resume_record(s: Session) -> None:
+    """Collective: the ``resume`` record that opens a resumed launch's lines."""
+    r = s.resumed
+    dist.agree(s.log.write, "resume", from_epoch=s.start[0], from_step=s.start[1],
+               global_step=s.global_step, checkpoint=r.manifest, size_before=r.position.size,
+               size=s.ctx.size, warnings=r.warnings)
+    if s.bar is not None:
+        for w in r.warnings:
+            s.bar.write(f"warning: {w}")
+        s.bar.write(f"resuming from {r.manifest}: epoch {s.start[0]}, step {s.start[1]}")
+
+
 # --- one epoch ----------------------------------------------------------------------
 
 
@@ -294,51 +332,101 @@ def _set_lr(s: Session) -> float:
     return lr
 
 
-def run_step(s: Session, result: EpochResult, step: int) -> None:
-    """One training step on this rank, logged; raises on every rank together."""
+def _check_nonfinite(s: Session, result: EpochResult, step: int, loss: float) -> None:
+    """Some rank's loss or gradient was not finite, so no rank applied this step's
+    update: stop every rank (the same message), or count the skipped step."""
+    if s.cfg.train.on_nonfinite == "skip":
+        result.skipped += 1
+        return
+    what = f"training loss is {loss}" if not math.isfinite(loss) else "a gradient is not finite"
+    raise RunError(f"{what} at epoch {result.epoch} step {step}; lower --lr, check the data, "
+                   "or pass --on-nonfinite skip")
+
+
+def run_step(s: Session, result: EpochResult, step: int) -> bool:
+    """One training step on this rank, logged; raises on every rank together.
+    Returns whether some rank asked to stop (every rank gets the same answer)."""
     step_start = time.perf_counter()
     ids, images, masks = _next_batch(s, result)
     data_wait = time.perf_counter() - step_start
     lr = _set_lr(s)
-    loss_local, loss, any_failed = s.train_step(images, masks, float(result.failure is not None))
-    if float(any_failed) > 0:
+    flags = np.array([result.failure is not None, s.stop.requested], np.float32)
+    loss_local, loss, any_flags = s.train_step(images, masks, flags)
+    failed, stop, nonfinite = (float(f) > 0 for f in any_flags)
+    if failed:
         dist.raise_agreed(result.failure)
     loss_local, loss = float(loss_local), float(loss)
     now = time.perf_counter()
     try:
         s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
                     t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
-                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids))
+                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids),
+                    **({"skipped": True} if nonfinite else {}))
     except OSError as e:  # shared in the next step's allreduce, or at epoch end
         result.failure = result.failure or dist.failure_of(e)
     result.seen.append(ids)
     result.losses.append(loss)
     result.losses_local.append(loss_local)
     s.global_step += 1
-    if not math.isfinite(loss):  # the averaged loss: the same on every rank
-        raise RunError(f"training loss is {loss} at epoch {result.epoch} step {step}; "
-                       "lower --lr or check the data")
+    if nonfinite:  # decided from the allreduced flag: the same on every rank
+        _check_nonfinite(s, result, step, loss)
     if s.global_step == 1:  # BatchNorm statistics are still local here
         steps.check_weights("after the first step",
                             s.model.trainable_variables + s.optimizer.variables)
     if s.bar is not None:
         s.bar.update(1)
         s.bar.set_postfix(epoch=result.epoch, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+    return stop
+
+
+def _carry_over(s: Session, epoch: int, result: EpochResult) -> None:
+    """A launch resumed inside ``epoch`` starts from what its checkpoint had seen."""
+    carried = s.resumed.carried if s.resumed else None
+    if carried is None or epoch != s.start[0] or not s.start[1]:
+        return
+    result.seen.append(np.asarray(carried.seen, np.int64))
+    result.losses.extend(carried.losses)
+    result.losses_local.extend(carried.losses_local)
+    result.elapsed_before = s.resumed.position.train_time
+
+
+def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
+    """Collective: a checkpoint ``step`` steps into ``result.epoch`` (0: at its end,
+    after the BatchNorm averaging), holding every rank's partial epoch."""
+    t = s.cfg.train
+    position = checkpoint.Position(
+        epoch=result.epoch + (0 if step else 1), step=step, global_step=s.global_step,
+        size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start)
+    seen, losses, local = ((result.seen, result.losses, result.losses_local) if step
+                           else ([], [], []))
+    mine = resume.rank_state(s.model, seen, losses, local)
+    resume.save(s.ctx, s.cfg.run_dir, position, s.model, s.optimizer, mine, t.keep_checkpoints)
+
+
+def _stop_inside_epoch(s: Session, result: EpochResult, step: int):
+    """Every rank: checkpoint the finished steps, then raise ``Interrupted``."""
+    checkpoint_now(s, result, step)
+    raise Interrupted(f"{s.stop.reason or 'another rank was asked to stop'}; checkpoint at "
+                      f"epoch {result.epoch} step {step}")
 
 
 def train_epoch(s: Session, epoch: int) -> EpochResult:
-    """Trains one epoch on this rank's shard; ends with identical weights on all ranks."""
+    """Trains one epoch on this rank's shard; ends with identical weights on all ranks.
+    A stop asked for on any rank ends it early, on every rank, after a checkpoint."""
     if s.ctx.size > 1:
         # Start every rank's epoch clock together: otherwise the ranks that do not
         # checkpoint would count rank 0's checkpoint writing (they wait for it in their
         # first allreduce) as training time, and one process would not.
         dist.barrier()
     result = EpochResult(epoch=epoch, start=time.perf_counter())
-    for step in range(s.schedule.steps):
-        run_step(s, result, step)
+    _carry_over(s, epoch, result)
+    first = s.start[1] if epoch == s.start[0] else 0
+    for step in range(first, s.schedule.steps):
+        if run_step(s, result, step) and step + 1 < s.schedule.steps:
+            _stop_inside_epoch(s, result, step + 1)
     steps.average_batchnorm(s.model, s.ctx.size)
     result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
-    result.train_time = time.perf_counter() - result.start
+    result.train_time = result.elapsed_before + time.perf_counter() - result.start
     return result
 
 
@@ -384,8 +472,8 @@ def validate(s: Session) -> dict:
 
 
 def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
-    """Rank-local writes, run under ``dist.agree``: a full disk on one rank, or rank
-    0's checkpoint failing, stops every rank with the same message."""
+    """This rank's ``epoch`` record, run under ``dist.agree``: a full disk on one rank
+    stops every rank with the same message."""
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)
@@ -395,10 +483,7 @@ def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
                 sample_digest=schema.sample_digest(seen),
                 train_loss=float(np.mean(result.losses)),
                 train_loss_local=float(np.mean(result.losses_local)),
-                weight_checksum=result.weights, **val)
-    t = s.cfg.train
-    if s.ctx.is_root() and checkpoint.is_due(result.epoch + 1, t.epochs, t.checkpoint_every):
-        checkpoint.save(s.cfg.run_dir, result.epoch + 1, s.model, s.optimizer, t.keep_checkpoints)
+                weight_checksum=result.weights, skipped_steps=result.skipped, **val)
 
 
 def print_epoch(s: Session, result: EpochResult, val: dict) -> None:
@@ -437,29 +522,39 @@ def _write_end(s: Session | None, error: BaseException | None) -> None:
 
 
 def train_epochs(s: Session) -> int:
-    """The epoch loop; returns the number of epochs finished."""
-    for epoch in range(s.cfg.train.epochs):
+    """The epoch loop; returns the number of epochs finished. A stop asked for during
+    validation or the epoch's end takes effect here, after the epoch's checkpoint."""
+    t = s.cfg.train
+    for epoch in range(s.start[0], t.epochs):
         result = train_epoch(s, epoch)
         val = validate(s)
-        result.epoch_time = time.perf_counter() - result.start
+        result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
         dist.agree(finish_epoch, s, result, val)
         s.epochs_done = epoch + 1
         print_epoch(s, result, val)
+        stop = any(dist.allgather_object(s.stop.requested))
+        if stop or checkpoint.is_due(s.epochs_done, t.epochs, t.checkpoint_every):
+            checkpoint_now(s, result, 0)
+        if stop:
+            raise Interrupted(f"{s.stop.reason or 'another rank was asked to stop'}; "
+                              f"checkpoint after epoch {epoch}")
     return s.epochs_done
 
 
-def run(cfg: config_lib.Config) -> int:
-    """Trains on every rank; returns 0, or raises ``RunError`` / ``Interrupted``."""
+def run(cfg: config_lib.Config, resuming: bool = False) -> int:
+    """Trains on every rank (``resuming``: continues the run in ``cfg.run_dir`` from its
+    newest whole checkpoint); returns 0, or raises ``RunError`` / ``Interrupted``."""
     ctx = dist.init()
     threads = configure_threads(cfg.train, ctx.cores)
     info = dist.agree(check_inputs, cfg, ctx)
-    prepare_run_dir(cfg, ctx)
-    state = build_state(cfg, ctx)
+    state, resumed = start_state(cfg, ctx, resuming)
     session, error = None, None
     # Closed in reverse order on the way out, whatever happens.
     with contextlib.ExitStack() as resources:
         try:
-            session = open_session(cfg, ctx, info, state, resources)
+            session = open_session(cfg, ctx, info, state, resumed, resources)
+            if resumed:
+                write_resume_record(session)
             write_run_record(session, threads)
             train_epochs(session)
             return 0

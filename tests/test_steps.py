@@ -58,28 +58,55 @@ def test_weight_checksum_is_sum_and_sum_of_squares():
     np.testing.assert_allclose(got, [values.sum(), (values ** 2).sum()], rtol=1e-12)
 
 
+def _save(run_dir, model, opt, epoch, step=0, keep=2, seen=()):
+    state = checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights],
+                                 seen=np.asarray(seen, np.int64), losses=[-0.5] * len(seen),
+                                 losses_local=[-0.4] * len(seen))
+    position = checkpoint.Position(epoch=epoch, step=step, global_step=10 * epoch + step, size=1)
+    return checkpoint.save(run_dir, position, model, opt, [state], keep)
+
+
 def test_checkpoint_round_trip_and_rotation(tmp_path):
     model, opt = _tiny_state(1)
     run_dir = str(tmp_path)
     for epoch in (1, 2, 3):
-        checkpoint.save(run_dir, epoch, model, opt, keep=2)
-    ckdir = checkpoint.directory(run_dir)
-    assert sorted(os.listdir(ckdir)) == [
-        "epoch-0002.optimizer.npz", "epoch-0002.weights.h5",
-        "epoch-0003.optimizer.npz", "epoch-0003.weights.h5", "latest.json"]
+        _save(run_dir, model, opt, epoch)
+    _save(run_dir, model, opt, 3, step=4, seen=[7, 9, 11])
+    assert checkpoint.stems(checkpoint.directory(run_dir)) == ["epoch-0003", "epoch-0003-step-000004"]
     saved = steps.weight_checksum(model.weights + opt.variables)
 
     other, other_opt = _tiny_state(2)  # different weights and optimizer state
     assert steps.weight_checksum(other.weights + other_opt.variables) != saved
-    entry = checkpoint.latest(run_dir)
-    assert checkpoint.load(entry, other, other_opt) == 3
+    entry, warnings = checkpoint.find(run_dir)
+    assert warnings == [] and checkpoint.load(entry, other, other_opt) == 3
     assert steps.weight_checksum(other.weights + other_opt.variables) == saved
+    pos = entry["position"]
+    assert (pos.epoch, pos.step, pos.global_step, pos.size) == (3, 4, 34, 1)
+    [rank0] = checkpoint.rank_states(checkpoint.read_state(entry), 1)
+    assert rank0.seen.tolist() == [7, 9, 11] and rank0.losses == [-0.5] * 3
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    model, opt = _tiny_state(1)
+    run_dir = str(tmp_path)
+    _save(run_dir, model, opt, 1)
+    stem = _save(run_dir, model, opt, 2)
+    with open(f"{stem}.weights.h5", "r+b") as f:  # one changed byte
+        f.seek(2000)
+        byte = f.read(1)
+        f.seek(2000)
+        f.write(bytes([(byte[0] + 1) % 256]))
+    entry, warnings = checkpoint.find(run_dir)
+    assert entry["epoch"] == 1
+    assert len(warnings) == 1 and "epoch-0002.weights.h5: missing or damaged" in warnings[0]
+    os.remove(os.path.join(checkpoint.directory(run_dir), "epoch-0001.state.npz"))
+    assert checkpoint.find(run_dir)[0] is None
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_one_line(tmp_path):
     from distseg import model as model_lib
     model, opt = _tiny_state(1)
-    checkpoint.save(str(tmp_path), 1, model, opt, keep=1)
+    _save(str(tmp_path), model, opt, 1)
     bigger = model_lib.build_unet(16, depth=1, base_filters=4)
     with pytest.raises(InputError) as err:
         checkpoint.load(checkpoint.latest(str(tmp_path)), bigger)

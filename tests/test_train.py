@@ -68,12 +68,14 @@ def test_checkpoints_rotate_and_latest_points_at_the_last(tiny, tmp_path):
                      "--max-steps-per-epoch", "2", "--no-validate"],
                     timeout=TIMEOUT, env=command_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(os.listdir(run_dir / "checkpoints")) == [
-        "epoch-0003.optimizer.npz", "epoch-0003.weights.h5",
-        "epoch-0004.optimizer.npz", "epoch-0004.weights.h5", "latest.json"]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == sorted(
+        [f"epoch-000{e}.{kind}" for e in (3, 4) for kind in ("json", "state.npz", "weights.h5")]
+        + ["latest.json"])
     latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    assert latest == {"epoch": 4, "weights": "epoch-0004.weights.h5",
-                      "optimizer": "epoch-0004.optimizer.npz"}
+    assert latest == {"manifest": "epoch-0004.json", "epoch": 4, "step": 0}
+    manifest = json.loads((run_dir / "checkpoints" / "epoch-0004.json").read_text())
+    assert (manifest["epoch"], manifest["step"], manifest["global_step"], manifest["size"]) \
+        == (4, 0, 8, 1)
 
 
 def test_ranks_are_pinned_to_disjoint_cores_when_unbound(tiny, tmp_path):

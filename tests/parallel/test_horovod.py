@@ -95,7 +95,7 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
 
     images, masks = _different_rank_data(ctx)
     train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice")
-    results = [train_step(images, masks, 0.0) for _ in range(4)]
+    results = [train_step(images, masks, np.zeros(2, np.float32)) for _ in range(4)]
     after_training = dist.find_divergence(steps.weight_checksum(trained), rtol=1e-9)
     local_losses = dist.allgather_object(float(results[0][0]))
     mean_losses = dist.allgather_object(float(results[0][1]))
@@ -110,6 +110,32 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     assert len(set(local_losses)) == ctx.size, "ranks saw the same batch"
     assert mean_losses == [pytest.approx(np.mean(local_losses), rel=1e-6)] * ctx.size
     assert after_local is not None
+
+
+def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
+    """The last rank asks to stop and has a NaN pixel: every rank sees both flags at
+    the same step, and no rank applies that step's update."""
+    import keras
+
+    from distseg import model as model_lib
+
+    keras.utils.set_random_seed(7)
+    model = model_lib.build_unet(16, depth=1, base_filters=2)
+    opt = keras.optimizers.SGD(learning_rate=0.5)
+    opt.build(model.trainable_variables)
+    dist.broadcast_variables(model.weights + opt.variables)
+    images, masks = _different_rank_data(ctx)
+    last = ctx.rank == ctx.size - 1
+    if last:
+        images[0, 3, 3, 0] = np.nan
+    train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice")
+    before = steps.weight_checksum(model.trainable_variables)
+    _, mean_loss, flags = train_step(images, masks, np.array([0.0, float(last)], np.float32))
+    after = steps.weight_checksum(model.trainable_variables)
+    everyone = dist.allgather_object(([float(f) > 0 for f in flags], after == before,
+                                      np.isnan(float(mean_loss))))
+    # [failed, stop, non-finite]: stop and non-finite raised by one rank, seen by all
+    assert everyone == [([False, True, True], True, True)] * ctx.size
 
 
 def local_step(model, opt, images, masks):
