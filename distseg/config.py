@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import reprlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -81,6 +83,9 @@ class TrainConfig:
     """Cap on steps per epoch (0: a full pass); for smoke tests and benchmarks."""
     validate: bool = True
     """Run the sharded validation after each epoch."""
+    hang_timeout: float = 120.0
+    """Seconds a rank may wait in a collective before it ends the run, naming the
+    ranks that stopped answering (0: wait forever)."""
     on_nonfinite: str = "stop"
     """A non-finite loss or gradient on any rank: ``stop`` the run (every rank, with one
     message) or ``skip`` that step's update on every rank and count it in the log."""
@@ -110,11 +115,14 @@ class Config:
     def validate(self) -> "Config":
         """Raises ``ValueError`` naming the first bad field; returns self."""
         m, t = self.model, self.train
+        # 2**depth of an absurd depth would take forever; and no image_size below 2**63
+        # is divisible by 2**63 or more.
+        pool = 2 ** m.depth if 0 <= m.depth < 63 else None
         checks = [
             (m.image_size >= 8, "model.image_size", f"must be >= 8, got {m.image_size}"),
             (m.depth >= 1, "model.depth", f"must be >= 1, got {m.depth}"),
-            (m.image_size % (2 ** m.depth) == 0, "model.image_size",
-             f"{m.image_size} is not divisible by 2**depth = {2 ** m.depth}"),
+            (pool is not None and m.image_size % pool == 0, "model.image_size",
+             f"{m.image_size} is not divisible by 2**depth = {pool or f'2**{m.depth}'}"),
             (m.base_filters >= 1, "model.base_filters", f"must be >= 1, got {m.base_filters}"),
             (0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}"),
             (m.norm in NORMS, "model.norm", f"must be one of {NORMS}, got {m.norm!r}"),
@@ -133,6 +141,7 @@ class Config:
             (t.intra_op_threads >= 0, "train.intra_op_threads", "must be >= 0"),
             (t.inter_op_threads >= 0, "train.inter_op_threads", "must be >= 0"),
             (t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0"),
+            (t.hang_timeout >= 0, "train.hang_timeout", "must be >= 0"),
             (t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1"),
             (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
             (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
@@ -186,7 +195,9 @@ def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
     changes = {}
     for key, value in updates.items():
         if key not in names:
-            raise InputError(f"config field {where}{key} is unknown (known: {', '.join(names)})")
+            label = f"{where}{key}"
+            label = label if label.isprintable() else _shown(label)  # one line, whatever the key
+            raise InputError(f"config field {label} is unknown (known: {', '.join(names)})")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, Mapping):
@@ -199,7 +210,8 @@ def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
 
 def _typed(value: Any, current: Any, name: str) -> Any:
     """``value`` as the type of the field's ``current`` value, or a ValueError naming the
-    field. No silent conversions: ``"false"`` is not a bool, ``2.5`` is not an int."""
+    field. No silent conversions: ``"false"`` is not a bool, ``2.5`` is not an int; nor
+    is a number past 64 bits, infinite or NaN a setting (it would overflow later)."""
     kind = type(current)
     if kind is bool:
         ok = isinstance(value, bool)
@@ -210,8 +222,22 @@ def _typed(value: Any, current: Any, name: str) -> Any:
     else:
         ok = current is None or isinstance(value, kind)
     if not ok:
-        raise InputError(f"config field {name} must be {kind.__name__}, got {value!r}")
+        raise InputError(f"config field {name} must be {kind.__name__}, got {_shown(value)}")
+    limit = {int: 2 ** 63 - 1, float: sys.float_info.max}.get(kind)
+    if limit is not None and not abs(value) <= limit:
+        what = "an int of at most 64 bits" if kind is int else "a finite float"
+        raise InputError(f"config field {name} must be {what}, got {_shown(value)}")
     return float(value) if kind is float else value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a one-line message: short, escaped, never an int too long to print."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # an int too long to print, nested in a list
+        return f"a {type(value).__name__}"
 
 
 def resolve(preset: str = "liver2d", file: str | None = None,
@@ -224,26 +250,31 @@ def resolve(preset: str = "liver2d", file: str | None = None,
         try:
             with open(file, encoding="utf-8") as f:
                 loaded = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, RecursionError) as e:
+            # ValueError: besides bad JSON, bytes that are not UTF-8 and integers too long
+            # to convert; RecursionError: arrays nested thousands deep.
             raise InputError(f"config file {file}: cannot be read as JSON ({e})") from e
+        if not isinstance(loaded, Mapping):
+            raise InputError(f"config file {file}: holds {_shown(loaded)}, expected a JSON "
+                             'object such as {"train": {"lr": 0.001}}')
         cfg = _merge(cfg, loaded, "")
-    nested: dict[str, Any] = {}
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
-        node = nested
         *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return _merge(cfg, nested, "").validate()
+        update: Any = {leaf: value}
+        for p in reversed(parents):
+            update = {p: update}
+        # One at a time: "train" (not a mapping) and "train.lr" may both be given.
+        cfg = _merge(cfg, update, "")
+    return cfg.validate()
 
 
 #: Fields a resumed run may change: they do not change what is trained (``epochs`` may
 #: only extend the run, which ``distseg.train`` checks against the checkpoint).
 RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
-                     "train.on_nonfinite", "data.prefetch")
+                     "train.on_nonfinite", "train.hang_timeout", "data.prefetch")
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -19,9 +19,11 @@ file is never loaded whole. Nothing here imports TensorFlow or Horovod; callers 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
+import reprlib
 import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -119,12 +121,85 @@ def _open(path: str) -> h5py.File:
         f = h5py.File(path, "r", locking=False)
     except OSError as e:
         raise DatasetError(f"{path}: not a readable HDF5 file ({e.__class__.__name__})") from e
+    garbage = f"{path}: format_version is {{}}, expected an integer <= {FORMAT_VERSION}"
     try:
-        errors.refuse_newer(path, "format_version", f.attrs.get("format_version", 1), FORMAT_VERSION)
+        with _damage(path):  # an attribute h5py cannot decode
+            version = f.attrs.get("format_version", 1)
+        if isinstance(version, np.ndarray) and version.size != 1:  # its repr spans lines
+            raise errors.InputError(garbage.format(_shown(version)))
+        try:
+            errors.refuse_newer(path, "format_version", version, FORMAT_VERSION)
+        except OverflowError:  # inf, which int() cannot convert
+            raise errors.InputError(garbage.format(_shown(version))) from None
     except errors.InputError as e:
         f.close()
         raise DatasetError(str(e)) from None
     return f
+
+
+@contextlib.contextmanager
+def _damage(path: str) -> Iterator[None]:
+    """h5py's own errors on a damaged file (a KeyError for an object header it cannot
+    decode, a RuntimeError, an OSError for a bad chunk...) as one line naming the file."""
+    try:
+        yield
+    except errors.InputError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:
+        why = (str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)).splitlines()
+        raise DatasetError(f"{path}: damaged HDF5 file ({e.__class__.__name__}: "
+                           f"{why[0] if why else 'no detail'})") from e
+
+
+def _shown(value) -> str:
+    """An attribute's value for a one-line message: an array by its shape, else short."""
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    return reprlib.repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
+    """Checks the datasets' kinds, shapes and dtypes (metadata only); returns (N, H, W)."""
+    for name in REQUIRED:
+        if name not in f:
+            raise DatasetError(f"{path}: missing dataset '{name}' (need {', '.join(REQUIRED)})")
+        obj = f.get(name)  # None for a link to nothing
+        if not isinstance(obj, h5py.Dataset):
+            what = "a link to nothing" if obj is None else f"a {type(obj).__name__}"
+            raise DatasetError(f"{path}: '{name}' is {what}, expected a dataset")
+    images, masks = f["images"], f["masks"]
+    if images.ndim != 4 or images.shape[-1] != 1:
+        raise DatasetError(f"{path}: 'images' has shape {images.shape}, expected (N, H, W, 1)")
+    if images.dtype not in (np.float32, np.float16):
+        raise DatasetError(f"{path}: 'images' has dtype {images.dtype}, expected float32 or float16")
+    n, h, w, _ = images.shape
+    if masks.shape != (n, h, w):
+        raise DatasetError(
+            f"{path}: 'masks' has shape {masks.shape}, expected {(n, h, w)} to match 'images'")
+    if masks.dtype != np.uint8:
+        raise DatasetError(f"{path}: 'masks' has dtype {masks.dtype}, expected uint8")
+    for name in ("case_id", "split"):
+        if f[name].shape != (n,):
+            raise DatasetError(f"{path}: '{name}' has shape {f[name].shape}, expected ({n},)")
+        if not np.issubdtype(f[name].dtype, np.integer):
+            raise DatasetError(f"{path}: '{name}' has dtype {f[name].dtype}, expected integers")
+    if n == 0:
+        raise DatasetError(f"{path}: 'images' holds no slices")
+    if h == 0 or w == 0:
+        raise DatasetError(f"{path}: 'images' slices are {h}x{w}, expected at least 1x1")
+    return n, h, w
+
+
+def _num_classes(path: str, f: h5py.File) -> int:
+    """The ``num_classes`` attribute (3 when absent), refusing anything but an integer >= 2."""
+    raw = f.attrs.get("num_classes", 3)
+    try:
+        value = int(raw) if np.ndim(raw) == 0 else None
+    except (TypeError, ValueError, OverflowError):  # a string, NaN, inf
+        value = None
+    if value is None or value != raw or value < 2:
+        raise DatasetError(f"{path}: attribute num_classes is {_shown(raw)}, expected an integer >= 2")
+    return value
 
 
 def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
@@ -136,27 +211,10 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
     Raises:
       DatasetError: one line naming the file, the field and what was expected.
     """
-    with _open(path) as f:
-        for name in REQUIRED:
-            if name not in f:
-                raise DatasetError(f"{path}: missing dataset '{name}' (need {', '.join(REQUIRED)})")
+    with _open(path) as f, _damage(path):
+        n, h, w = _layout(path, f)
         images, masks = f["images"], f["masks"]
-        if images.ndim != 4 or images.shape[-1] != 1:
-            raise DatasetError(f"{path}: 'images' has shape {images.shape}, expected (N, H, W, 1)")
-        if images.dtype not in (np.float32, np.float16):
-            raise DatasetError(f"{path}: 'images' has dtype {images.dtype}, expected float32 or float16")
-        n, h, w, _ = images.shape
-        if masks.shape != (n, h, w):
-            raise DatasetError(
-                f"{path}: 'masks' has shape {masks.shape}, expected {(n, h, w)} to match 'images'")
-        if masks.dtype != np.uint8:
-            raise DatasetError(f"{path}: 'masks' has dtype {masks.dtype}, expected uint8")
-        for name in ("case_id", "split"):
-            if f[name].shape != (n,):
-                raise DatasetError(f"{path}: '{name}' has shape {f[name].shape}, expected ({n},)")
-        if n == 0:
-            raise DatasetError(f"{path}: 'images' holds no slices")
-        num_classes = int(f.attrs.get("num_classes", 3))
+        num_classes = _num_classes(path, f)
         split = f["split"][:]
         case_id = f["case_id"][:]
         if not np.isin(split, list(SPLITS.values())).all():
@@ -243,8 +301,14 @@ class SliceReader:
     def __init__(self, path: str, image_size: int | None = None, resize: bool = False):
         self.path = path
         self._file = _open(path)
-        self._images = self._file["images"]
-        self._masks = self._file["masks"]
+        try:
+            with _damage(path):
+                _layout(path, self._file)
+                self._images = self._file["images"]
+                self._masks = self._file["masks"]
+        except errors.InputError:
+            self._file.close()
+            raise
         self.height, self.width = self._images.shape[1:3]
         self.image_size = image_size
         problem = _size_problem(path, self.height, self.width, image_size, resize)

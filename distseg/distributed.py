@@ -12,6 +12,7 @@ plain process (size 1).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -146,6 +147,29 @@ def init() -> Context:
                    pinned=mine is not None)
 
 
+_watch = None
+
+
+def watch_collectives(watch) -> None:
+    """Times every eager collective below with ``watch`` (a ``stopping.HangWatch``, or
+    None): a rank that waits too long in one ends the run instead of hanging."""
+    global _watch
+    _watch = watch
+
+
+def _watched(fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        if _watch is None:
+            return fn(*args, **kwargs)
+        _watch.arm(f"a collective ({fn.__name__})")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _watch.disarm()
+    return timed
+
+
 def _require():
     if _hvd is None:
         raise RuntimeError("distseg.distributed.init() has not been called")
@@ -161,6 +185,7 @@ def average_gradients(grads, extra=()):
     return out[:len(grads)], out[len(grads):]
 
 
+@_watched
 def broadcast_variables(variables, root: int = 0) -> None:
     """Copies rank ``root``'s values into ``variables`` on every rank (Keras 3 or tf)."""
     hvd = _require()
@@ -170,6 +195,7 @@ def broadcast_variables(variables, root: int = 0) -> None:
         v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=root, name=None))
 
 
+@_watched
 def allreduce(values, op: str = "mean") -> np.ndarray:
     """Sum or mean of a numpy array over ranks (eager; float64 kept as float64)."""
     hvd = _require()
@@ -180,6 +206,7 @@ def allreduce(values, op: str = "mean") -> np.ndarray:
     return out.numpy()
 
 
+@_watched
 def allreduce_many(arrays, op: str = "mean") -> list[np.ndarray]:
     """Sum or mean over ranks of several arrays in one fused collective (eager).
 
@@ -197,12 +224,14 @@ def allreduce_many(arrays, op: str = "mean") -> list[np.ndarray]:
     return [o.numpy().astype(a.dtype) for o, a in zip(out, arrays)]
 
 
+@_watched
 def allgather_object(obj) -> list:
     """Every rank's ``obj``, in rank order, on every rank."""
     hvd = _require()
     return list(hvd.allgather_object(obj))  # Horovod: pickled allgather.
 
 
+@_watched
 def broadcast_object(obj, root: int = 0):
     hvd = _require()
     return hvd.broadcast_object(obj, root_rank=root)  # Horovod: pickled broadcast.

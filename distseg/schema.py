@@ -39,6 +39,9 @@ field needs a new ``SCHEMA_VERSION``.
     (the manifest it loaded), size_before (ranks that wrote it), size, warnings
     (damaged checkpoints skipped, steps redone).
 
+``stalled`` when this rank has waited ``hang_timeout`` s in a collective: t, waited
+    (seconds), where; an ``end`` record naming the ranks that stopped answering follows.
+
 Also, when a step's update was skipped on every rank (``--on-nonfinite skip``): the
 ``step`` record has ``skipped: true`` and the ``epoch`` record counts ``skipped_steps``.
 """
@@ -96,6 +99,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     ),
     "end": ("status", "reason", "t", "epochs_done"),
     "resume": ("from_epoch", "from_step", "global_step", "checkpoint", "size_before", "size"),
+    "stalled": ("t", "waited", "where"),
 }
 
 #: Fields the trainer also writes, documented above, that readers may rely on when
@@ -108,6 +112,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps"),
     "end": (),
     "resume": ("warnings",),
+    "stalled": (),
 }
 
 END_STATUSES = ("ok", "error", "interrupted")

@@ -15,9 +15,11 @@ import threading
 #: Signals that ask for a clean stop: SIGTERM (Slurm at the time limit, ``kill``,
 #: ``docker stop``) and SIGUSR1 (``sbatch --signal=USR1@...`` before the limit).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: Launchers whose death should stop the ranks: ``horovodrun`` leaves ``mpirun`` and
-#: the ranks running when it is killed alone.
-LAUNCHERS = ("horovodrun",)
+#: Launcher processes the ranks watch. ``horovodrun`` turns itself into ``sh -c mpirun
+#: ...`` (MPI) or stays a Python parent (Gloo); killed alone, it left ``mpirun`` and the
+#: ranks training on. So a rank stops when the nearest of these ancestors dies or is
+#: orphaned (its parent, the killed ``horovodrun`` or batch script, is gone).
+LAUNCHERS = ("horovodrun", "mpirun", "mpiexec", "orterun")
 
 
 class StopFlag:
@@ -46,7 +48,8 @@ def install(flag: StopFlag, resources) -> None:
     if launcher is not None:
         done = threading.Event()
         resources.callback(done.set)
-        threading.Thread(target=_watch, args=(launcher, flag, done), daemon=True).start()
+        threading.Thread(target=_watch, args=(launcher, _parent(launcher), flag, done),
+                         daemon=True).start()
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -84,8 +87,78 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _watch(pid: int, flag: StopFlag, done: threading.Event) -> None:
+def _watch(pid: int, parent: int, flag: StopFlag, done: threading.Event) -> None:
     while not done.wait(1.0):
         if not _alive(pid):
             flag.request(f"the launcher (pid {pid}) is gone")
             return
+        if _parent(pid) != parent:
+            flag.request(f"the launcher's parent (pid {parent}) is gone")
+            return
+
+
+class HangWatch:
+    """Ends this process when it waits in a collective for longer than ``timeout`` s.
+
+    A rank that stalls (a stopped process, a file system hang, a cut link) leaves the
+    others blocked inside Horovod, where neither a signal handler nor Horovod's own
+    stall check (its coordinator waits in the same collective) can act. Around each
+    collective the loop calls ``arm``/``disarm``; a thread watches the clock. On
+    expiry it names the ranks whose logs stopped earliest (the run directory is on a
+    shared file system), writes this rank's ``end`` record, prints one line and exits
+    with code 1: the launcher then ends the other ranks.
+    """
+
+    def __init__(self, timeout: float, on_expiry):
+        self.timeout = timeout
+        self._on_expiry = on_expiry
+        self._since: float | None = None
+        self._what, self._scale = "", 1.0
+        self._done = threading.Event()
+        if timeout > 0:
+            threading.Thread(target=self._run, daemon=True).start()
+
+    def arm(self, what: str, patience: float = 1.0) -> None:
+        """Starts the clock; ``patience`` scales the timeout (e.g. for a first step,
+        which also traces the step on every rank)."""
+        import time
+        self._what, self._scale, self._since = what, patience, time.monotonic()
+
+    def disarm(self) -> None:
+        self._since = None
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        import time
+        while not self._done.wait(min(1.0, self.timeout / 4)):
+            since, limit = self._since, self.timeout * self._scale
+            if since is not None and time.monotonic() - since > limit:
+                self._on_expiry(self._what, limit)
+                return
+
+
+def silent_ranks(log_paths: dict[int, str], me: int) -> list[int]:
+    """Ranks other than ``me`` whose log does not end in a ``stalled`` or ``end``
+    record: while every waiting rank has said it is stalled, these are the ranks
+    that were not waiting with them (stopped, hung, or gone)."""
+    return sorted(r for r, path in log_paths.items()
+                  if r != me and _last_type(path) not in ("stalled", "end"))
+
+
+def _last_type(path: str) -> str | None:
+    import json
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line).get("type")
+        except (ValueError, AttributeError):
+            continue
+    return None

@@ -15,6 +15,7 @@ all ranks stop together with the same message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -188,6 +189,7 @@ class Session:
     start_time: float
     """Unix time of the agreed start on rank 0's clock, the same on every rank."""
     stop: stopping.StopFlag
+    watch: stopping.HangWatch
     resumed: resume.Resumed | None = None
     start: tuple[int, int] = (0, 0)
     """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
@@ -256,22 +258,51 @@ def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
     stop = stopping.StopFlag()
     stopping.install(stop, resources)
+    watch = stopping.HangWatch(0, None)  # armed below, once the session exists
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
     feed = data.Prefetcher(reader, _all_batches(info, ctx, cfg.train, schedule, start),
                            depth=cfg.data.prefetch)
     resources.callback(feed.close)
-    return Session(
+    session = Session(
         cfg=cfg, ctx=ctx, info=info, schedule=schedule, model=model, optimizer=optimizer,
         synced=synced, reader=reader, log=log, batches=iter(feed), t0=t0,
-        start_time=start_time, stop=stop, resumed=resumed, start=start,
+        start_time=start_time, stop=stop, watch=watch, resumed=resumed, start=start,
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
                                          cfg.train.loss),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes, cfg.train.loss),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
                           start[0] * schedule.steps + start[1], resources))
+    session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
+    resources.callback(session.watch.close)
+    dist.watch_collectives(session.watch)
+    resources.callback(dist.watch_collectives, None)
+    return session
+
+
+def _on_hang(s: Session, where: str, waited: float) -> None:
+    """The watch thread, when this rank waited ``waited`` s in a collective: say so in
+    the log, give the other waiting ranks a moment to say so too, then name the ranks
+    that did not (they stopped answering), write the ``end`` record and exit."""
+    t = time.perf_counter() - s.t0
+    paths = {r: os.path.join(s.cfg.run_dir, schema.LOG_DIR, schema.log_name(r))
+             for r in range(s.ctx.size)}
+    try:
+        s.log.write("stalled", t=t, waited=waited, where=where)
+        time.sleep(min(15.0, max(3.0, waited / 10)))
+        silent = stopping.silent_ranks(paths, s.ctx.rank)
+        who = (f"rank(s) {', '.join(map(str, silent))} stopped answering" if silent
+               else "no other rank's log shows which stopped")
+        reason = f"waited {waited:.0f} s in {where}: {who} (--hang-timeout)"
+        s.log.write("end", status="error", reason=reason, t=time.perf_counter() - s.t0,
+                    epochs_done=s.epochs_done)
+    except OSError as e:
+        reason = f"waited {waited:.0f} s in {where} ({e})"
+    sys.stderr.write(f"error: {reason}\n")
+    sys.stderr.flush()
+    os._exit(1)  # the main thread is blocked inside Horovod; only the launcher can end it
 
 
 def write_run_record(s: Session, threads: tuple[int, int]) -> None:
@@ -351,7 +382,11 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     data_wait = time.perf_counter() - step_start
     lr = _set_lr(s)
     flags = np.array([result.failure is not None, s.stop.requested], np.float32)
+    # The first step of a launch also traces the step function on every rank.
+    first = s.global_step == s.start[0] * s.schedule.steps + s.start[1]
+    s.watch.arm(f"the allreduce of epoch {result.epoch} step {step}", 10.0 if first else 1.0)
     loss_local, loss, any_flags = s.train_step(images, masks, flags)
+    s.watch.disarm()
     failed, stop, nonfinite = (float(f) > 0 for f in any_flags)
     if failed:
         dist.raise_agreed(result.failure)
@@ -509,11 +544,26 @@ def end_status(e: BaseException | None, epochs_done: int) -> tuple[str, str]:
     return "error", f"{e.__class__.__name__}: {e}".splitlines()[0]
 
 
+def _lost_ranks(s: Session, error: BaseException) -> str:
+    """For a collective that failed because Horovod shut down (a rank was killed or
+    exited): which ranks' logs stopped without an ending, in words."""
+    if "Horovod has been shut down" not in str(error) and "Horovod" not in type(error).__name__:
+        return ""
+    time.sleep(0.5)  # let the surviving ranks write their own ending first
+    paths = {r: os.path.join(s.cfg.run_dir, schema.LOG_DIR, schema.log_name(r))
+             for r in range(s.ctx.size)}
+    lost = stopping.silent_ranks(paths, s.ctx.rank)
+    return (f"lost rank(s) {', '.join(map(str, lost))}: killed or exited without an end record; "
+            if lost else "lost another rank: ")
+
+
 def _write_end(s: Session | None, error: BaseException | None) -> None:
     """The ``end`` record, whatever happened (no log yet: nothing to write)."""
     if s is None:
         return
     status, reason = end_status(error, s.epochs_done)
+    if error is not None and not isinstance(error, (RunError, Interrupted)):
+        reason = _lost_ranks(s, error) + reason
     try:
         s.log.write("end", status=status, reason=reason, t=time.perf_counter() - s.t0,
                     epochs_done=s.epochs_done)
