@@ -44,7 +44,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     one allreduce with a third flag, a non-finite loss or gradient on this rank, so
     every rank learns of each at the same step instead of waiting for a rank that has
     stopped. The returned flags are means over ranks (> 0: some rank raised it). The
-    update is applied only when no rank's loss and gradients were finite.
+    update is applied only when every rank's loss and gradients were finite; otherwise
+    the BatchNorm statistics are put back as they were before the step.
     """
     import tensorflow as tf
 
@@ -52,6 +53,10 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
     @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)])
     def train_step(images, masks, flags):
+        # BatchNorm's moving statistics change in the forward pass itself: keep a copy
+        # to put back when the step is skipped, so a NaN batch cannot poison them.
+        stats = list(model.non_trainable_weights)
+        before = [tf.identity(v) for v in stats]
         with tf.GradientTape() as tape:
             probs = model(images, training=True)
             local_loss = model_lib.segmentation_loss(probs, masks, num_classes, loss)
@@ -68,7 +73,12 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return tf.constant(True)
 
-        tf.cond(mean_flags[2] > 0, lambda: tf.constant(False), apply)
+        def skip():
+            for v, old in zip(stats, before):
+                v.assign(old)
+            return tf.constant(False)
+
+        tf.cond(mean_flags[2] > 0, skip, apply)
         return local_loss, mean_loss, mean_flags
 
     return train_step

@@ -1,0 +1,249 @@
+"""Jobs die: signals, killed and hung ranks, resume. Each test launches real Horovod
+ranks under a hard deadline, injects the fault, and checks that every process is gone
+in time, what each rank's log says, and that nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from distseg import data, schema
+from proc_group import run_group
+from support import BIN, command_env
+
+TIMEOUT = 300
+pytestmark = pytest.mark.timeout(TIMEOUT + 60)
+THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
+SMOKE = ["--preset", "smoke", *THREADS]
+
+
+def horovodrun(*args, controller="mpi"):
+    cmd = [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
+           f"{BIN}/distseg-train", *THREADS, *args]
+    return run_group(cmd, timeout=TIMEOUT, env=command_env())
+
+
+def records(run_dir: str, rank: int) -> list[dict]:
+    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Launch:
+    """A 2-rank run in the background, with the ranks' pids once they log."""
+
+    def __init__(self, run_dir, data_path, controller, *extra):
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(
+            [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
+             f"{BIN}/distseg-train", *SMOKE, "--data", data_path, "--run-dir", run_dir,
+             "--epochs", "1000", "--no-validate", *extra],
+            env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+
+    def wait_for_step(self, global_step: int, timeout: float = 120) -> list[int]:
+        path = os.path.join(self.run_dir, schema.LOG_DIR, schema.log_name(1))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if os.path.exists(path) and f'"global_step":{global_step},' in open(path).read():
+                return [records(self.run_dir, r)[0]["pid"] for r in (0, 1)]
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"the run did not reach step {global_step}: {self.proc.stdout.read()[-3000:]}")
+
+    def seconds_until_gone(self, pids: list[int], limit: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < limit:
+            if not any(_alive(p) for p in pids + [self.proc.pid]):
+                return time.monotonic() - start
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"processes still alive {limit} s after the fault")
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def ends(self) -> list[tuple | None]:
+        out = []
+        for r in (0, 1):
+            end = [x for x in records(self.run_dir, r) if x["type"] == "end"]
+            out.append((end[-1]["status"], end[-1]["reason"]) if end else None)
+        return out
+
+
+def _no_tmp(run_dir):
+    return not [f for f in os.listdir(os.path.join(run_dir, "checkpoints")) if ".tmp" in f]
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_sigterm_to_the_launcher_alone_stops_every_rank(tiny, tmp_path, controller):
+    """`kill PID`, `timeout` or `docker stop` on horovodrun: the ranks notice, stop at
+    the next step after a checkpoint, and say so."""
+    run = Launch(str(tmp_path / "run"), tiny, controller)
+    pids = run.wait_for_step(20)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.seconds_until_gone(pids, 10) < 10
+    ends = run.ends()
+    assert [e[0] for e in ends] == ["interrupted", "interrupted"], ends
+    assert _no_tmp(run.run_dir)
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_sigterm_to_one_rank_stops_every_rank_after_a_checkpoint(tiny, tmp_path, controller):
+    run = Launch(str(tmp_path / "run"), tiny, controller)
+    pids = run.wait_for_step(20)
+    os.kill(pids[1], signal.SIGTERM)
+    assert run.seconds_until_gone(pids, 10) < 10
+    assert run.proc.returncode != 0
+    ends = run.ends()
+    assert ends[1][0] == "interrupted" and ends[1][1].startswith("received signal 15 (SIGTERM)")
+    assert ends[0][0] == "interrupted" and "another rank was asked to stop" in ends[0][1]
+    latest = json.load(open(os.path.join(run.run_dir, "checkpoints", "latest.json")))
+    assert latest["epoch"] * 16 + latest["step"] >= 20  # no finished step lost
+    assert _no_tmp(run.run_dir)
+
+
+def test_a_killed_rank_is_named_by_the_survivor(tiny, tmp_path):
+    """Gloo leaves rank 0 alive long enough to write its end (under MPI, mpirun kills
+    every rank at once, which is faster still and leaves nothing to write)."""
+    run = Launch(str(tmp_path / "run"), tiny, "gloo")
+    pids = run.wait_for_step(20)
+    os.kill(pids[1], signal.SIGKILL)
+    assert run.seconds_until_gone(pids, 10) < 10
+    status, reason = run.ends()[0]
+    assert status == "error" and reason.startswith("lost rank(s) 1: killed or exited"), reason
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_a_hung_rank_ends_the_run_with_its_name(tiny, tmp_path, controller):
+    run = Launch(str(tmp_path / "run"), tiny, controller, "--hang-timeout", "5")
+    pids = run.wait_for_step(20)
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        assert run.seconds_until_gone(pids, 60) < 60
+    finally:
+        run.kill()
+    status, reason = run.ends()[0]
+    assert status == "error" and reason.startswith("waited 5 s in ")
+    assert "rank(s) 1 stopped answering" in reason
+
+
+def _steps_and_epochs(run_dir, rank):
+    recs = records(run_dir, rank)
+    steps = {r["global_step"]: r["loss"] for r in recs if r["type"] == "step"}
+    epochs = [(r["epoch"], r["sample_digest"], r["samples"], r["train_loss"])
+              for r in recs if r["type"] == "epoch"]
+    return steps, epochs
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tiny, tmp_path):
+    """SIGTERM in the middle of epoch 1 of 3, then --resume: every rank logs the same
+    step losses (bitwise) and, per epoch, the same sample digest and training loss as
+    a run that was never interrupted."""
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", full, "--epochs", "3",
+                     "--no-validate")
+    assert out.returncode == 0, out.stdout[-3000:]
+    run = Launch(cut, tiny, "mpi")
+    pids = run.wait_for_step(21)
+    for pid in pids:  # Slurm at the time limit: every rank gets SIGTERM
+        os.kill(pid, signal.SIGTERM)
+    run.seconds_until_gone(pids, 10)
+    cp = json.load(open(os.path.join(cut, "checkpoints", "latest.json")))
+    assert cp["epoch"] == 1 and cp["step"] > 0, cp  # inside epoch 1
+    again = horovodrun("--run-dir", cut, "--resume", "--epochs", "3")
+    assert again.returncode == 0, again.stdout[-3000:]
+    for rank in (0, 1):
+        want_steps, want_epochs = _steps_and_epochs(full, rank)
+        got_steps, got_epochs = _steps_and_epochs(cut, rank)
+        assert got_steps == want_steps and got_epochs == want_epochs
+        kinds = [r["type"] for r in records(cut, rank)]
+        assert kinds.count("resume") == 1 and kinds.count("end") == 2
+
+
+def test_resume_at_another_size_keeps_coverage_exact(tiny, tmp_path):
+    """2 ranks for 1 epoch, 1 rank for the 2nd, 2 ranks again for the 3rd: each epoch's
+    digests still add up to the train split, and the lr follows the size."""
+    run_dir = str(tmp_path / "run")
+    first = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
+                       "--epochs", "1", "--lr", "0.004")
+    assert first.returncode == 0, first.stdout[-3000:]
+    one = run_group([f"{BIN}/distseg-train", "--run-dir", run_dir, "--resume", "--epochs", "2"],
+                    timeout=TIMEOUT, env=command_env())
+    assert one.returncode == 0, one.stderr[-3000:]
+    again = horovodrun("--run-dir", run_dir, "--resume", "--epochs", "3")
+    assert again.returncode == 0, again.stdout[-3000:]
+    train_ids = data.inspect(tiny).train_indices
+    by_epoch: dict[int, list] = {}
+    for rank in (0, 1):
+        for r in records(run_dir, rank):
+            if r["type"] == "epoch":
+                by_epoch.setdefault(r["epoch"], []).append(r["sample_digest"])
+    assert sorted(by_epoch) == [0, 1, 2] and [len(v) for v in by_epoch.values()] == [2, 1, 2]
+    for digests in by_epoch.values():
+        assert schema.combine_digests(digests) == schema.sample_digest(train_ids)
+    runs = [r for r in records(run_dir, 0) if r["type"] == "run"]
+    assert [(r["size"], r["lr_scaled"]) for r in runs] == [(2, 0.008), (1, 0.004), (2, 0.008)]
+    resumes = [r for r in records(run_dir, 0) if r["type"] == "resume"]
+    assert [(r["from_epoch"], r["size_before"], r["size"]) for r in resumes] == [(1, 2, 1), (2, 1, 2)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "0.5"], "config field train.lr: the run was trained with 0.005; --resume cannot change it to 0.5"),
+    (["--batch-size", "2"], "config field train.batch_size: the run was trained with 4"),
+    (["--preset", "demo"], "--preset cannot be combined with --resume"),
+    (["--epochs", "1"], "the run has finished 1 epoch(s) already; pass --epochs N with N > 1"),
+])
+def test_resume_refuses_what_would_change_the_result(tiny, tmp_path, args, message):
+    run_dir = str(tmp_path / "run")
+    first = run_group([f"{BIN}/distseg-train", *SMOKE, "--data", tiny, "--run-dir", run_dir,
+                       "--max-steps-per-epoch", "2", "--no-validate"],
+                      timeout=TIMEOUT, env=command_env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    out = run_group([f"{BIN}/distseg-train", "--run-dir", run_dir, "--resume", *args],
+                    timeout=TIMEOUT, env=command_env())
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == before
+
+
+def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):
+    """--on-nonfinite skip: a NaN pixel in one training slice skips that step's update
+    on both ranks (counted); the run finishes with finite weights."""
+    import h5py
+
+    from distseg import synth
+    path = str(tmp_path / "one-nan.h5")
+    synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)
+    with h5py.File(path, "r+") as f:
+        first_train = int(np.flatnonzero(f["split"][()] == schema.SPLITS["train"])[0])
+        f["images"][first_train, 0, 0, 0] = np.nan
+    run_dir = str(tmp_path / "run")
+    out = horovodrun("--preset", "smoke", "--data", path, "--run-dir", run_dir, "--epochs", "2",
+                     "--on-nonfinite", "skip", "--no-validate")
+    assert out.returncode == 0, out.stdout[-3000:]
+    per_rank = []
+    for rank in (0, 1):
+        epochs = [r for r in records(run_dir, rank) if r["type"] == "epoch"]
+        per_rank.append([e["skipped_steps"] for e in epochs])
+        assert all(np.isfinite(e["weight_checksum"]).all() for e in epochs)
+    assert per_rank[0] == per_rank[1] == [1, 1]  # the slice comes up once per epoch
