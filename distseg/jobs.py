@@ -207,6 +207,10 @@ def parse_minutes(text: str) -> int:
     return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
+#: Seconds before the wall-time limit at which Slurm signals the job (USR1).
+SIGNAL_LEAD_S = 300
+
+
 def _slurm_time(minutes: int) -> str:
     days, rest = divmod(minutes, 1440)
     text = f"{rest // 60:02d}:{rest % 60:02d}:00"
@@ -408,6 +412,10 @@ def render(job: Job, command: str = "") -> str:
     if t:
         header.append(f"#SBATCH --cpus-per-task={t.cpus_per_task}")
     header += [f"#SBATCH --time={_slurm_time(job.minutes)}",
+               # USR1 to the batch shell 5 minutes before the limit: the ranks
+               # checkpoint and stop, and the job requeues itself to resume.
+               f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}",
+               "#SBATCH --requeue",
                "#SBATCH --exclusive",
                f"#SBATCH --output={job.job_name}-%j.out"]
     if spec.account:

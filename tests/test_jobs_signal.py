@@ -1,0 +1,81 @@
+"""A rendered job script at the time limit, for real: Slurm's USR1 (``#SBATCH
+--signal=B:USR1@300``) reaches the ranks through the script and the launcher, the run
+checkpoints and exits 130, and the same script submitted again continues it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from distseg import schema
+from support import BIN
+from test_jobs import _slurm_env, cli
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _records(run_dir, rank):
+    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def _wait_for_step(run_dir, proc, step, timeout=150):
+    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(1))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(path) and f'"global_step":{step},' in open(path).read():
+            return
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"no step {step} logged: {proc.stdout.read()[-3000:]}")
+
+
+def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
+    if shutil.which("srun") or not shutil.which("mpirun"):
+        pytest.skip("needs mpirun and no real Slurm here")
+    runs = tmp_path / "runs"
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2",
+              "--data", tiny, "--runs-dir", str(runs), "--name", "sig", "--preset", "smoke",
+              "--epochs", "40", "--venv", os.path.dirname(BIN))
+    assert out.exit_code == 0, out.output
+    assert "#SBATCH --signal=B:USR1@300" in out.stdout and "#SBATCH --requeue" in out.stdout
+    script = tmp_path / "sig.sbatch"
+    script.write_text(out.stdout)
+    env = _slurm_env(nodes=1, tasks=2, per_node=2, cpus=2)
+    run_dir = str(runs / "sig-n1")
+
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for_step(run_dir, proc, 20)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)  # what Slurm sends to the batch shell
+    try:
+        log, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job did not stop within 60 s of USR1")
+    assert proc.returncode == 130, log[-3000:]
+    assert time.monotonic() - start < 15
+    assert "submit this script again to continue with --resume" in log
+    ends = [_records(run_dir, r)[-1] for r in (0, 1)]
+    assert [e["status"] for e in ends] == ["interrupted", "interrupted"], ends
+    latest = json.load(open(os.path.join(run_dir, "checkpoints", "latest.json")))
+    assert latest["epoch"] * 16 + latest["step"] >= 20
+
+    # The requeued job: the same script continues the run from the checkpoint (stopped
+    # again a few steps later; 40 epochs would take too long here).
+    again = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for_step(run_dir, again, latest["epoch"] * 16 + latest["step"] + 5)
+    again.send_signal(signal.SIGUSR1)
+    log2, _ = again.communicate(timeout=60)
+    assert again.returncode == 130, log2[-3000:]
+    resumes = [r for r in _records(run_dir, 0) if r["type"] == "resume"]
+    assert len(resumes) == 1
+    assert (resumes[0]["from_epoch"], resumes[0]["from_step"]) == (latest["epoch"], latest["step"])
