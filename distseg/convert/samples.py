@@ -49,7 +49,8 @@ def case_arrays(seed: int, size: int, slices: int, orientation: str, width: int 
             geometry.from_slices(labels, ornt).astype(np.uint8))
 
 
-def _save(path: str, array: np.ndarray, affine: np.ndarray) -> None:
+def save_volume(path: str, array: np.ndarray, affine: np.ndarray) -> None:
+    """Writes ``array`` with ``affine`` as NIfTI, or as NRRD (LPS space) for a .nrrd path."""
     if path.endswith(".nrrd"):
         import nrrd
         lps = np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
@@ -80,18 +81,18 @@ def write_task(root: str, cases: int = 4, *, kind: str = "msd", size: int = 48, 
             folder = "imagesTr" if labelled else "imagesTs"
             image = f"./{folder}/{name}{ext}"
             os.makedirs(os.path.join(root, folder), exist_ok=True)
-            _save(os.path.join(root, image), hu, affine)
+            save_volume(os.path.join(root, image), hu, affine)
             if labelled:
                 os.makedirs(os.path.join(root, "labelsTr"), exist_ok=True)
-                _save(os.path.join(root, f"labelsTr/{name}{ext}"), labels, affine)
+                save_volume(os.path.join(root, f"labelsTr/{name}{ext}"), labels, affine)
                 training.append({"image": image, "label": f"./labelsTr/{name}{ext}"})
             else:
                 test.append(image)
         else:
             name = f"volume-{i}" if labelled else f"test-volume-{i}"
-            _save(os.path.join(root, f"{name}{ext}"), hu, affine)
+            save_volume(os.path.join(root, f"{name}{ext}"), hu, affine)
             if labelled:
-                _save(os.path.join(root, f"segmentation-{i}{ext}"), labels, affine)
+                save_volume(os.path.join(root, f"segmentation-{i}{ext}"), labels, affine)
         names.append(name)
     if kind == "msd":
         with open(os.path.join(root, "dataset.json"), "w", encoding="utf-8") as f:
@@ -118,6 +119,6 @@ def write_lits117(folder: str, orientation: str = "LPS", spacing_ras=(1.0, 1.0, 
     ornt = geometry.ornt_of(affine)
     os.makedirs(folder, exist_ok=True)
     paths = (os.path.join(folder, "volume-117.nii.gz"), os.path.join(folder, "segmentation-117.nii.gz"))
-    _save(paths[0], np.round(geometry.from_slices(hu, ornt)).astype(np.int16), affine)
-    _save(paths[1], geometry.from_slices(labels, ornt), affine)
+    save_volume(paths[0], np.round(geometry.from_slices(hu, ornt)).astype(np.int16), affine)
+    save_volume(paths[1], geometry.from_slices(labels, ornt), affine)
     return paths

@@ -1,0 +1,249 @@
+"""``distseg-predict``: segmentations back on the scans' own grids, metrics, overlays.
+
+An "oracle" model that returns the converted label slices shows that everything around
+the network (reorientation, resampling both ways, batching, the NIfTI written) puts the
+labels back exactly. A real smoke-preset run, trained by the real ``distseg-train`` on a
+converted file, then goes through the command, as one process and as 2 Horovod ranks.
+"""
+
+import csv
+import json
+import os
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from distseg import data, metrics, predict
+from distseg.convert import geometry, samples, sources
+from distseg.convert.intensity import Intensity
+from distseg.errors import InputError
+from proc_group import run_group
+from support import BIN, command_env
+
+TIMEOUT = 240
+SPACING = (0.7, 0.9, 3.0)
+pytestmark = pytest.mark.timeout(2 * TIMEOUT)
+
+
+def oracle(labels, affine, size, num_classes=3):
+    """A "model" that copies the labels: it returns, batch after batch, the one-hot of
+    the label slices as ``convert`` resamples them (nearest)."""
+    geom = geometry.Geometry.of(affine, labels.shape, size=size)
+    slices = geometry.forward(labels, geom, order=0)
+    done = [0]
+
+    def fn(x):
+        assert x.shape[1:] == (size, size, 1) and x.dtype == np.float32
+        batch = slices[done[0]:done[0] + len(x)]
+        done[0] += len(x)
+        return np.eye(num_classes, dtype=np.float32)[batch]
+    return fn
+
+
+def prep(size):
+    return predict.Preprocessing(Intensity.ct(), size, None, "test")
+
+
+@pytest.mark.parametrize("orientation", ["PIL", "LPS", "RAS"])
+def test_the_label_comes_back_exactly_through_predict(orientation, tmp_path):
+    hu, labels = samples.case_arrays(5, 24, 10, orientation)
+    affine = samples.affine_for(orientation, SPACING)
+    image, seg = str(tmp_path / "scan.nii.gz"), str(tmp_path / "scan_truth.nii.gz")
+    samples.save_volume(image, hu, affine)
+    samples.save_volume(seg, labels, affine)
+    opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path), batch_size=3)
+    job = predict.Job("scan", image, seg)
+    # 24 -> 48 in-plane and back: exact even with linear interpolation of probabilities
+    result = predict.predict_job(job, prep(48), oracle(labels, affine, 48), 48, opts, 3)
+    out = nib.load(result.output)
+    assert result.output == str(tmp_path / "scan_seg.nii.gz")
+    assert out.shape == labels.shape and out.get_data_dtype() == np.uint8
+    np.testing.assert_array_equal(out.affine, nib.load(image).affine)
+    np.testing.assert_array_equal(np.asarray(out.dataobj), labels)
+    assert [(s.dice, s.hd95, s.nsd) for s in result.scores] == [(1.0, 0.0, 1.0)] * 2
+    # Downsampled (24 -> 16 -> 24) a copying model is close, not exact.
+    vol = sources.image_voxels(nib.load(image), image)
+    down = predict.segment(vol, affine, prep(16), oracle(labels, affine, 16), 16, batch_size=4)
+    assert down.shape == labels.shape
+    assert metrics.dice(labels == 1, down == 1) > 0.85
+
+
+def test_a_model_trained_with_resize_gets_resized_slices(tmp_path):
+    _, labels = samples.case_arrays(6, 24, 6, "LPS")
+    affine = samples.affine_for("LPS", SPACING)
+    inner = oracle(labels, affine, 48)
+    seen = []
+
+    def model32(x):  # the data file holds 48x48 slices; the model takes 32x32
+        seen.append(x.shape)
+        return data.resize_nearest(inner(data.resize_bilinear(x, 48)), 32)
+    seg = predict.segment(sources.Voxels(np.zeros(labels.shape, np.int16)), affine, prep(48), model32, 32, 4)
+    assert seen[0] == (4, 32, 32, 1) and seg.shape == labels.shape
+    assert metrics.dice(labels > 0, seg > 0) > 0.9
+
+
+def test_nrrd_input_is_written_as_nifti_on_its_grid(tmp_path):
+    samples.write_task(str(tmp_path / "n"), 1, kind="pairs", size=16, slices=6, ext=".nrrd",
+                       orientations=("LPS",), spacing_ras=SPACING)
+    image, seg = str(tmp_path / "n/volume-0.nrrd"), str(tmp_path / "n/segmentation-0.nrrd")
+    lab = sources.load(seg)
+    labels = sources.label_array(lab, seg)
+    opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path))
+    result = predict.predict_job(predict.Job("volume-0", image, seg), prep(16),
+                                 oracle(labels, lab.affine, 16), 16, opts, 3)
+    out = nib.load(result.output)
+    np.testing.assert_allclose(out.affine, lab.affine, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out.dataobj), labels)
+
+
+def test_inputs_are_checked_from_their_headers(tmp_path):
+    affine = samples.affine_for("RAS")
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 4, 2), np.float32), affine), tmp_path / "two.nii")
+    nib.save(nib.Nifti1Image(np.zeros((8, 8), np.float32), affine), tmp_path / "flat.nii")
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 4), np.float32), affine), tmp_path / "vol.nii")
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 5), np.uint8), affine), tmp_path / "lab.nii")
+    for name, label, words in (("two", None, ["two.nii", "2 channels", "model of RUN takes 1", "--channel"]),
+                               ("flat", None, ["flat.nii", "(8, 8)", "model of RUN", "3-D"]),
+                               ("vol", "lab", ["lab.nii", "(8, 8, 5)", "vol.nii is (8, 8, 4)"])):
+        job = predict.Job(name, str(tmp_path / f"{name}.nii"),
+                          str(tmp_path / f"{label}.nii") if label else None)
+        with pytest.raises(InputError) as e:
+            predict.check_job(job, prep(16), "RUN")
+        assert all(w in str(e.value) for w in words), str(e.value)
+    predict.check_job(predict.Job("two", str(tmp_path / "two.nii"), None),
+                      predict.Preprocessing(Intensity.mr(), 16, 1, "flag"), "RUN")
+
+
+def test_jobs_from_files_folders_and_subsets(tmp_path):
+    root = str(tmp_path / "Task")
+    samples.write_task(root, 3, size=16, slices=4, test_cases=2)
+    jobs = predict.collect_jobs(predict.Options("r", (root,), "o"), None)
+    assert [(j.name, j.label) for j in jobs] == [("liver_3", None), ("liver_4", None)]
+    table = {"liver_0": 0, "liver_1": 1, "liver_2": 1}
+    val = predict.collect_jobs(predict.Options("r", (root,), "o", subset="val"), table)
+    assert [j.name for j in val] == ["liver_1", "liver_2"] and val[0].label.endswith("labelsTr/liver_1.nii.gz")
+    assert len(predict.collect_jobs(predict.Options("r", (root,), "o", subset="all"), None)) == 5
+    with pytest.raises(InputError, match="needs the case table"):
+        predict.collect_jobs(predict.Options("r", (root,), "o", subset="val"), None)
+    pairs = str(tmp_path / "pairs")
+    samples.write_task(pairs, 2, kind="pairs", size=16, slices=4)
+    files = predict.collect_jobs(predict.Options("r", (f"{pairs}/volume-1.nii.gz",), "o", labels=pairs), None)
+    assert files[0].label == f"{pairs}/segmentation-1.nii.gz"
+    with pytest.raises(InputError, match="outputs would overwrite each other"):
+        predict.collect_jobs(predict.Options("r", (f"{pairs}/volume-1.nii.gz",) * 2, "o"), None)
+    with pytest.raises(InputError, match="no such file or folder"):
+        predict.collect_jobs(predict.Options("r", ("missing.nii",), "o"), None)
+    # ranks share the cases out, each exactly once
+    everyone = sorted(j.name for r in range(3) for j in predict.assign(jobs + val, r, 3))
+    assert everyone == sorted(j.name for j in jobs + val)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A converted MSD-style phantom task and a 1-epoch smoke run trained on it."""
+    root = tmp_path_factory.mktemp("e2e")
+    task = str(root / "Task03_Liver")
+    samples.write_task(task, 8, size=40, slices=16, orientations=("RAS", "LPS", "PIR"),
+                       spacing_ras=SPACING, test_cases=2)
+    h5 = str(root / "liver.h5")
+    out = run_group([f"{BIN}/distseg-data", "convert", task, h5, "--size", "32", "--val-fraction",
+                     "0.25", "--no-progress"], timeout=TIMEOUT, env=command_env())
+    assert out.returncode == 0, out.stderr
+    run = str(root / "run")
+    out = run_group([f"{BIN}/distseg-train", "--preset", "smoke", "--data", h5, "--run-dir", run,
+                     "--epochs", "1", "--lr", "0.01"], timeout=TIMEOUT, env=command_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {"task": task, "h5": h5, "run": run, "root": root}
+
+
+def predict_cmd(*args, ranks=1):
+    cmd = [f"{BIN}/distseg-predict", *map(str, args), "--no-progress"]
+    if ranks > 1:
+        cmd = [f"{BIN}/horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
+    return run_group(cmd, timeout=TIMEOUT, env=command_env())
+
+
+def _split_names(h5, split):
+    import h5py
+    with h5py.File(h5) as f:
+        return sorted(n.decode() for n, s in zip(f["cases/name"][:], f["cases/split"][:])
+                      if s == data.SPLITS[split])
+
+
+@pytest.fixture(scope="module")
+def predicted(trained):
+    """One process predicts every case of the task folder (8 labelled, 2 imagesTs)."""
+    out = trained["root"] / "one"
+    res = predict_cmd("--checkpoint", trained["run"], trained["task"], "--subset", "all",
+                      "--out", out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, res.stdout
+
+
+def test_predictions_land_on_each_scan_with_metrics_and_overlays(trained, predicted):
+    out_dir, stdout = predicted
+    names = [f"liver_{i}" for i in range(10)]
+    for name in names:
+        seg = nib.load(out_dir / f"{name}_seg.nii.gz")
+        folder = "imagesTr" if name < "liver_8" else "imagesTs"
+        scan = nib.load(os.path.join(trained["task"], folder, f"{name}.nii.gz"))
+        assert seg.shape == scan.shape and seg.get_data_dtype() == np.uint8
+        np.testing.assert_array_equal(seg.affine, scan.affine)
+        assert set(np.unique(np.asarray(seg.dataobj))) <= {0, 1, 2}
+    with open(out_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["case"] for r in rows] == names[:8] + ["mean"]  # imagesTs have no labels
+    assert set(rows[0]) >= {"dice_liver", "hd95_mm_liver", "nsd_cancer", "voxels_true_cancer"}
+    for r in rows[:-1]:
+        assert 0.0 <= float(r["dice_liver"]) <= 1.0 and int(r["voxels_true_liver"]) > 0
+    mean = np.mean([float(r["dice_liver"]) for r in rows[:-1]])
+    assert float(rows[-1]["dice_liver"]) == pytest.approx(mean, abs=1e-3)
+    pngs = sorted(os.listdir(out_dir / "overlays"))
+    assert [p.split("_")[0] for p in pngs] == ["best", "median", "worst"]
+    assert "mean of 8" in stdout and "liver Dice" in stdout
+    assert "attributes of" in stdout and "'window': [-150.0, 250.0]" in stdout
+
+
+def test_two_horovod_ranks_share_the_cases_and_agree_with_one(trained, predicted):
+    one, two = predicted[0], trained["root"] / "two"
+    res = predict_cmd("--checkpoint", trained["run"], trained["task"], "--subset", "val",
+                      "--out", two, "--no-overlays", ranks=2)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    val = _split_names(trained["h5"], "val")
+    assert len(val) == 2
+    names = sorted(f for f in os.listdir(two) if f.endswith("_seg.nii.gz"))
+    assert names == [f"{n}_seg.nii.gz" for n in val]  # each case once, by one rank
+    for name in names:
+        np.testing.assert_array_equal(np.asarray(nib.load(one / name).dataobj),
+                                      np.asarray(nib.load(two / name).dataobj))
+    with open(two / "metrics.csv") as f:
+        assert [r["case"] for r in csv.DictReader(f)] == val + ["mean"]
+    assert "2 case(s) on 2 rank(s)" in res.stdout
+
+
+def test_a_checkpoint_of_another_model_or_class_count_is_one_line(trained):
+    bad = trained["root"] / "other"
+    shutil.copytree(trained["run"], bad)
+    with open(bad / "config.json") as f:
+        cfg = json.load(f)
+    cfg["model"]["base_filters"] = 8
+    with open(bad / "config.json", "w") as f:
+        json.dump(cfg, f)
+    from distseg import config as config_lib
+    with pytest.raises(InputError) as e:
+        predict.build_model(config_lib.resolve("liver2d", file=str(bad / "config.json")), str(bad))
+    assert "weights.h5: cannot be loaded into this model" in str(e.value)
+    assert "config.json describes a U-Net of 3 classes" in str(e.value) and "base filters 8" in str(e.value)
+    cfg["model"]["base_filters"], cfg["model"]["num_classes"] = 4, 4
+    with open(bad / "config.json", "w") as f:
+        json.dump(cfg, f)
+    res = predict_cmd("--checkpoint", bad, trained["task"], "--out", trained["root"] / "x")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == (f"error: {trained['h5']}: 3 classes, but the model of "
+                                            f"{bad} predicts 4"), res.stderr
