@@ -207,15 +207,5 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, **f
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))
-    from distseg import train as train_lib
-    try:
-        train_lib.run(cfg, resuming=resume)
-    except Interrupted as e:
-        fail(f"interrupted: {e}", e.exit_code)
-    except KeyboardInterrupt as e:
-        fail(f"interrupted: {e}", Interrupted.exit_code)
-    except DistsegError as e:
-        fail(str(e), e.exit_code)
-    finally:
-        from distseg import distributed
-        distributed.shutdown()
+    from distseg import distributed, train as train_lib
+    distributed.run_command(train_lib.run, cfg, resuming=resume)

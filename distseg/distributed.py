@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distseg.errors import DistsegError, Interrupted, RunError
+from distseg.errors import DistsegError, Interrupted, RunError, fail
 
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
 #: environment. Measured on 2 cores with 2 ranks (see docs/performance.md):
@@ -311,6 +311,22 @@ def find_divergence(values, rtol: float = 1e-6):
 
 def barrier() -> None:
     allreduce(np.zeros(1), op="sum")
+
+
+def run_command(fn, *args, **kwargs):
+    """Runs the body of a command that may run on many ranks (``distseg-train``,
+    ``distseg-predict``): a distseg error ends it with one line and its exit code, an
+    interruption with 130, and Horovod is shut down whatever happens."""
+    try:
+        return fn(*args, **kwargs)
+    except Interrupted as e:
+        fail(f"interrupted: {e}", e.exit_code)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted: {e}", Interrupted.exit_code)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    finally:
+        shutdown()
 
 
 def shutdown() -> None:

@@ -10,7 +10,6 @@ import os
 import click
 
 from distseg.cli import parse_window
-from distseg.errors import DistsegError, Interrupted, fail
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -47,18 +46,8 @@ def predict(inputs, run_dir, **options):
     terminal. Under `horovodrun -np N` the cases are split across ranks.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from distseg import predict as predict_lib
-    try:
-        outcome = predict_lib.run(predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs),
-                                                      **options))
-    except Interrupted as e:
-        fail(f"interrupted: {e}", e.exit_code)
-    except KeyboardInterrupt as e:
-        fail(f"interrupted: {e}", Interrupted.exit_code)
-    except DistsegError as e:
-        fail(str(e), e.exit_code)
-    finally:
-        from distseg import distributed
-        distributed.shutdown()
+    from distseg import distributed, predict as predict_lib
+    outcome = distributed.run_command(
+        predict_lib.run, predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), **options))
     if outcome.lines:
         click.echo("\n".join(outcome.lines))
