@@ -189,11 +189,12 @@ class Session:
     start_time: float
     """Unix time of the agreed start on rank 0's clock, the same on every rank."""
     stop: stopping.StopFlag
-    watch: stopping.HangWatch
     resumed: resume.Resumed | None = None
     start: tuple[int, int] = (0, 0)
     """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
     bar: Any = None
+    watch: stopping.HangWatch | None = None
+    """Times this rank's collectives (set by ``open_session``)."""
     global_step: int = 0
     epochs_done: int = 0
     lr_now: float | None = None
@@ -258,7 +259,6 @@ def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
     stop = stopping.StopFlag()
     stopping.install(stop, resources)
-    watch = stopping.HangWatch(0, None)  # armed below, once the session exists
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
@@ -268,7 +268,7 @@ def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack
     session = Session(
         cfg=cfg, ctx=ctx, info=info, schedule=schedule, model=model, optimizer=optimizer,
         synced=synced, reader=reader, log=log, batches=iter(feed), t0=t0,
-        start_time=start_time, stop=stop, watch=watch, resumed=resumed, start=start,
+        start_time=start_time, stop=stop, resumed=resumed, start=start,
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
                                          cfg.train.loss),
