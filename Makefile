@@ -14,7 +14,13 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 PARALLEL_TIMEOUT ?= 600
 PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider
 
-.PHONY: install demo test test-parallel test-serial bench clean
+# A run of the tests installs headless Chromium too (one apt step, the first time), so
+# the screenshot test of report.html (tests/test_report_e2e.py) runs everywhere.
+ifneq ($(filter test test-serial,$(MAKECMDGOALS)),)
+export WITH_CHROMIUM := 1
+endif
+
+.PHONY: install demo test test-parallel test-serial test-docker bench clean
 
 install:
 	@bash scripts/install.sh
@@ -33,6 +39,13 @@ test-serial: install
 	$(BIN)/python -m pytest tests --ignore=tests/parallel $(PYTEST_FLAGS) -rs
 
 test: test-parallel test-serial
+
+# The Docker image built from docker/Dockerfile and run for real without a Docker
+# engine (buildah, chroot isolation): 4 Horovod ranks and the report inside it, the
+# logs checked on the host. Needs root; minutes, so not part of `make test`
+# (docs/docker.md).
+test-docker: install
+	DISTSEG_TEST_DOCKER=1 $(BIN)/python -m pytest tests/test_docker.py $(PYTEST_FLAGS) -rs -s
 
 bench: install
 	$(BIN)/python benchmarks/bench_horovod.py --data data/liver117.h5 --repeat 2

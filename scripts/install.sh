@@ -8,19 +8,25 @@
 #   VENV        virtual environment to create/use (default: .venv in the repo)
 #   PYTHON      interpreter used to create it (default: python3.11, else python3)
 #   SKIP_APT=1  never call apt-get (e.g. inside an image that already has them)
+#   WITH_CHROMIUM=1  also headless Chromium, which the report's screenshot test opens
+#               report.html in (`make test` sets it; the image and `make demo` do not)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$here/.venv}
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 APT_PACKAGES="make openmpi-bin libopenmpi-dev cmake g++ libhighwayhash-dev libfarmhash-dev shellcheck"
+if [ "${WITH_CHROMIUM:-0}" = 1 ]; then
+  APT_PACKAGES="$APT_PACKAGES chromium"
+fi
 TF_VERSION=2.18.1
 HOROVOD_VERSION=0.28.1
 LIVER_PKG=liver-ct-segmentation-package==1.6.0
 
 say() { printf '[install] %s\n' "$*"; }
 
-# 1. System packages (Open MPI, compilers and the hash headers TF's C++ API needs).
+# 1. System packages (Open MPI, compilers and the hash headers TF's C++ API needs;
+#    Chromium only when asked: about 350 MB that only one test uses).
 missing=""
 for p in $APT_PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

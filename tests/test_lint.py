@@ -24,7 +24,8 @@ from distseg.jobs_cli import jobs as jobs_cli
 from support import REPO
 
 #: Scripts kept in the repository and run as they are.
-STATIC = ["scripts/install.sh", "scripts/demo.sh", ".ci/run", "docker/run-local.sh"]
+STATIC = ["scripts/install.sh", "scripts/demo.sh", ".ci/run", "docker/run-local.sh",
+          "scripts/test-docker.sh"]
 #: Templates that distseg-jobs fills, besides each partition's own.
 SHARED_TEMPLATES = {"common.sh.in", "report.sbatch", "submit.sh"}
 
