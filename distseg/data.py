@@ -124,8 +124,8 @@ def _open(path: str) -> h5py.File:
     garbage = f"{path}: format_version is {{}}, expected an integer <= {FORMAT_VERSION}"
     try:
         with _damage(path):  # an attribute h5py cannot decode
-            version = f.attrs.get("format_version", 1)
-        if isinstance(version, np.ndarray) and version.size != 1:  # its repr spans lines
+            version = _scalar(f.attrs.get("format_version", 1))
+        if isinstance(version, np.ndarray):  # its repr spans lines
             raise errors.InputError(garbage.format(_shown(version)))
         try:
             errors.refuse_newer(path, "format_version", version, FORMAT_VERSION)
@@ -149,6 +149,11 @@ def _damage(path: str) -> Iterator[None]:
         why = (str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)).splitlines()
         raise DatasetError(f"{path}: damaged HDF5 file ({e.__class__.__name__}: "
                            f"{why[0] if why else 'no detail'})") from e
+
+
+def _scalar(value):
+    """A one-element array attribute (``attrs["x"] = [1]``) as its element."""
+    return value.item() if isinstance(value, np.ndarray) and value.size == 1 else value
 
 
 def _shown(value) -> str:
@@ -192,13 +197,14 @@ def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
 
 def _num_classes(path: str, f: h5py.File) -> int:
     """The ``num_classes`` attribute (3 when absent), refusing anything but an integer >= 2."""
-    raw = f.attrs.get("num_classes", 3)
+    raw = _scalar(f.attrs.get("num_classes", 3))
     try:
         value = int(raw) if np.ndim(raw) == 0 else None
     except (TypeError, ValueError, OverflowError):  # a string, NaN, inf
         value = None
     if value is None or value != raw or value < 2:
-        raise DatasetError(f"{path}: attribute num_classes is {_shown(raw)}, expected an integer >= 2")
+        raise DatasetError(f"{path}: attribute num_classes is {_shown(raw)}, "
+                           "expected an integer >= 2")
     return value
 
 

@@ -66,8 +66,9 @@ def refuse_newer(where: str, field: str, found, supported: int) -> None:
     ``supported``): reading it anyway could silently misread renamed fields."""
     try:
         version = int(found)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: {field} is {found!r}, expected an integer <= {supported}")
+    except (TypeError, ValueError, OverflowError):
+        shown = " ".join(repr(found).split())[:60]  # one line, however odd the value
+        raise InputError(f"{where}: {field} is {shown}, expected an integer <= {supported}")
     if version > supported:
         raise InputError(f"{where}: {field} {version} is newer than this distseg reads "
                          f"({supported}); upgrade distseg to read it")
