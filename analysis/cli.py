@@ -46,8 +46,12 @@ def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
               help="Projection: ranks per node (default: as in the largest measured run).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--workers", type=click.IntRange(0), default=None,
+              help="Processes that read the logs (0: read in this one; default: one per "
+                   "core when there is enough to read).")
 def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt, project_nodes,
-           bandwidth_gbps, latency_us, latency_term, grad_bytes, ranks_per_node, progress):
+           bandwidth_gbps, latency_us, latency_term, grad_bytes, ranks_per_node, progress,
+           workers):
     """Scaling tables, loss versus time and hours-to-target from distseg run directories.
 
     RUN_DIRS are run directories (each with logs/rank-NNNNN.jsonl), e.g. runs at 1, 2
@@ -67,7 +71,8 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     except ValueError as e:
         raise click.UsageError(str(e))
     try:
-        main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress)
+        main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress,
+             processes=workers)
     except DistsegError as e:
         # One line and the error's own exit code (2 for bad input), as distseg-train.
         fail(str(e), e.exit_code)

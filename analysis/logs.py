@@ -16,16 +16,22 @@ does not exist or holds no logs at all (``RunDirError``), because then there is 
 to report, and a log whose ``run`` record carries a ``schema_version`` newer than
 ``distseg.schema.SCHEMA_VERSION``, because its fields may mean something else now.
 
+Memory does not grow with the number of steps: each file is reduced as soon as it is
+parsed (``reduce_log``: per-rank step statistics, a thinned loss curve with the exact
+target crossings, the epoch records as a small frame; see ``analysis.reduce``), and
+only those summaries are kept. Files are reduced in parallel worker processes when
+there is enough to read (``analysis.workers``).
+
 ``load_run`` is a pipeline of steps, each a module-level function returning a value:
-``read_config``, ``read_logs`` (each file read and reduced at once: ``placed_steps``,
-``compact_steps``, ``curve_steps``), ``map_launches``, ``identify``,
-``launch_table``, ``launch_durations``, ``combine_steps``, ``global_curve``,
-``epoch_table``, ``run_status`` and ``rank_notes``.
+``read_config``, ``read_logs`` (each file read and reduced at once: ``reduce_file``),
+``map_launches``, ``identify``, ``launch_table``, ``launch_durations``,
+``global_curve``, ``epoch_table``, ``run_status`` and ``rank_notes``.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import math
 import os
@@ -39,7 +45,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from analysis import workers
 from analysis.model import Note
+from analysis.reduce import (STAT_COLUMNS, CurveSpec, RankCurve, crossing_table,
+                             reduce_curve, step_stats)
 from distseg import schema
 from distseg.errors import InputError, refuse_newer
 
@@ -115,21 +124,33 @@ class RunData:
       label: short unique name of the run (its directory name).
       path: the run directory.
       size: number of ranks (from the ``run`` records; the largest when segments differ).
-      hosts: distinct host names of the last segment's ranks.
+      hosts: distinct host names of the launch that ran on the most hosts (the latest
+        such launch); ``nodes`` is their number.
       rank_hosts: rank -> host in the last segment.
       run_record: the last segment's ``run`` record of the lowest rank that has one.
       config: ``RUN/config.json`` or ``None`` when unreadable.
       segments: one row per launch (a resumed run has several): ``segment``,
-        ``start_time``, ``run_id``, ``config_hash``, ``size``, ``duration_s`` (longest
-        ``t`` any rank logged in it), ``offset_s`` (sum of the earlier durations).
+        ``start_time``, ``run_id``, ``config_hash``, ``size``, ``nodes`` (distinct
+        hosts), ``ranks_logged``, ``duration_s`` (longest ``t`` any rank logged in it),
+        ``offset_s`` (sum of the earlier durations).
+      placement: one row per launch and rank: ``segment``, ``rank``, ``host``,
+        ``local_size``, ``cores`` and ``cpus`` (``threads.cores``, and the CPUs in
+        ``threads.affinity``; NaN when not logged), ``affinity`` (a tuple or ``None``).
       ranks_present / ranks_missing: ranks with / without a readable log.
       status: what the ``end`` records of the last segment say.
       finished: whether every rank of the last segment logged ``end`` with ``ok``.
       epochs: one row per rank and epoch (the last segment's when repeated).
-      steps: one row per step and rank (compact): ``rank``, ``segment``, ``epoch``,
-        ``warmup`` (first epoch of its segment), ``step_time``, ``data_wait``, ``samples``.
-      curve: the training-loss curve from one rank (``curve_rank``): ``segment``,
-        ``epoch``, ``step``, ``global_step``, ``t``, ``wall_s``, ``loss``, ``lr``.
+      step_stats: per rank, ``analysis.reduce.step_stats`` (``basis`` ``steady`` and
+        ``all``): steps, step and data-wait times.
+      curve: the training-loss curve from one rank (``curve_rank``), thinned to at most
+        ``analysis.reduce.CURVE_POINTS`` records: ``segment``, ``epoch``, ``step``,
+        ``global_step``, ``t``, ``wall_s``, ``loss``, ``lr``, ``loss_smoothed``.
+      curve_records: step records behind the curve (before thinning).
+      curve_stride: every ``curve_stride``-th of them is in ``curve`` (and the last).
+      curve_loss_min: the lowest loss of the whole curve.
+      crossings: the first crossing of each loss target on the whole curve:
+        ``target``, ``window`` (0: raw loss, else the smoothing window), ``reached``,
+        ``segment``, ``t``, ``wall_s``, ``epoch``, ``global_step``.
       classes: validation Dice class names in log order.
       notes: everything skipped or doubtful.
     """
@@ -142,14 +163,19 @@ class RunData:
     run_record: dict
     config: dict | None
     segments: pd.DataFrame
+    placement: pd.DataFrame
     ranks_present: list[int]
     ranks_missing: list[int]
     status: str
     finished: bool
     epochs: pd.DataFrame
-    steps: pd.DataFrame
+    step_stats: pd.DataFrame
     curve: pd.DataFrame
     curve_rank: int | None
+    curve_records: int
+    curve_stride: int
+    curve_loss_min: float
+    crossings: pd.DataFrame
     classes: list[str]
     notes: list[Note]
 
@@ -315,8 +341,8 @@ def _parse_fast(data: bytes, starts: np.ndarray, path: str, notes: list[Note],
         del blob
         if table.num_rows != len(step_lines):
             return None
-        known = set(_ARROW_SCHEMA.names)
-        unknown.update(f"step.{n}" for n in table.column_names if n not in known)
+        unknown.update(f"step.{n}" for n in table.column_names
+                       if n not in _ARROW_SCHEMA.names and n not in KNOWN_FIELDS["step"])
         steps = table.select(list(STEP_FIELDS)).to_pandas()
         del table
     else:
@@ -527,11 +553,10 @@ def _int_column(values: np.ndarray, dtype) -> np.ndarray:
 
 
 def compact_steps(rank: int, steps: pd.DataFrame) -> pd.DataFrame:
-    """The per-step columns the tables need from one rank's placed steps.
+    """The per-step columns the rank-balance figures need from one rank's placed steps.
 
-    Columns: ``rank``, ``segment`` (still local to the file), ``epoch``, ``warmup``
-    (first epoch of its segment), ``step_time``, ``data_wait``, ``samples``. A few
-    narrow columns, so that millions of steps of many ranks fit in memory together.
+    Columns: ``rank``, ``segment`` (local to the file), ``epoch``, ``warmup`` (first
+    epoch of its segment), ``step_time``, ``data_wait``, ``samples``.
     """
     seg = steps["segment"].to_numpy(np.int32)
     epoch = steps["epoch"].to_numpy()
@@ -561,62 +586,180 @@ def curve_steps(steps: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
+    """The epoch records of ``log`` as a frame, the Dice classes, and the unplaceable.
+
+    One row per epoch record placed after a ``run`` record: ``rank``, ``segment``
+    (local to the file), ``epoch``, ``t``, times, losses, samples, ``sample_digest``,
+    ``dice_CLASS`` and ``local_dice_CLASS``. The classes come in the order the file
+    first names them; the count is of epoch records before any ``run`` record.
+    """
+    rows: list[dict] = []
+    classes: list[str] = []
+    for rec in log.epochs:
+        if rec["_segment"] < 0:
+            continue
+        row = {"rank": log.rank, "segment": rec["_segment"], "epoch": rec.get("epoch"),
+               "t": _num(rec.get("t")), "epoch_time": _num(rec.get("epoch_time")),
+               "train_time": _num(rec.get("train_time")),
+               "samples": _num(rec.get("samples")), "sample_digest": rec.get("sample_digest"),
+               "train_loss": _num(rec.get("train_loss")), "val_loss": _num(rec.get("val_loss")),
+               "val_samples_local": _num(rec.get("val_samples_local"))}
+        for key, prefix in (("val_dice", "dice_"), ("val_dice_local", "local_dice_")):
+            dice = rec.get(key)
+            if isinstance(dice, dict):
+                for cls, v in dice.items():
+                    if cls not in classes:
+                        classes.append(cls)
+                    row[prefix + cls] = _num(v)
+        rows.append(row)
+    orphans = sum(1 for r in log.epochs if r["_segment"] < 0)
+    return pd.DataFrame(rows), classes, orphans
+
+
+def record_tmax(log: RankLog, steps: pd.DataFrame) -> dict[int, float]:
+    """Local segment -> the largest finite ``t`` of its placed steps, epochs and ends."""
+    tmax = ({int(k): float(v) for k, v in steps.groupby("segment")["t"].max().items()}
+            if len(steps) else {})
+    for rec in log.epochs + log.ends:
+        seg, t = rec["_segment"], _num(rec.get("t"))
+        if seg >= 0 and math.isfinite(t):
+            tmax[seg] = max(tmax.get(seg, -math.inf), t)
+    return tmax
+
+
+def _segment_key(rec: dict, local: int) -> tuple:
+    """Identifies a launch across ranks: the agreed start time and run id.
+
+    ``start_time`` is broadcast from rank 0, so it is the same on every rank of a launch.
+    """
+    st = _num(rec.get("start_time"))
+    return (round(st, 3) if math.isfinite(st) else float(local), str(rec.get("run_id", "")))
+
+
+def launch_order(runs: Sequence[dict]) -> np.ndarray:
+    """A file's segment numbers -> their launch's place in time among this file's
+    launches (the order ``map_launches`` gives them across all files)."""
+    keys = [_segment_key(r, i) for i, r in enumerate(runs)]
+    place = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return np.array([place[k] for k in keys], np.int64)
+
+
+@dataclass
+class RankSummary:
+    """What is kept of one rank's log once read and reduced (``reduce_log``): a few
+    records and small frames, whatever the number of steps, and picklable, so that a
+    worker process can send it back.
+
+    Attributes:
+      rank, path: as in ``RankLog``.
+      size_bytes: the file's size (for the progress bar).
+      runs: the ``run`` records in file order.
+      ends: the ``end`` records, each with ``_segment``.
+      epochs: ``epoch_rows`` (``segment`` local to the file).
+      classes: the Dice classes the file names, in order.
+      orphan_epochs: epoch records before any ``run`` record.
+      tmax: local segment -> the largest ``t`` logged in it (``record_tmax``).
+      stats: ``analysis.reduce.step_stats`` of the placed steps (``None``: none).
+      curve: ``analysis.reduce.reduce_curve`` of them (``None``: none).
+      notes: what was skipped while reading, in file order.
+      unknown_fields: ``"type.field"`` names outside the schema.
+    """
+
+    rank: int
+    path: str
+    size_bytes: int = 0
+    runs: list[dict] = field(default_factory=list)
+    ends: list[dict] = field(default_factory=list)
+    epochs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    classes: list[str] = field(default_factory=list)
+    orphan_epochs: int = 0
+    tmax: dict[int, float] = field(default_factory=dict)
+    stats: pd.DataFrame | None = None
+    curve: RankCurve | None = None
+    notes: list[Note] = field(default_factory=list)
+    unknown_fields: set[str] = field(default_factory=set)
+
+
+def reduce_log(log: RankLog, spec: CurveSpec, size_bytes: int = 0) -> RankSummary:
+    """Reduces one parsed log to its ``RankSummary``; frees ``log.steps``."""
+    steps, notes = placed_steps(log.steps, log.path)
+    log.steps = None
+    epochs, classes, orphans = epoch_rows(log)
+    out = RankSummary(rank=log.rank, path=log.path, size_bytes=size_bytes, runs=log.runs,
+                      ends=log.ends, epochs=epochs, classes=classes, orphan_epochs=orphans,
+                      tmax=record_tmax(log, steps), notes=log.notes + notes,
+                      unknown_fields=log.unknown_fields)
+    if len(steps):
+        out.stats = step_stats(compact_steps(log.rank, steps))
+        out.curve = reduce_curve(curve_steps(steps), launch_order(log.runs), spec)
+    return out
+
+
+def reduce_file(rank: int, path: str, spec: CurveSpec) -> RankSummary:
+    """Reads and reduces one rank's log (what a worker process runs per file).
+
+    Raises:
+      InputError: the log was written by a newer distseg (``refuse_newer_schema``).
+    """
+    size_bytes = os.path.getsize(path) if os.path.exists(path) else 0
+    return reduce_log(read_rank_log(path, rank), spec, size_bytes)
+
+
 @dataclass
 class LogSet:
     """A run's logs once read and reduced (what ``read_logs`` keeps of them).
 
     Attributes:
-      logs: every rank's records, without their step frames.
-      compact: rank -> ``compact_steps`` (segments local to that rank's file).
-      step_tmax: rank -> local segment -> the largest step ``t``.
-      curve: ``curve_steps`` of the rank with the most placed steps (``None``: no steps).
+      logs: every rank's ``RankSummary``, without its curve.
+      curve: the reduced curve of the rank with the most placed steps (``None``: no
+        steps); the lowest such rank on ties.
       curve_rank: that rank.
       unknown_fields: ``type.field`` -> number of logs that hold it.
       notes: what was skipped while reading, in file order.
     """
 
-    logs: list[RankLog] = field(default_factory=list)
-    compact: dict[int, pd.DataFrame] = field(default_factory=dict)
-    step_tmax: dict[int, dict[int, float]] = field(default_factory=dict)
-    curve: pd.DataFrame | None = None
+    logs: list[RankSummary] = field(default_factory=list)
+    curve: RankCurve | None = None
     curve_rank: int | None = None
     unknown_fields: Counter = field(default_factory=Counter)
     notes: list[Note] = field(default_factory=list)
 
 
-def read_logs(files: dict[int, str], progress: Callable[[int], None] | None = None) -> LogSet:
+def read_logs(files: dict[int, str], progress: Callable[[int], None] | None = None,
+              spec: CurveSpec | None = None,
+              summaries: Iterable[RankSummary] | None = None) -> LogSet:
     """Reads each rank's log and reduces it at once to what the tables need.
 
-    Only one file's full step frame is alive at a time (compact per-rank columns are
-    kept, plus the loss curve of the rank with the most steps), so memory stays bounded
-    by one file, not by the run.
+    Only one file's steps are alive at a time (per file, ``reduce_file``); of the
+    loss curves, only the best so far is kept. Memory is bounded by one file plus a
+    small summary per rank, not by the number of steps.
 
     Args:
       files: rank -> log path.
       progress: called with the number of bytes of each file once it is read.
+      spec: what the loss curve is reduced for (default: no targets, no smoothing).
+      summaries: the files' ``RankSummary`` in the order of ``files``, when they were
+        reduced elsewhere (worker processes); default: reduced here, one by one.
 
     Raises:
       InputError: a log was written by a newer distseg (``refuse_newer_schema``).
     """
+    spec = spec or CurveSpec()
+    if summaries is None:
+        summaries = (reduce_file(rank, path, spec) for rank, path in files.items())
     out = LogSet()
-    for rank, path in files.items():
-        size_bytes = os.path.getsize(path) if os.path.exists(path) else 0
-        log = read_rank_log(path, rank)
-        out.notes.extend(log.notes)
-        log.notes = []
-        out.unknown_fields.update(log.unknown_fields)
-        out.logs.append(log)
-        steps, notes = placed_steps(log.steps, path)
-        log.steps = None
-        out.notes.extend(notes)
-        if len(steps):
-            out.compact[rank] = compact_steps(rank, steps)
-            out.step_tmax[rank] = steps.groupby("segment")["t"].max().to_dict()
-            if out.curve is None or (len(steps), -rank) > (len(out.curve), -out.curve_rank):
-                out.curve, out.curve_rank = curve_steps(steps), rank
-        del steps
+    for summary in summaries:
+        out.notes.extend(summary.notes)
+        summary.notes = []
+        out.unknown_fields.update(summary.unknown_fields)
+        curve, summary.curve = summary.curve, None
+        if curve is not None and (out.curve is None or (curve.records, -summary.rank)
+                                  > (out.curve.records, -out.curve_rank)):
+            out.curve, out.curve_rank = curve, summary.rank
+        out.logs.append(summary)
         if progress:
-            progress(size_bytes)
+            progress(summary.size_bytes)
     return out
 
 
@@ -627,15 +770,6 @@ def unknown_fields_notes(counts: Counter, n_logs: int, label: str) -> list[Note]
     shown = ", ".join(f"{name} ({n} of {n_logs} logs)" for name, n in sorted(counts.items())[:8])
     more = f" and {len(counts) - 8} more" if len(counts) > 8 else ""
     return [Note("skipped", label, f"ignored field(s) not in distseg.schema: {shown}{more}")]
-
-
-def _segment_key(rec: dict, local: int) -> tuple:
-    """Identifies a launch across ranks: the agreed start time and run id.
-
-    ``start_time`` is broadcast from rank 0, so it is the same on every rank of a launch.
-    """
-    st = _num(rec.get("start_time"))
-    return (round(st, 3) if math.isfinite(st) else float(local), str(rec.get("run_id", "")))
 
 
 @dataclass(frozen=True)
@@ -664,13 +798,13 @@ class Launches:
         m = self.maps[rank]
         return np.array([m[i] for i in range(len(m))], np.int32)[local]
 
-    def run_records(self, logs: Sequence[RankLog], segment: int) -> list[tuple[int, dict]]:
+    def run_records(self, logs: Sequence[RankSummary], segment: int) -> list[tuple[int, dict]]:
         """``(rank, run record)`` of each record of launch ``segment``, in rank order."""
         return [(log.rank, r) for log in logs for i, r in enumerate(log.runs)
                 if self.maps[log.rank][i] == segment]
 
 
-def map_launches(logs: Sequence[RankLog]) -> Launches:
+def map_launches(logs: Sequence[RankSummary]) -> Launches:
     """Matches the ``run`` records of all ranks into launches."""
     keys = sorted({_segment_key(r, i) for log in logs for i, r in enumerate(log.runs)})
     index = {k: i for i, k in enumerate(keys)}
@@ -684,6 +818,11 @@ def _sizes(records: Iterable[dict]) -> list[int]:
     return [int(_num(r.get("size"))) for r in records if math.isfinite(_num(r.get("size")))]
 
 
+def _hosts(records: Iterable[tuple[int, dict]]) -> list[str]:
+    """Distinct host names of ``(rank, run record)`` pairs, sorted."""
+    return sorted({str(r["host"]) for _, r in records if r.get("host") is not None})
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who ran: the size, the hosts and the reference ``run`` record.
@@ -693,7 +832,9 @@ class Identity:
       last_runs: rank -> ``run`` record of the last launch.
       run_record: the last launch's record of the lowest rank that has one.
       rank_hosts: rank -> host in the last launch.
-      hosts: distinct hosts of the last launch.
+      hosts: distinct hosts of the launch that ran on the most (the latest of those).
+        Like ``size``, the most any one launch used: a run resumed on a fresh
+        allocation of as many nodes never ran on both at once.
     """
 
     size: int | None
@@ -703,37 +844,45 @@ class Identity:
     hosts: list[str]
 
 
-def identify(logs: Sequence[RankLog], launches: Launches) -> Identity:
+def identify(logs: Sequence[RankSummary], launches: Launches) -> Identity:
     """The run's size, hosts and reference record, from its ``run`` records."""
     sizes = _sizes(r for log in logs for r in log.runs)
     last_runs = dict(launches.run_records(logs, launches.last))
     rank_hosts = {rank: str(r["host"]) for rank, r in last_runs.items()
                   if r.get("host") is not None}
+    hosts: list[str] = []
+    for k in range(launches.count):
+        launch_hosts = _hosts(launches.run_records(logs, k))
+        if len(launch_hosts) >= len(hosts):
+            hosts = launch_hosts
     return Identity(size=max(sizes) if sizes else None, last_runs=last_runs,
                     run_record=last_runs[min(last_runs)] if last_runs else {},
-                    rank_hosts=rank_hosts, hosts=sorted(set(rank_hosts.values())))
+                    rank_hosts=rank_hosts, hosts=hosts)
 
 
-LAUNCH_COLUMNS = ["segment", "start_time", "run_id", "config_hash", "size", "ranks_logged",
-                  "duration_s"]
+LAUNCH_COLUMNS = ["segment", "start_time", "run_id", "config_hash", "size", "nodes",
+                  "ranks_logged", "duration_s"]
 
 
-def launch_table(logs: Sequence[RankLog], launches: Launches) -> pd.DataFrame:
+def launch_table(logs: Sequence[RankSummary], launches: Launches) -> pd.DataFrame:
     """One row per launch (durations still 0: see ``launch_durations``)."""
     rows = []
     for k, (_, run_id) in enumerate(launches.keys):
-        recs = [r for _, r in launches.run_records(logs, k)]
+        pairs = launches.run_records(logs, k)
+        recs = [r for _, r in pairs]
         seg_sizes = _sizes(recs)
         rows.append({"segment": k, "start_time": _num(recs[0].get("start_time")),
                      "run_id": run_id,
                      "config_hash": ",".join(sorted({str(r.get("config_hash")) for r in recs})),
-                     "size": max(seg_sizes) if seg_sizes else None, "ranks_logged": len(recs),
+                     "size": max(seg_sizes) if seg_sizes else None,
+                     "nodes": len(_hosts(pairs)) or None, "ranks_logged": len(recs),
                      "duration_s": 0.0})
     return pd.DataFrame(rows, columns=LAUNCH_COLUMNS)
 
 
 def launch_notes(segments: pd.DataFrame, label: str) -> list[Note]:
-    """Notes on the launches: none at all, or several that differ in config or size."""
+    """Notes on the launches: none at all, or several that differ in config, size or
+    nodes."""
     if not len(segments):
         return [Note("warning", label, "no run record in any log; ranks, nodes and dataset "
                      "size are unknown")]
@@ -747,25 +896,51 @@ def launch_notes(segments: pd.DataFrame, label: str) -> list[Note]:
     if segments["size"].nunique() > 1:
         notes.append(Note("warning", label, "the number of ranks changed between launches "
                           f"({', '.join(map(str, segments['size']))})"))
+    if "nodes" in segments and segments["nodes"].nunique() > 1:
+        counts = ", ".join("?" if pd.isna(n) else str(int(n)) for n in segments["nodes"])
+        notes.append(Note("warning", label, f"the number of nodes changed between launches "
+                          f"({counts}); nodes is the most any launch ran on"))
     return notes
 
 
-def launch_durations(logs: Sequence[RankLog], launches: Launches,
-                     step_tmax: dict[int, dict[int, float]]) -> np.ndarray:
-    """Seconds each launch lasted: the largest ``t`` any rank logged in it.
+def _affinity(threads: dict) -> tuple[int, ...] | None:
+    """The CPUs of ``threads.affinity`` (``None``: not logged, or not a list of ints)."""
+    cpus = threads.get("affinity")
+    if not isinstance(cpus, list) or not all(isinstance(c, int) for c in cpus):
+        return None
+    return tuple(sorted(set(cpus)))
+
+
+PLACEMENT_COLUMNS = ["segment", "rank", "host", "local_size", "cores", "cpus", "affinity"]
+
+
+def placement_table(logs: Sequence[RankSummary], launches: Launches) -> pd.DataFrame:
+    """One row per launch and rank: where it ran and on which CPUs (``RunData.placement``)."""
+    rows = []
+    for k in range(launches.count):
+        for rank, rec in launches.run_records(logs, k):
+            threads = dict_field(rec, "threads") or {}
+            cpus = _affinity(threads)
+            rows.append({"segment": k, "rank": rank,
+                         "host": None if rec.get("host") is None else str(rec["host"]),
+                         "local_size": _num(rec.get("local_size")),
+                         "cores": _num(threads.get("cores")),
+                         "cpus": math.nan if cpus is None else float(len(cpus)),
+                         "affinity": cpus})
+    return pd.DataFrame(rows, columns=PLACEMENT_COLUMNS)
+
+
+def launch_durations(logs: Sequence[RankSummary], launches: Launches) -> np.ndarray:
+    """Seconds each launch lasted: the largest ``t`` any rank logged in it (steps,
+    epochs, ends).
 
     Always at least one entry (0 when there is no launch), so offsets can be taken.
     """
     durations = np.zeros(max(launches.count, 1))
     for log in logs:
         m = launches.maps[log.rank]
-        for rec in log.epochs + log.ends:
-            seg = m.get(rec["_segment"])
-            t = _num(rec.get("t"))
-            if seg is not None and math.isfinite(t):
-                durations[seg] = max(durations[seg], t)
-        for local, t in step_tmax.get(log.rank, {}).items():
-            if local in m and math.isfinite(t):
+        for local, t in log.tmax.items():
+            if local in m:
                 durations[m[local]] = max(durations[m[local]], t)
     return durations
 
@@ -775,61 +950,72 @@ def offsets_of(durations: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(durations)[:-1]))
 
 
-_EMPTY_STEPS = {"rank": np.int32, "segment": np.int32, "epoch": np.int32, "warmup": bool,
-                "step_time": np.float64, "data_wait": np.float64, "samples": np.float64}
+def combine_stats(logs: Sequence[RankSummary]) -> pd.DataFrame:
+    """Every rank's ``step_stats`` in one frame, in rank order (frees them)."""
+    frames = [log.stats for log in logs if log.stats is not None]
+    for log in logs:
+        log.stats = None
+    if not frames:
+        return pd.DataFrame({c: [] for c in STAT_COLUMNS})
+    return pd.concat(frames, ignore_index=True)
 
 
-def combine_steps(compact: dict[int, pd.DataFrame], launches: Launches) -> pd.DataFrame:
-    """All ranks' compact steps in one frame, segments numbered by launch.
+CURVE_COLUMNS = ("segment", "epoch", "step", "global_step", "t", "wall_s", "loss", "lr",
+                 "loss_smoothed")
+CROSSING_COLUMNS = ["target", "window", "reached", "segment", "t", "wall_s", "epoch",
+                    "global_step"]
 
-    Empties ``compact`` as it goes: its frames are the largest thing held, and they
-    are not needed apart once combined.
+
+@dataclass(frozen=True)
+class Curve:
+    """The run's loss curve on its wall clock (``global_curve``).
+
+    Attributes:
+      frame: the kept records (``RunData.curve``).
+      crossings: ``RunData.crossings``.
+      records, stride, loss_min: as in ``analysis.reduce.RankCurve`` (0, 1, NaN: none).
+      notes: no curve at all, or how it was thinned.
     """
-    for rank, frame in compact.items():
-        frame["segment"] = launches.to_global(rank, frame["segment"].to_numpy())
-    if not compact:
-        return pd.DataFrame({c: np.array([], t) for c, t in _EMPTY_STEPS.items()})
-    steps = pd.concat(list(compact.values()), ignore_index=True)
-    compact.clear()
-    return steps
+
+    frame: pd.DataFrame
+    crossings: pd.DataFrame
+    records: int = 0
+    stride: int = 1
+    loss_min: float = math.nan
+    notes: tuple[Note, ...] = ()
 
 
-CURVE_COLUMNS = ("segment", "epoch", "step", "global_step", "t", "wall_s", "loss", "lr")
+def _global_crossings(curve: RankCurve, rank: int, launches: Launches,
+                      offsets: np.ndarray) -> pd.DataFrame:
+    cross = crossing_table(curve.crossings)
+    reached = cross["reached"].to_numpy(bool)
+    seg = cross["segment"].to_numpy(np.int64, copy=True)
+    if reached.any():
+        seg[reached] = launches.to_global(rank, seg[reached])
+    cross["segment"] = seg
+    cross["wall_s"] = np.where(reached, offsets[np.where(reached, seg, 0)] + cross["t"], np.nan)
+    return cross[CROSSING_COLUMNS]
 
 
-def global_curve(curve: pd.DataFrame | None, rank: int | None, launches: Launches,
-                 offsets: np.ndarray, label: str) -> tuple[pd.DataFrame, list[Note]]:
-    """The loss curve on the run's wall clock (``wall_s``: launch offset + ``t``)."""
+def global_curve(curve: RankCurve | None, rank: int | None, launches: Launches,
+                 offsets: np.ndarray, label: str) -> Curve:
+    """The loss curve and its target crossings on the run's wall clock (``wall_s``:
+    launch offset + ``t``)."""
     if curve is None:
-        empty = pd.DataFrame({c: [] for c in CURVE_COLUMNS})
-        return empty, [Note("warning", label, "no step records; no loss curve")]
-    curve["segment"] = launches.to_global(rank, curve["segment"].to_numpy())
-    curve.insert(5, "wall_s", offsets[curve["segment"].to_numpy()] + curve["t"].to_numpy())
-    return curve.sort_values("wall_s", kind="stable").reset_index(drop=True), []
-
-
-def _epoch_rows(log: RankLog, seg_map: dict[int, int], classes: list[str]) -> list[dict]:
-    """One row per placed epoch record of ``log``; adds new Dice classes to ``classes``."""
-    rows = []
-    for rec in log.epochs:
-        seg = seg_map.get(rec["_segment"])
-        if seg is None:
-            continue
-        row = {"rank": log.rank, "segment": seg, "epoch": rec.get("epoch"),
-               "t": _num(rec.get("t")), "epoch_time": _num(rec.get("epoch_time")),
-               "train_time": _num(rec.get("train_time")),
-               "samples": _num(rec.get("samples")), "sample_digest": rec.get("sample_digest"),
-               "train_loss": _num(rec.get("train_loss")), "val_loss": _num(rec.get("val_loss")),
-               "val_samples_local": _num(rec.get("val_samples_local"))}
-        for key, prefix in (("val_dice", "dice_"), ("val_dice_local", "local_dice_")):
-            dice = rec.get(key)
-            if isinstance(dice, dict):
-                for cls, v in dice.items():
-                    if cls not in classes:
-                        classes.append(cls)
-                    row[prefix + cls] = _num(v)
-        rows.append(row)
-    return rows
+        return Curve(pd.DataFrame({c: [] for c in CURVE_COLUMNS}),
+                     pd.DataFrame({c: [] for c in CROSSING_COLUMNS}),
+                     notes=(Note("warning", label, "no step records; no loss curve"),))
+    frame = curve.thin
+    frame["segment"] = launches.to_global(rank, frame["segment"].to_numpy())
+    frame.insert(5, "wall_s", offsets[frame["segment"].to_numpy()] + frame["t"].to_numpy())
+    frame = frame.sort_values("wall_s", kind="stable").reset_index(drop=True)
+    notes = ()
+    if curve.stride > 1:
+        notes = (Note("info", label, f"loss curve thinned for plotting: 1 in every "
+                      f"{curve.stride} of {curve.records:,} step records (and the last) in "
+                      "loss_vs_time.csv; targets are found on all of them"),)
+    return Curve(frame[list(CURVE_COLUMNS)], _global_crossings(curve, rank, launches, offsets),
+                 curve.records, curve.stride, curve.loss_min, notes)
 
 
 def _latest_epochs(epochs: pd.DataFrame, offsets: np.ndarray,
@@ -853,7 +1039,7 @@ def _latest_epochs(epochs: pd.DataFrame, offsets: np.ndarray,
     return epochs, notes
 
 
-def epoch_table(logs: Sequence[RankLog], launches: Launches, offsets: np.ndarray,
+def epoch_table(logs: Sequence[RankSummary], launches: Launches, offsets: np.ndarray,
                 label: str) -> tuple[pd.DataFrame, list[str], list[Note]]:
     """One row per rank and epoch, the Dice classes in log order, and notes.
 
@@ -861,11 +1047,18 @@ def epoch_table(logs: Sequence[RankLog], launches: Launches, offsets: np.ndarray
     times, losses, samples and digest, and ``dice_CLASS`` / ``local_dice_CLASS``.
     """
     classes: list[str] = []
-    rows = [row for log in logs for row in _epoch_rows(log, launches.maps[log.rank], classes)]
-    epochs, notes = pd.DataFrame(rows), []
+    frames = []
+    for log in logs:
+        classes += [c for c in log.classes if c not in classes]
+        if len(log.epochs):
+            frame = log.epochs.copy()
+            frame["segment"] = launches.to_global(
+                log.rank, frame["segment"].to_numpy(np.int64)).astype(np.int64)
+            frames.append(frame)
+    epochs, notes = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), []
     if len(epochs):
         epochs, notes = _latest_epochs(epochs, offsets, label)
-    orphans = sum(1 for log in logs for r in log.epochs if r["_segment"] < 0)
+    orphans = sum(log.orphan_epochs for log in logs)
     if orphans:
         notes.append(Note("skipped", label, f"{orphans} epoch record(s) before any run record"))
     return epochs, classes, notes
@@ -887,7 +1080,8 @@ def _status(ends: list[dict], size: int | None) -> tuple[str, bool]:
     return f"ok on {len(by.get('ok', []))} of {n} ranks (others still running or killed)", False
 
 
-def run_status(logs: Sequence[RankLog], launches: Launches, who: Identity) -> tuple[str, bool]:
+def run_status(logs: Sequence[RankSummary], launches: Launches,
+               who: Identity) -> tuple[str, bool]:
     """What the last launch's ``end`` records say, and whether every rank ended ``ok``."""
     ends = [r for log in logs for r in log.ends
             if launches.maps[log.rank].get(r["_segment"]) == launches.last]
@@ -912,7 +1106,8 @@ def rank_notes(present: Sequence[int], size: int | None, label: str) -> list[Not
 
 def load_run(run_dir: str, label: str | None = None,
              progress: Callable[[int], None] | None = None,
-             files: dict[int, str] | None = None) -> RunData:
+             files: dict[int, str] | None = None, spec: CurveSpec | None = None,
+             summaries: Iterable[RankSummary] | None = None) -> RunData:
     """Reads every rank's log of a run directory and combines them.
 
     Args:
@@ -920,6 +1115,8 @@ def load_run(run_dir: str, label: str | None = None,
       label: name used in tables; defaults to the directory name.
       progress: called with the number of bytes of each log file once it is read.
       files: rank -> log path, when ``check_run_dir`` was already called.
+      spec: the loss targets and smoothing the curve is reduced for.
+      summaries: the files already reduced, in the order of ``files`` (``read_logs``).
 
     Returns:
       The run, with notes on everything skipped.
@@ -931,30 +1128,33 @@ def load_run(run_dir: str, label: str | None = None,
     files = check_run_dir(run_dir) if files is None else files
     label = label or run_label(run_dir)
     config, notes = read_config(run_dir, label)
-    read = read_logs(files, progress)
+    read = read_logs(files, progress, spec, summaries)
     notes += read.notes + unknown_fields_notes(read.unknown_fields, len(files), label)
     launches = map_launches(read.logs)
     who = identify(read.logs, launches)
     segments = launch_table(read.logs, launches)
     notes += launch_notes(segments, label)
-    durations = launch_durations(read.logs, launches, read.step_tmax)
+    durations = launch_durations(read.logs, launches)
     offsets = offsets_of(durations)
     segments["duration_s"] = durations[:launches.count]
     segments["offset_s"] = offsets[:launches.count]
-    steps = combine_steps(read.compact, launches)
-    curve, curve_notes = global_curve(read.curve, read.curve_rank, launches, offsets, label)
+    curve = global_curve(read.curve, read.curve_rank, launches, offsets, label)
     epochs, classes, epoch_notes = epoch_table(read.logs, launches, offsets, label)
     status, finished = run_status(read.logs, launches, who)
     present = [log.rank for log in read.logs]
-    notes += curve_notes + epoch_notes + rank_notes(present, who.size, label)
+    notes += [*curve.notes, *epoch_notes, *rank_notes(present, who.size, label)]
     if not finished:
         notes.append(Note("info", label, f"status: {status}"))
     missing = sorted(set(range(who.size)) - set(present)) if who.size else []
     return RunData(label=label, path=run_dir, size=who.size, hosts=who.hosts,
                    rank_hosts=who.rank_hosts, run_record=who.run_record, config=config,
-                   segments=segments, ranks_present=present, ranks_missing=missing,
-                   status=status, finished=finished, epochs=epochs, steps=steps, curve=curve,
-                   curve_rank=read.curve_rank, classes=classes, notes=notes)
+                   segments=segments, placement=placement_table(read.logs, launches),
+                   ranks_present=present, ranks_missing=missing, status=status,
+                   finished=finished, epochs=epochs, step_stats=combine_stats(read.logs),
+                   curve=curve.frame, curve_rank=read.curve_rank,
+                   curve_records=curve.records, curve_stride=curve.stride,
+                   curve_loss_min=curve.loss_min, crossings=curve.crossings,
+                   classes=classes, notes=notes)
 
 
 def unique_labels(run_dirs: Sequence[str]) -> list[str]:
@@ -963,13 +1163,19 @@ def unique_labels(run_dirs: Sequence[str]) -> list[str]:
     return [p if names.count(n) > 1 else n for n, p in zip(names, run_dirs)]
 
 
-def load_runs(run_dirs: Sequence[str], show_progress: bool | None = None) -> list[RunData]:
+def load_runs(run_dirs: Sequence[str], show_progress: bool | None = None,
+              spec: CurveSpec | None = None, processes: int | None = None) -> list[RunData]:
     """Checks every run directory, then reads them with a progress bar on stderr.
+
+    The files of all runs are reduced in worker processes when there is enough to
+    read and more than one core (``analysis.workers.worker_count``), else here.
 
     Args:
       run_dirs: run directories, in the order the report lists them.
       show_progress: ``True``/``False`` forces the bar on/off; ``None`` shows it when
         stderr is a terminal.
+      spec: the loss targets and smoothing the curves are reduced for.
+      processes: worker processes (0: none); default: ``worker_count``.
 
     Raises:
       RunDirError: a directory is missing or has no logs (checked before any reading,
@@ -978,11 +1184,17 @@ def load_runs(run_dirs: Sequence[str], show_progress: bool | None = None) -> lis
     """
     from tqdm import tqdm
 
+    spec = spec or CurveSpec()
     all_files = [check_run_dir(p) for p in run_dirs]
-    total = sum(os.path.getsize(p) for files in all_files for p in files.values()
-                if os.path.exists(p))
+    sizes = [os.path.getsize(p) if os.path.exists(p) else 0
+             for files in all_files for p in files.values()]
+    if processes is None:
+        processes = workers.worker_count(sum(sizes), max(sizes), len(sizes))
+    tasks = [(rank, path, spec) for files in all_files for rank, path in files.items()]
     disable = None if show_progress is None else not show_progress
-    with tqdm(total=total, unit="B", unit_scale=True, desc="reading logs", disable=disable,
-              leave=False, dynamic_ncols=True) as bar:
-        return [load_run(p, label, progress=bar.update, files=files)
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="reading logs",
+              disable=disable, leave=False, dynamic_ncols=True) as bar, \
+            workers.ordered_map(reduce_file, tasks, processes) as reduced:
+        return [load_run(p, label, progress=bar.update, files=files, spec=spec,
+                         summaries=itertools.islice(reduced, len(files)))
                 for p, label, files in zip(run_dirs, unique_labels(run_dirs), all_files)]

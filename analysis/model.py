@@ -41,7 +41,7 @@ def _table(csv: str | None = None, in_json: bool = True):
 
 @dataclass(frozen=True)
 class Tables:
-    """Every table of a report, one typed field each (columns: README "distseg-report").
+    """Every table of a report, one typed field each (columns: docs/report.md).
 
     The field order is the order of ``report.json``; field metadata says which tables
     are also written as CSV (and under which name) and which stay out of the JSON
@@ -93,6 +93,55 @@ class Projection:
     table: pd.DataFrame
     assumptions: list[str]
     compute_s: float
+
+
+@dataclass(frozen=True)
+class TimeUnit:
+    """The unit wall-clock times are shown in to people (plots, document tables).
+
+    The CSV and JSON files keep their fixed units (``hours``, ``wall_h``), named in
+    the column, whatever the run length; only what people read follows the run.
+
+    Attributes:
+      name: ``s``, ``min`` or ``h`` (used in column names: ``wall_min``).
+      seconds: seconds in one unit.
+      word: ``seconds``, ``minutes`` or ``hours`` (axis labels).
+    """
+
+    name: str
+    seconds: float
+    word: str
+
+    def of(self, seconds):
+        """``seconds`` (a number or an array) in this unit."""
+        return seconds / self.seconds
+
+    def text(self, seconds: float) -> str:
+        """A time for people: ``3.500 h``, ``0.021 h (1.3 min)``, ``12.25 min``, ``45.0 s``."""
+        value = self.of(seconds)
+        if self.name == "min":
+            return f"{value:.2f} min"
+        if self.name == "s":
+            return f"{value:.1f} s"
+        if value >= 1:
+            return f"{value:.3f} h"
+        minutes = value * 60
+        return (f"{value:.3f} h ({minutes:.1f} min)" if minutes >= 1
+                else f"{value:.4f} h ({minutes * 60:.1f} s)")
+
+
+SECONDS = TimeUnit("s", 1.0, "seconds")
+MINUTES = TimeUnit("min", 60.0, "minutes")
+HOURS = TimeUnit("h", 3600.0, "hours")
+
+
+def time_unit(longest_s: float) -> TimeUnit:
+    """The unit that fits a report whose longest run lasted ``longest_s`` seconds:
+    seconds below 2 minutes, minutes below 2 hours, else hours (so an axis or a
+    column reads 0 to 60 s or 0 to 90 min, not 0 to 0.02 h)."""
+    if not longest_s < 2 * 3600:  # also NaN: nothing to go by, the long-run unit
+        return HOURS
+    return SECONDS if longest_s < 120 else MINUTES
 
 
 class Role(enum.Enum):
@@ -147,6 +196,7 @@ class Document:
       projection_error: why a projection that was asked for was not computed.
       options: the report's options as JSON-ready values.
       files: name -> path of the files written (empty when none were).
+      time_unit: the unit wall-clock times are shown in (``TimeUnit.name``).
     """
 
     summary: str
@@ -157,3 +207,4 @@ class Document:
     projection_error: str
     options: dict
     files: dict[str, str]
+    time_unit: str = "h"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from analysis.model import Note, Projection, Role, Section, Tables
+import pandas as pd
+
+from analysis.model import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
 from analysis.tables import TRAIN_TIME
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
@@ -28,9 +30,21 @@ PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allr
 PROJECTION_TITLE = "Projection (model, not measured)"
 
 
-def runs_section(t: Tables) -> Section:
+def in_unit(frame: pd.DataFrame, column: str, unit: TimeUnit) -> pd.DataFrame:
+    """``frame`` with the hours of ``column`` (``*_h``) shown in ``unit`` instead, under
+    a name that says it (``wall_h`` -> ``wall_min``); the CSV and JSON keep hours."""
+    if unit is HOURS or column not in frame.columns:
+        return frame
+    shown = frame.copy()
+    shown[column] = unit.of(shown[column].astype(float) * 3600.0)
+    return shown.rename(columns={column: column[:-1] + unit.name})
+
+
+def runs_section(t: Tables, unit: TimeUnit = HOURS) -> Section:
     return Section("Runs", Role.TABLE, "One row per run directory; a launch is one start of "
-                   "the job (a resumed run has several).", frame=t.runs)
+                   "the job (a resumed run has several); nodes: the most hosts any launch "
+                   f"ran on; wall_{unit.name}: wall-clock {unit.word}, the launches' durations "
+                   "added up.", frame=in_unit(t.runs, "wall_h", unit))
 
 
 def warnings_section(notes: Sequence[Note]) -> Section | None:
@@ -64,23 +78,25 @@ def scaling_section(t: Tables) -> Section:
                    frame=t.scaling, columns=SCALING_COLS)
 
 
-def hours_section(t: Tables, smooth: int) -> Section | None:
-    """Hours to each target (``None`` when no target was given)."""
+def hours_section(t: Tables, smooth: int, unit: TimeUnit = HOURS) -> Section | None:
+    """Time to each target (``None`` when no target was given)."""
     if not len(t.hours_to_target):
         return None
     intro = ("First wall-clock time at which the "
              + (f"trailing mean over {smooth} steps of the " if smooth > 1 else "")
              + "training loss (mean over ranks) is <= the target, or the global validation "
-             "Dice >= the target; no interpolation. Hours count from the run's agreed start "
-             "(after start-up), summed over the launches of a resumed run.")
-    return Section("Hours to target", Role.TABLE, intro, frame=t.hours_to_target,
+             "Dice >= the target; no interpolation; found on every step record. Times "
+             f"({unit.word}) count from the run's agreed start (after start-up), summed over "
+             "the launches of a resumed run; hours_to_target.csv has them in hours.")
+    return Section("Time to target", Role.TABLE, intro, frame=t.hours_to_target,
                    columns=HOURS_COLS)
 
 
-def loss_figure_section() -> Section:
+def loss_figure_section(unit: TimeUnit = HOURS) -> Section:
     return Section("Loss versus wall-clock time", Role.FIGURE, "Training loss per step "
-                   "(lines) and validation loss per epoch (dashed, markers). Data: "
-                   "loss_vs_time.csv.", figure=LOSS_FIGURE)
+                   "(lines) and validation loss per epoch (dashed, markers), against "
+                   f"wall-clock {unit.word}. Data: loss_vs_time.csv (in hours; long runs "
+                   "thinned to what a plot can show).", figure=LOSS_FIGURE)
 
 
 def balance_section(t: Tables) -> Section:
@@ -105,8 +121,8 @@ def dice_sections(t: Tables) -> list[Section]:
 
 def coverage_section(t: Tables) -> Section:
     return Section("Coverage", Role.TABLE, "Per epoch, whether the ranks' shards covered the "
-                   "train set exactly once, from the logged sample counts and digests (see the "
-                   "README section 'distseg-report' for what this can and cannot prove). Per "
+                   "train set exactly once, from the logged sample counts and digests (see "
+                   "docs/report.md, 'coverage.csv', for what this can and cannot prove). Per "
                    "epoch: coverage.csv.", frame=t.coverage_summary)
 
 
@@ -127,8 +143,8 @@ def notes_section(notes: Sequence[Note]) -> Section:
 
 
 def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
-             projection: Projection | None = None,
-             projection_error: str = "") -> tuple[Section, ...]:
+             projection: Projection | None = None, projection_error: str = "",
+             unit: TimeUnit = HOURS) -> tuple[Section, ...]:
     """The report's sections in reading order.
 
     Args:
@@ -137,9 +153,10 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       smooth: the ``--smooth`` window, named in the hours-to-target intro.
       projection: the fitted model, if any.
       projection_error: why a projection that was asked for is missing.
+      unit: the unit wall-clock times are shown in.
     """
-    parts = [runs_section(t), warnings_section(notes), time_per_epoch_section(t),
-             scaling_section(t), hours_section(t, smooth), loss_figure_section(),
+    parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
+             scaling_section(t), hours_section(t, smooth, unit), loss_figure_section(unit),
              balance_section(t), *dice_sections(t), coverage_section(t),
              projection_section(projection, projection_error), notes_section(notes)]
     return tuple(p for p in parts if p is not None)

@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.model import HOURS, TimeUnit  # noqa: E402
+
 #: Train curves longer than this are thinned for drawing (the CSV keeps every point).
 MAX_POINTS = 20_000
 
@@ -25,10 +27,8 @@ def _label(run: str, ranks, nodes) -> str:
     return f"{run} ({int(ranks)} rank{'s' if int(ranks) != 1 else ''}, {nodes} node{'s' if nodes != 1 else ''})"
 
 
-def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
-                 smooth: int = 0) -> str:
-    """Training loss (line) and validation loss (markers) against wall-clock hours."""
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+def _draw_curves(ax, curves: pd.DataFrame, smooth: int) -> None:
+    """One colour per run: train loss (line, or faint raw + smoothed) and validation loss."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (run, g) in enumerate(curves.groupby("run", sort=False)):
         color = colors[i % len(colors)]
@@ -38,16 +38,19 @@ def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
             step = max(1, len(train) // MAX_POINTS)
             thin = train.iloc[::step]
             if smooth > 1:
-                ax.plot(thin["hours"], thin["loss"], color=color, alpha=0.25, lw=0.8)
-                ax.plot(thin["hours"], thin["loss_smoothed"], color=color, lw=1.6,
+                ax.plot(thin["x"], thin["loss"], color=color, alpha=0.25, lw=0.8)
+                ax.plot(thin["x"], thin["loss_smoothed"], color=color, lw=1.6,
                         label=f"{label} train (mean of {smooth} steps)")
             else:
-                ax.plot(thin["hours"], thin["loss"], color=color, lw=1.4, label=f"{label} train")
+                ax.plot(thin["x"], thin["loss"], color=color, lw=1.4, label=f"{label} train")
         val = g[(g["series"] == "val") & g["loss"].notna()]
         if len(val):
-            ax.plot(val["hours"], val["loss"], color=color, ls="--", marker="o", ms=4, lw=1,
+            ax.plot(val["x"], val["loss"], color=color, ls="--", marker="o", ms=4, lw=1,
                     label=f"{label} validation")
-    # Targets far outside the curves would squash them: those are only named.
+
+
+def _draw_targets(ax, curves: pd.DataFrame, targets: Sequence[float]) -> None:
+    """Target lines; targets far outside the curves would squash them: only named."""
     losses = pd.concat([curves["loss"], curves["loss_smoothed"]]).astype(float)
     losses = losses[np.isfinite(losses)]
     low, high = (float(losses.min()), float(losses.max())) if len(losses) else (-1.0, 0.0)
@@ -62,7 +65,20 @@ def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
     if len(losses):
         ax.set_ylim(low - 0.05 * pad, high + 0.05 * pad)
         ax.set_xlim(left=0)
-    ax.set_xlabel("wall-clock time (hours)")
+
+
+def loss_figure(curves: pd.DataFrame, targets: Sequence[float] = (), smooth: int = 0,
+                unit: TimeUnit = HOURS):
+    """The loss-versus-time figure (a matplotlib ``Figure``; the caller closes it).
+
+    The x axis is wall-clock time in ``unit`` (the frame's ``hours`` converted;
+    ``report.report_unit`` picks the unit that fits the longest run).
+    """
+    curves = curves.assign(x=unit.of(curves["hours"].astype(float) * 3600.0))
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    _draw_curves(ax, curves, smooth)
+    _draw_targets(ax, curves, targets)
+    ax.set_xlabel(f"wall-clock time ({unit.word})")
     ax.set_ylabel("loss (negative mean soft Dice; -1 is perfect)")
     ax.set_title("Loss versus wall-clock time")
     ax.grid(True, alpha=0.3)
@@ -71,6 +87,14 @@ def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
     else:
         ax.text(0.5, 0.5, "no loss records", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
+    return fig
+
+
+def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
+                 smooth: int = 0, unit: TimeUnit = HOURS) -> str:
+    """Training loss (line) and validation loss (markers) against wall-clock time in
+    ``unit``, written to ``path`` (``loss_figure``)."""
+    fig = loss_figure(curves, targets, smooth, unit)
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -58,7 +58,8 @@ def html_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     cols = [c for c in (columns or df.columns) if c in df.columns]
     if not len(df):
         return "<p><em>(no rows)</em></p>\n"
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    # Column names may break after an underscore, so wide tables fit a 1280-px window.
+    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>\n"
                    for row in df[cols].itertuples(index=False, name=None))
     return (f"<div class=\"wide\"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}"
@@ -190,6 +191,7 @@ def json_document(doc: Document) -> dict:
     """The report for machines; tables kept out of it (the per-step curve) are
     referenced by their CSV file in ``files``."""
     out = {"schema": JSON_SCHEMA, "summary": doc.summary, "options": doc.options,
+           "time_unit": doc.time_unit,
            "tables": {name: records(frame) for name, frame in doc.tables.json_frames()},
            "projection": None,
            "notes": [{"level": n.level, "where": n.where, "message": n.message}

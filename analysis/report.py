@@ -16,10 +16,12 @@ from typing import Sequence, TextIO
 
 import pandas as pd
 
-from analysis import coverage, logs, outline, render, tables
+from analysis import checks, coverage, logs, outline, render, tables
 from analysis.logs import RunData
-from analysis.model import Document, Note, Projection, Tables, csv_files
+from analysis.model import (HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files,
+                            time_unit)
 from analysis.project import Fabric, project
+from analysis.reduce import CurveSpec
 
 FORMATS = ("md", "json")
 
@@ -56,6 +58,10 @@ class ReportOptions:
         self.fabric.validate()
         return self
 
+    def curve_spec(self) -> CurveSpec:
+        """What the loss curves are reduced for while the logs are read."""
+        return CurveSpec(targets=tuple(self.target_loss), smooth=self.smooth)
+
 
 @dataclass
 class Report:
@@ -68,6 +74,8 @@ class Report:
     projection: Projection | None = None
     projection_error: str = ""
     files: dict[str, str] = field(default_factory=dict)
+    unit: TimeUnit = HOURS
+    """The unit wall-clock times are shown in (``model.time_unit`` of the longest run)."""
 
     def summary_line(self) -> str:
         names = ", ".join(f"{r.label} ({r.ranks} rank{'s' if r.ranks != 1 else ''})"
@@ -87,10 +95,20 @@ class Report:
         return Document(
             summary=self.summary_line(),
             sections=outline.sections(self.tables, self.notes, self.options.smooth,
-                                      self.projection, self.projection_error),
+                                      self.projection, self.projection_error, self.unit),
             tables=self.tables, notes=tuple(self.notes), projection=self.projection,
             projection_error=self.projection_error, options=self.options_dict(),
-            files=dict(self.files))
+            files=dict(self.files), time_unit=self.unit.name)
+
+
+def wall_seconds(run: RunData) -> float:
+    """Wall-clock seconds of a run: its launches' durations added up."""
+    return float(run.segments["duration_s"].sum()) if len(run.segments) else 0.0
+
+
+def report_unit(runs: Sequence[RunData]) -> TimeUnit:
+    """The unit that fits the longest run (``model.time_unit``)."""
+    return time_unit(max((wall_seconds(r) for r in runs), default=0.0))
 
 
 def _runs_table(runs: Sequence[RunData], tpe: pd.DataFrame) -> pd.DataFrame:
@@ -117,8 +135,9 @@ def _dice_last(spread: pd.DataFrame) -> pd.DataFrame:
     return out[["run", "epoch", "class", "ranks", "min", "median", "max", "global"]]
 
 
-def compute_tables(runs: Sequence[RunData], options: ReportOptions) -> Tables:
-    """Every table of the report, from the loaded runs."""
+def compute_tables(runs: Sequence[RunData], options: ReportOptions,
+                   unit: TimeUnit = HOURS) -> Tables:
+    """Every table of the report, from the loaded runs (times to target in ``unit``)."""
     tpe = tables.time_per_epoch(runs)
     balance = tables.rank_balance(runs)
     spread = tables.val_dice_spread(runs)
@@ -129,7 +148,7 @@ def compute_tables(runs: Sequence[RunData], options: ReportOptions) -> Tables:
         scaling=tables.scaling(tpe),
         loss_vs_time=tables.loss_vs_time(runs, options.smooth),
         hours_to_target=tables.hours_to_target(runs, options.target_loss, options.target_dice,
-                                               options.smooth, options.dice_class),
+                                               options.smooth, options.dice_class, unit),
         rank_balance=balance,
         rank_balance_summary=tables.rank_balance_summary(balance),
         val_dice_spread=spread,
@@ -143,7 +162,7 @@ def option_notes(runs: Sequence[RunData], options: ReportOptions) -> list[Note]:
     """Warnings about options that look like slips given what the logs hold."""
     notes = []
     for target in options.target_loss:
-        if target > 0 and any(len(r.curve) and (r.curve["loss"] < 0).any() for r in runs):
+        if target > 0 and any(r.curve_loss_min < 0 for r in runs):
             notes.append(Note("warning", "options", f"--target-loss {target:g} is positive but "
                               f"the loss is a negative Dice; did you mean {-target:g}?"))
     if options.dice_class and not any(options.dice_class in r.classes for r in runs):
@@ -166,8 +185,11 @@ def _project(report: Report) -> None:
 
 
 def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
-          show_progress: bool | None = None) -> Report:
+          show_progress: bool | None = None, processes: int | None = None) -> Report:
     """Reads the runs and computes every table.
+
+    ``processes``: worker processes that read the logs (0: none; default: as many as
+    pay, see ``analysis.workers.worker_count``).
 
     Raises:
       logs.RunDirError: a run directory is missing or has no logs.
@@ -175,10 +197,14 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
       ValueError: an option is out of range.
     """
     options = (options or ReportOptions()).validate()
-    runs = logs.load_runs(run_dirs, show_progress=show_progress)
-    notes = [n for r in runs for n in r.notes] + tables.config_mismatches(runs)
-    report = Report(runs=runs, options=options, tables=compute_tables(runs, options),
-                    notes=notes + option_notes(runs, options))
+    runs = logs.load_runs(run_dirs, show_progress=show_progress, spec=options.curve_spec(),
+                          processes=processes)
+    unit = report_unit(runs)
+    notes = ([n for r in runs for n in r.notes] + tables.config_mismatches(runs)
+             + checks.check_runs(runs, options.target_loss, options.smooth,
+                                 options.dice_class, unit))
+    report = Report(runs=runs, options=options, tables=compute_tables(runs, options, unit),
+                    notes=notes + option_notes(runs, options), unit=unit)
     if options.project_nodes:
         _project(report)
     return report
@@ -209,7 +235,7 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
     return {
         "loss_vs_time_png": plots.loss_vs_time(
             report.tables.loss_vs_time, os.path.join(out_dir, outline.LOSS_FIGURE),
-            report.options.target_loss, report.options.smooth),
+            report.options.target_loss, report.options.smooth, report.unit),
         "val_dice_spread_png": plots.val_dice_spread(
             report.tables.val_dice_spread, os.path.join(out_dir, outline.DICE_FIGURE), classes),
     }
@@ -242,16 +268,16 @@ def write(report: Report, out_dir: str) -> dict[str, str]:
 
 def main(run_dirs: Sequence[str], options: ReportOptions, out_dir: str | None = "report",
          fmt: str = "md", stream: TextIO | None = None,
-         show_progress: bool | None = None) -> Report:
+         show_progress: bool | None = None, processes: int | None = None) -> Report:
     """The command: build, write (unless ``out_dir`` is ``None``), print.
 
     Markdown goes to ``stream`` (stdout) with at most 20 notes; ``fmt="json"`` prints
-    the JSON document instead.
+    the JSON document instead. ``processes``: as in ``build``.
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")
     stream = stream or sys.stdout
-    report = build(run_dirs, options, show_progress=show_progress)
+    report = build(run_dirs, options, show_progress=show_progress, processes=processes)
     doc = _write(report, out_dir) if out_dir else report.document()
     if fmt == "json":
         json.dump(render.json_document(doc), stream, indent=1)

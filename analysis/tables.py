@@ -1,8 +1,8 @@
 """The report's tables, computed from loaded runs (``analysis.logs.RunData``).
 
 Each public function returns one pandas frame whose columns are documented in
-the README section "distseg-report"; the frames are written as CSV as they are, so column names are
-part of the interface. Definitions that matter for reading the numbers:
+docs/report.md; the frames are written as CSV as they are, so column names are part
+of the interface. Definitions that matter for reading the numbers:
 
 * Warm-up: the first epoch of every launch (graph tracing, cold caches). It is reported
   separately and left out of the steady-state statistics and of step-time means,
@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.logs import Note, RunData, dict_field
+from analysis.model import HOURS, TimeUnit
+from analysis.reduce import smoothed
 
 NOT_REACHED = "not reached"
 
@@ -34,7 +36,12 @@ def foreground(classes: Sequence[str]) -> list[str]:
     return fg or list(classes)
 
 
-def _first_per_epoch(run: RunData) -> pd.DataFrame:
+def dice_name(classes: Sequence[str], dice_class: str | None) -> str:
+    """The Dice a target or a check refers to: ``liver``, or ``mean liver+lesion``."""
+    return dice_class or "mean " + "+".join(foreground(classes))
+
+
+def first_per_epoch(run: RunData) -> pd.DataFrame:
     """One row per epoch with the global (rank-independent) values, lowest rank first."""
     if not len(run.epochs):
         return run.epochs
@@ -158,31 +165,29 @@ def scaling(tpe: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
-def smoothed(loss: pd.Series, window: int) -> pd.Series:
-    """Trailing mean over the last ``window`` step records (causal: no future values)."""
-    if window <= 1:
-        return loss.astype(float)
-    return loss.rolling(window, min_periods=1).mean()
-
-
 def loss_vs_time(runs: Sequence[RunData], smooth: int = 0) -> pd.DataFrame:
     """Training loss per step and validation loss per epoch against wall-clock hours.
 
     Columns: ``run``, ``ranks``, ``nodes``, ``series`` (``train`` or ``val``),
     ``segment``, ``epoch``, ``global_step`` (empty for ``val``), ``hours``, ``loss``,
-    ``loss_smoothed`` (train only; equal to ``loss`` without ``--smooth``).
+    ``loss_smoothed`` (train only; equal to ``loss`` without ``--smooth``). The train
+    rows are the run's curve as read (``RunData.curve``: thinned on long runs, smoothed
+    on every record before thinning); ``smooth`` only applies to a curve without
+    ``loss_smoothed``.
     """
     parts = []
     for run in runs:
         c = run.curve
         if len(c):
+            loss_smoothed = (c["loss_smoothed"] if "loss_smoothed" in c
+                             else smoothed(c["loss"], smooth))
             parts.append(pd.DataFrame({
                 "run": run.label, "ranks": run.ranks, "nodes": run.nodes, "series": "train",
                 "segment": c["segment"].to_numpy(), "epoch": c["epoch"].to_numpy(),
                 "global_step": c["global_step"].to_numpy(),
                 "hours": c["wall_s"].to_numpy() / 3600.0, "loss": c["loss"].to_numpy(),
-                "loss_smoothed": smoothed(c["loss"], smooth).to_numpy()}))
-        e = _first_per_epoch(run)
+                "loss_smoothed": loss_smoothed.to_numpy()}))
+        e = first_per_epoch(run)
         if len(e):
             e = e.sort_values("wall_s")
             parts.append(pd.DataFrame({
@@ -199,15 +204,6 @@ def loss_vs_time(runs: Sequence[RunData], smooth: int = 0) -> pd.DataFrame:
     return out
 
 
-def hours_text(hours: float) -> str:
-    """``3.500 h``; short times also in minutes or seconds, where 3 decimals say little."""
-    if hours >= 1:
-        return f"{hours:.3f} h"
-    minutes = hours * 60
-    return f"{hours:.3f} h ({minutes:.1f} min)" if minutes >= 1 else (
-        f"{hours:.4f} h ({minutes * 60:.1f} s)")
-
-
 def dice_metric(epochs: pd.DataFrame, classes: Sequence[str], dice_class: str | None,
                 prefix: str = "dice_") -> pd.Series:
     """The Dice a target is compared with: one class, or the mean over foreground classes."""
@@ -218,54 +214,79 @@ def dice_metric(epochs: pd.DataFrame, classes: Sequence[str], dice_class: str | 
     return epochs[cols].mean(axis=1, skipna=True)
 
 
+def _loss_rows(run: RunData, base: dict, targets: Sequence[float], smooth: int,
+               unit: TimeUnit) -> list[dict]:
+    """Rows of ``hours_to_target`` for the loss targets, from ``run.crossings``."""
+    window = smooth if smooth > 1 else 0
+    pending = "" if run.finished else " (run not finished)"
+    metric = "train_loss" + (f" (smoothed {smooth})" if smooth > 1 else "")
+    rows = []
+    for target in targets:
+        found = run.crossings[(run.crossings["target"] == target)
+                              & (run.crossings["window"] == window)]
+        if len(run.curve) and not len(found):
+            raise ValueError(f"the loss curve of {run.label} was not read for target "
+                             f"{target:g} (window {window}): pass it to load_runs")
+        row = dict(base, metric=metric, target=target)
+        if len(found) and found["reached"].iloc[0]:
+            hit = found.iloc[0]
+            row.update(reached=True, hours=float(hit["wall_s"]) / 3600.0,
+                       epoch=int(hit["epoch"]), global_step=int(hit["global_step"]),
+                       result=unit.text(float(hit["wall_s"])))
+        else:
+            row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
+                       result=(NOT_REACHED + pending) if len(run.curve) else "no step records")
+        rows.append(row)
+    return rows
+
+
+def _dice_rows(run: RunData, base: dict, targets: Sequence[float], dice_class: str | None,
+               unit: TimeUnit) -> list[dict]:
+    """Rows of ``hours_to_target`` for the Dice targets, from the epoch records."""
+    pending = "" if run.finished else " (run not finished)"
+    e = first_per_epoch(run)
+    name = f"val_dice ({dice_name(run.classes, dice_class)})"
+    rows = []
+    for target in targets:
+        row = dict(base, metric=name, target=target)
+        if len(e):
+            e = e.sort_values("wall_s")
+            metric = dice_metric(e, run.classes, dice_class).to_numpy()
+            hit = np.flatnonzero(metric >= target)
+        else:
+            hit = []
+        if len(hit):
+            i = int(hit[0])
+            wall_s = float(e["wall_s"].iloc[i])
+            row.update(reached=True, hours=wall_s / 3600.0, epoch=int(e["epoch"].iloc[i]),
+                       global_step=None, result=unit.text(wall_s))
+        else:
+            row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
+                       result=(NOT_REACHED + pending) if len(e) else "no epoch records")
+        rows.append(row)
+    return rows
+
+
 def hours_to_target(runs: Sequence[RunData], target_loss: Sequence[float] = (),
                     target_dice: Sequence[float] = (), smooth: int = 0,
-                    dice_class: str | None = None) -> pd.DataFrame:
+                    dice_class: str | None = None, unit: TimeUnit = HOURS) -> pd.DataFrame:
     """First wall-clock time each run reaches each target.
 
     A loss target is reached at the first step record, in wall-clock order, whose
-    (smoothed) training loss is <= the target; a Dice target at the first epoch whose
-    global validation Dice is >= the target. No interpolation: the time is the ``t``
-    of that record (plus the durations of earlier launches).
+    (smoothed) training loss is <= the target (found on every record while the logs
+    were read: ``RunData.crossings``); a Dice target at the first epoch whose global
+    validation Dice is >= the target. No interpolation: the time is the ``t`` of that
+    record (plus the durations of earlier launches). ``hours`` is in hours always;
+    ``result`` says the time in ``unit``.
+
+    Raises:
+      ValueError: a loss target the runs' curves were not read for.
     """
     rows = []
     for run in runs:
         base = {"run": run.label, "ranks": run.ranks, "nodes": run.nodes}
-        pending = "" if run.finished else " (run not finished)"
-        c = run.curve
-        loss = smoothed(c["loss"], smooth) if len(c) else pd.Series(dtype=float)
-        for target in target_loss:
-            hit = np.flatnonzero(loss.to_numpy() <= target) if len(c) else []
-            row = dict(base, metric="train_loss" + (f" (smoothed {smooth})" if smooth > 1 else ""),
-                       target=target)
-            if len(hit):
-                i = int(hit[0])
-                row.update(reached=True, hours=float(c["wall_s"].iloc[i]) / 3600.0,
-                           epoch=int(c["epoch"].iloc[i]), global_step=int(c["global_step"].iloc[i]))
-                row["result"] = hours_text(row["hours"])
-            else:
-                row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
-                           result=(NOT_REACHED + pending) if len(c) else "no step records")
-            rows.append(row)
-        e = _first_per_epoch(run)
-        name = f"val_dice ({dice_class or 'mean ' + '+'.join(foreground(run.classes))})"
-        for target in target_dice:
-            row = dict(base, metric=name, target=target)
-            if len(e):
-                e = e.sort_values("wall_s")
-                metric = dice_metric(e, run.classes, dice_class).to_numpy()
-                hit = np.flatnonzero(metric >= target)
-            else:
-                hit = []
-            if len(hit):
-                i = int(hit[0])
-                row.update(reached=True, hours=float(e["wall_s"].iloc[i]) / 3600.0,
-                           epoch=int(e["epoch"].iloc[i]), global_step=None)
-                row["result"] = hours_text(row["hours"])
-            else:
-                row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
-                           result=(NOT_REACHED + pending) if len(e) else "no epoch records")
-            rows.append(row)
+        rows += _loss_rows(run, base, target_loss, smooth, unit)
+        rows += _dice_rows(run, base, target_dice, dice_class, unit)
     cols = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "epoch",
             "global_step", "result"]
     out = pd.DataFrame(rows, columns=cols)
@@ -278,27 +299,19 @@ def rank_balance(runs: Sequence[RunData]) -> pd.DataFrame:
     """Per run and rank: step and data-wait times, the slowest rank, the imbalance ratio.
 
     Warm-up epochs are left out when a run has later ones. ``imbalance_ratio`` is the
-    slowest rank's mean step time over the mean across ranks (1.0 = balanced).
+    slowest rank's mean step time over the mean across ranks (1.0 = balanced). The
+    per-rank figures were computed while reading (``RunData.step_stats``).
     """
     cols = ["run", "ranks", "rank", "host", "steps", "mean_step_s", "median_step_s",
             "max_step_s", "mean_data_wait_s", "data_wait_share", "slowest", "slowest_rank",
             "imbalance_ratio"]
     parts = []
     for run in runs:
-        s = run.steps
+        s = run.step_stats
         if not len(s):
             continue
-        if (~s["warmup"]).any():
-            s = s[~s["warmup"].to_numpy()]
-        g = s.groupby("rank")
-        t = pd.DataFrame({
-            "steps": g.size(),
-            "mean_step_s": g["step_time"].mean().astype(float),
-            "median_step_s": g["step_time"].median().astype(float),
-            "max_step_s": g["step_time"].max().astype(float),
-            "mean_data_wait_s": g["data_wait"].mean().astype(float),
-            "data_wait_share": (g["data_wait"].sum() / g["step_time"].sum()).astype(float),
-        }).reset_index()
+        basis = "steady" if (s["basis"] == "steady").any() else "all"
+        t = s[s["basis"] == basis].drop(columns="basis").reset_index(drop=True)
         t.insert(0, "run", run.label)
         t.insert(1, "ranks", run.ranks)
         t.insert(3, "host", t["rank"].map(run.rank_hosts))

@@ -451,6 +451,8 @@ def test_cli_writes_every_file_and_prints_markdown(study, tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
     assert html.count("src=\"data:image/png;base64,") == 2
+    md = (out / "report.md").read_text()
+    assert "README" not in md and "see docs/report.md" in md  # where the detail lives now
 
 
 def test_cli_json_format_parses(study, tmp_path):

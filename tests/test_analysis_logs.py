@@ -18,8 +18,8 @@ from analysis import logs
 from distseg import schema
 from distseg.errors import InputError
 from support import BIN, command_env
-from tests.analysis_fixtures.runs import (end_record, epoch_record, run_record, step,
-                                          write_log)
+from tests.analysis_fixtures.runs import (Launch, RunSpec, end_record, epoch_record,
+                                          run_record, step, write_log, write_run)
 
 
 @pytest.fixture
@@ -129,12 +129,15 @@ def test_curve_steps_keeps_loss_and_lr_and_integer_counters():
 def test_read_logs_keeps_the_curve_of_the_rank_with_most_steps(resumed):
     sizes = []
     read = logs.read_logs(logs.check_run_dir(resumed), progress=sizes.append)
-    assert read.curve_rank == 1 and len(read.curve) == 4
+    assert read.curve_rank == 1 and read.curve.records == 4 and len(read.curve.thin) == 4
     assert sizes == [os.path.getsize(os.path.join(resumed, "logs", schema.log_name(r)))
                      for r in (0, 1)]
-    assert read.step_tmax == {0: {0: 2.0, 1: 1.5}, 1: {0: 1.0, 1: 3.0}}
-    assert sorted(read.compact) == [0, 1] and len(read.compact[0]) == 3
-    assert all(log.steps is None for log in read.logs)  # freed once reduced
+    # the largest t of each launch in each file: steps, epoch and end records
+    assert [log.tmax for log in read.logs] == [{0: 3.0, 1: 4.0}, {0: 3.5, 1: 3.2}]
+    r0 = read.logs[0].stats.set_index("basis")
+    assert list(r0.loc["all", ["steps", "mean_step_s"]]) == [3, 1.0]
+    assert "steady" not in r0.index  # each step is in its launch's first (warm-up) epoch
+    assert all(log.curve is None for log in read.logs)  # only the kept curve is alive
 
 
 def test_read_logs_breaks_a_tie_towards_the_lowest_rank(tmp_path):
@@ -142,7 +145,7 @@ def test_read_logs_breaks_a_tie_towards_the_lowest_rank(tmp_path):
     for rank in (0, 1):
         write_log(run_dir, rank, [run_record(rank, 2), step(rank, 0, 0, 1.0 + rank)])
     read = _read(run_dir)
-    assert read.curve_rank == 0 and list(read.curve["t"]) == [1.0]
+    assert read.curve_rank == 0 and list(read.curve.thin["t"]) == [1.0]
 
 
 def test_unknown_fields_notes_name_eight_and_count_the_rest():
@@ -161,12 +164,13 @@ def test_launches_are_matched_across_ranks_and_timed(resumed):
     launches = logs.map_launches(read.logs)
     assert launches.keys == [(100.0, "a"), (200.0, "b")] and launches.last == 1
     assert launches.maps == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}}
-    durations = logs.launch_durations(read.logs, launches, read.step_tmax)
+    durations = logs.launch_durations(read.logs, launches)
     assert list(durations) == [3.5, 4.0]
     assert list(logs.offsets_of(durations)) == [0.0, 3.5]
     table = logs.launch_table(read.logs, launches)
     assert list(table["run_id"]) == ["a", "b"] and list(table["ranks_logged"]) == [2, 2]
     assert list(table["start_time"]) == [100.0, 200.0] and list(table["size"]) == [2, 2]
+    assert list(table["nodes"]) == [2, 2]
     assert [n.message for n in logs.launch_notes(table, "r")] == [
         "resumed run: 2 launches; wall-clock time is the sum of their durations"]
 
@@ -191,15 +195,17 @@ def test_steps_and_curve_on_the_runs_wall_clock(resumed):
     read = _read(resumed)
     launches = logs.map_launches(read.logs)
     offsets = np.array([0.0, 3.5])
-    curve, notes = logs.global_curve(read.curve, read.curve_rank, launches, offsets, "r")
-    assert list(curve["wall_s"]) == [1.0, 4.5, 5.5, 6.5] and not notes
-    assert list(curve["segment"]) == [0, 1, 1, 1]
-    steps = logs.combine_steps(read.compact, launches)
-    assert list(zip(steps["rank"], steps["segment"])) == [(0, 0), (0, 0), (0, 1), (1, 0),
-                                                          (1, 1), (1, 1), (1, 1)]
-    assert not read.compact  # emptied: the combined frame is all that is kept
-    empty, (note,) = logs.global_curve(None, None, launches, offsets, "r")
-    assert len(empty) == 0 and note.message == "no step records; no loss curve"
+    curve = logs.global_curve(read.curve, read.curve_rank, launches, offsets, "r")
+    assert list(curve.frame["wall_s"]) == [1.0, 4.5, 5.5, 6.5] and not curve.notes
+    assert list(curve.frame["segment"]) == [0, 1, 1, 1]
+    stats = logs.combine_stats(read.logs)
+    # each launch's steps are all in its first epoch: warm-up, so no steady basis
+    assert list(zip(stats["rank"], stats["basis"], stats["steps"])) == [(0, "all", 3),
+                                                                        (1, "all", 4)]
+    assert all(log.stats is None for log in read.logs)  # freed: the frame is all that is kept
+    empty = logs.global_curve(None, None, launches, offsets, "r")
+    assert len(empty.frame) == 0 and len(empty.crossings) == 0
+    assert [n.message for n in empty.notes] == ["no step records; no loss curve"]
 
 
 # ----------------------------------------------------------------------------- epochs, status
@@ -223,7 +229,7 @@ def test_epoch_table_keeps_the_later_of_a_repeated_epoch_and_notes_the_unplaceab
         {**epoch_record(0, 2, 9.0), "epoch": None}])
     read = _read(run_dir)
     launches = logs.map_launches(read.logs)
-    offsets = logs.offsets_of(logs.launch_durations(read.logs, launches, read.step_tmax))
+    offsets = logs.offsets_of(logs.launch_durations(read.logs, launches))
     epochs, _, notes = logs.epoch_table(read.logs, launches, offsets, "r")
     assert list(offsets) == [0.0, 8.0]
     assert list(epochs["epoch"]) == [0, 1] and list(epochs["wall_s"]) == [4.0, 13.0]
@@ -267,7 +273,7 @@ def test_load_run_combines_the_steps(resumed):
     assert (run.label, run.size, run.nodes, run.finished) == ("resumed", 2, 2, True)
     assert list(run.segments["duration_s"]) == [3.5, 4.0]
     assert list(run.segments["offset_s"]) == [0.0, 3.5]
-    assert run.curve_rank == 1 and len(run.steps) == 7
+    assert run.curve_rank == 1 and int(run.step_stats.query("basis == 'all'")["steps"].sum()) == 7
     assert run.dataset == {"train_samples": 16}
     assert [n.message for n in run.notes] == [
         f"{os.path.join(resumed, schema.CONFIG_FILE)} is missing; config comparisons use the "
@@ -279,3 +285,43 @@ def test_dict_field_trusts_only_objects():
     rec = {"dataset": {"samples": 3}, "model": "unet"}
     assert logs.dict_field(rec, "dataset") == {"samples": 3}
     assert logs.dict_field(rec, "model") is None and logs.dict_field(rec, "nope") is None
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+def test_nodes_of_a_resumed_run_are_the_most_any_launch_ran_on(tmp_path):
+    # 2 ranks on hosts a and b, resumed on one fresh host c: the run never used 3 nodes
+    # at once (distinct hosts over all records) nor only 1 (the last launch's).
+    shrunk = logs.load_run(write_run(str(tmp_path / "shrunk"), RunSpec(
+        size=2, epochs=4, hosts=["a", "b"],
+        launches=[Launch(0, 2), Launch(2, 4, hosts=["c", "c"])])))
+    assert (shrunk.nodes, shrunk.hosts) == (2, ["a", "b"])
+    assert list(shrunk.segments["nodes"]) == [2, 1]
+    assert shrunk.rank_hosts == {0: "c", 1: "c"}  # rank balance: the last launch's hosts
+    assert ("the number of nodes changed between launches (2, 1); nodes is the most any "
+            "launch ran on") in [n.message for n in shrunk.notes]
+    # resumed on a fresh allocation of as many nodes: still 2, and no warning
+    moved = logs.load_run(write_run(str(tmp_path / "moved"), RunSpec(
+        size=2, epochs=4, hosts=["a", "b"],
+        launches=[Launch(0, 2), Launch(2, 4, hosts=["c", "d"])])))
+    assert (moved.nodes, moved.hosts) == (2, ["c", "d"])
+    assert not [n for n in moved.notes if n.level == "warning"]
+
+
+def test_placement_records_each_ranks_host_and_cpus(tmp_path):
+    run = logs.load_run(write_run(str(tmp_path / "np2"), RunSpec(
+        size=2, threads=lambda r: {"cores": 1, "affinity": [r, r + 2]})))
+    p = run.placement
+    assert list(p["host"]) == ["node0", "node0"] and list(p["local_size"]) == [2, 2]
+    assert list(p["affinity"]) == [(0, 2), (1, 3)] and list(p["cpus"]) == [2, 2]
+    assert list(p["cores"]) == [1, 1]
+
+
+def test_optional_step_fields_of_the_schema_are_not_called_unknown(tmp_path):
+    # Fields the trainer may add (schema.OPTIONAL, e.g. ``skipped``) are known; others not.
+    extra = {name: True for name in schema.OPTIONAL["step"]}
+    path = write_log(str(tmp_path / "r"), 0, [run_record(0, 1), step(0, 0, 0, 1.0, **extra,
+                                                                     gpu_mem=3)])
+    log = logs.read_rank_log(path, 0)
+    assert log.unknown_fields == {"step.gpu_mem"} and len(log.steps) == 1

@@ -9,10 +9,14 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
-from analysis import outline, render, tables
-from analysis.model import Document, Note, Projection, Role, Section, Tables, csv_files
+from analysis import outline, plots, render, tables
+from analysis.model import (HOURS, MINUTES, SECONDS, Document, Note, Projection, Role, Section,
+                            Tables, csv_files, time_unit)
+from analysis.report import ReportOptions, build, write
 from support import REPO
+from tests.analysis_fixtures.runs import RunSpec, write_run
 
 ANALYSIS = os.path.join(REPO, "analysis")
 
@@ -138,3 +142,38 @@ def test_sections_follow_the_reading_order_and_skip_what_is_empty():
                                    "are epoch_time, with validation.")
     assert parts[2].columns == outline.TPE_COLS
     assert outline.notes_section([]).items == ("nothing skipped",)
+
+
+# ----------------------------------------------------------------------------- time units
+
+
+def test_the_time_unit_follows_the_length_of_the_longest_run():
+    assert [time_unit(s).name for s in (0, 60, 119.9, 120, 7199, 7200, 3e5, float("nan"))] == [
+        "s", "s", "s", "min", "min", "h", "h", "h"]
+    assert [u.text(75.6) for u in (SECONDS, MINUTES, HOURS)] == [
+        "75.6 s", "1.26 min", "0.021 h (1.3 min)"]
+    assert HOURS.text(12600.0) == "3.500 h" and HOURS.text(15.0) == "0.0042 h (15.0 s)"
+
+
+def test_a_one_minute_run_reads_in_seconds_and_its_files_keep_hours(tmp_path):
+    # 3 epochs of 4 steps of 5 s: 60 s of wall-clock time.
+    run = write_run(str(tmp_path / "demo"), RunSpec(epochs=3, step_time=5.0))
+    rep = build([run], ReportOptions(target_loss=(-0.15,)))
+    assert rep.unit is SECONDS
+    row = rep.tables.hours_to_target.iloc[0]  # loss -0.15 at step 5: 6 x 5 s
+    assert row["result"] == "30.0 s" and row["hours"] == 30 / 3600
+    runs = outline.runs_section(rep.tables, rep.unit)
+    assert "wall_s" in runs.frame.columns and "wall_h" not in runs.frame.columns
+    assert runs.frame["wall_s"].iloc[0] == pytest.approx(60.0)
+    assert rep.tables.runs["wall_h"].iloc[0] == pytest.approx(60 / 3600)  # JSON keeps hours
+    fig = plots.loss_figure(rep.tables.loss_vs_time, unit=rep.unit)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "wall-clock time (seconds)"
+    assert max(line.get_xdata().max() for line in ax.get_lines()) == pytest.approx(60.0)
+    plots.plt.close(fig)
+    write(rep, str(tmp_path / "out"))
+    with open(tmp_path / "out" / "report.json") as f:
+        doc = json.load(f)
+    assert doc["time_unit"] == "s" and "wall_h" in doc["tables"]["runs"][0]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Time to target" in md and "| 30.0 s |" in md and "| wall_s |" in md

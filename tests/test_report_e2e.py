@@ -5,8 +5,10 @@ Each launch has a timeout, so a hang fails fast. The expected numbers are comput
 here from the raw logs (with ``distseg.schema`` only), independently of ``analysis``.
 """
 
+import html as htmllib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,31 +157,139 @@ def _chromium():
     return None
 
 
-def test_html_report_renders_in_headless_chromium(study):
+#: The window the page is checked in: a laptop-sized screen.
+WINDOW_WIDTH = 1280
+
+# Appended to a copy of report.html: once everything has loaded (the load event waits
+# for the images), it writes what the page looks like into the DOM as JSON, which
+# `chromium --dump-dom` prints. No DevTools protocol, no driver, nothing downloaded.
+_PROBE = r"""<script>
+window.addEventListener("load", function () {
+  var sections = [], current = null;
+  Array.from(document.body.children).forEach(function (el) {
+    if (el.tagName === "H2") {
+      current = {title: el.textContent, intro: "", images: [], tables: []};
+      sections.push(current);
+      return;
+    }
+    if (!current) return;
+    if (el.classList.contains("intro")) current.intro = el.textContent;
+    var imgs = el.tagName === "IMG" ? [el] : Array.from(el.querySelectorAll("img"));
+    imgs.forEach(function (i) {
+      current.images.push({complete: i.complete, naturalWidth: i.naturalWidth,
+                           naturalHeight: i.naturalHeight,
+                           width: i.getBoundingClientRect().width});
+    });
+    Array.from(el.querySelectorAll("table")).forEach(function (t) {
+      var box = t.parentElement, r = t.getBoundingClientRect();
+      current.tables.push({rows: t.tBodies.length ? t.tBodies[0].rows.length : 0,
+                           width: r.width, height: r.height,
+                           overflow: box.scrollWidth - box.clientWidth});
+    });
+  });
+  var pre = document.createElement("pre");
+  pre.id = "distseg-probe";
+  pre.textContent = JSON.stringify({
+    innerWidth: window.innerWidth, scrollWidth: document.documentElement.scrollWidth,
+    images: document.images.length, tables: document.querySelectorAll("table").length,
+    sections: sections});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _headless(browser, home, *args):
+    """One headless Chromium call (--no-sandbox: CI runs as root; its own profile)."""
+    return subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={home}",
+         *args], capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(home)))
+
+
+@pytest.fixture(scope="module")
+def page(study):
+    """report.html as headless Chromium lays it out in a 1280-px-wide window: the
+    probe's measurements, per section, and a screenshot of the page."""
+    browser = _chromium()
+    if browser is None:  # never a skip: CI would then never look at the page
+        pytest.fail("no chromium binary on PATH or in /usr/bin: `make test` installs it "
+                    "(WITH_CHROMIUM=1 scripts/install.sh), or apt-get install chromium")
+    home = study["tmp"] / "chromium-home"
+    home.mkdir(exist_ok=True)
     html_path = os.path.join(study["out"], "report.html")
     with open(html_path, encoding="utf-8") as f:
         html = f.read()
-    # self-contained: both plots inline, nothing fetched from elsewhere
+    probe_path = os.path.join(study["out"], "probe.html")
+    with open(probe_path, "w", encoding="utf-8") as f:
+        f.write(html.replace("</body>", _PROBE + "</body>"))
+    # --virtual-time-budget: the DOM is printed only after the load handler has run.
+    proc = _headless(browser, home, f"--window-size={WINDOW_WIDTH},900",
+                     "--virtual-time-budget=10000", "--dump-dom", "file://" + probe_path)
+    found = re.search(r'<pre id="distseg-probe">(.*?)</pre>', proc.stdout, flags=re.S)
+    assert found, f"no measurements in the dumped DOM:\n{proc.stderr[-2000:]}"
+    shot = os.path.join(study["out"], "report-screenshot.png")
+    proc = _headless(browser, home, "--hide-scrollbars", f"--window-size={WINDOW_WIDTH},3000",
+                     f"--screenshot={shot}", "file://" + html_path)
+    assert os.path.exists(shot), proc.stderr[-2000:]
+    print(f"screenshot: {shot}")
+    return {"html": html, "probe": json.loads(htmllib.unescape(found.group(1))), "shot": shot}
+
+
+def test_html_report_is_self_contained(study):
+    with open(os.path.join(study["out"], "report.html"), encoding="utf-8") as f:
+        html = f.read()
+    # both plots inline, nothing fetched from elsewhere
     assert html.count('src="data:image/png;base64,') == 2
     assert 'src="http' not in html and "<link" not in html
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("no chromium/chrome binary on PATH or in /usr/bin: cannot take a screenshot")
-    shot = os.path.join(study["out"], "report-screenshot.png")
-    home = study["tmp"] / "chromium-home"
-    home.mkdir(exist_ok=True)
-    proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--user-data-dir={home}", f"--screenshot={shot}", "--window-size=1200,3000",
-         "file://" + html_path],
-        capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(home)))
-    assert os.path.exists(shot), proc.stderr[-2000:]
-    assert os.path.getsize(shot) > 50_000
+
+
+def test_html_report_shows_both_plots_and_every_table(page):
+    probe = page["probe"]
+    sections = {s["title"]: s for s in probe["sections"]}
+    # Both plots decoded (a broken image has no natural size) and shown large enough to
+    # read (they are drawn 570 to 1000 px wide).
+    figures = {t: s["images"] for t, s in sections.items() if s["images"]}
+    assert set(figures) == {"Loss versus wall-clock time", "Validation Dice across ranks"}
+    for title, (img,) in figures.items():
+        assert img["complete"] and img["naturalWidth"] > 300 and img["naturalHeight"] > 200, title
+        assert img["width"] > 300, title
+    # Every table of the HTML is laid out, with its rows, in the section it belongs to.
+    tables = {t: s["tables"] for t, s in sections.items() if s["tables"]}
+    assert probe["tables"] == page["html"].count("<table") == sum(map(len, tables.values()))
+    assert {"Runs", "Time per epoch", "Scaling", "Rank balance", "Validation Dice, last epoch",
+            "Coverage"} <= set(tables)
+    assert [t for t in tables if "target" in t.lower()], sorted(tables)
+    for title, boxes in tables.items():
+        for box in boxes:
+            assert box["rows"] >= 1 and box["height"] > 20 * box["rows"], (title, box)
+
+
+def test_html_report_fits_a_1280_px_window(page):
+    probe = page["probe"]
+    assert probe["innerWidth"] == WINDOW_WIDTH
+    assert probe["scrollWidth"] <= WINDOW_WIDTH, "the page scrolls sideways"
+    wide = {s["title"]: round(b["width"]) for s in probe["sections"] for b in s["tables"]
+            if b["overflow"] > 0}
+    assert not wide, f"tables (px wide) that scroll sideways in a {WINDOW_WIDTH}-px window: {wide}"
+
+
+def test_loss_plot_time_axis_follows_the_run_length(study, page):
+    # The runs last seconds: the loss plot's time axis reads seconds (or minutes), not
+    # 0.004 h. report.json names the unit; the page says it above the plot.
+    with open(os.path.join(study["out"], "report.json")) as f:
+        unit = json.load(f).get("time_unit")
+    assert unit in ("s", "min"), f"time unit {unit!r} for runs of seconds"
+    word = {"s": "seconds", "min": "minutes"}[unit]
+    loss = next(s for s in page["probe"]["sections"] if s["title"].startswith("Loss versus"))
+    assert f"wall-clock {word}" in loss["intro"], loss["intro"]
+
+
+def test_html_report_screenshot_is_a_drawn_page(page):
+    assert os.path.getsize(page["shot"]) > 50_000
     import matplotlib.image as mpimg
 
-    pixels = mpimg.imread(shot)
-    assert pixels.shape[:2] == (3000, 1200)
+    pixels = mpimg.imread(page["shot"])
+    assert pixels.shape[:2] == (3000, WINDOW_WIDTH)
     # Not a blank page: many distinct colours (plot lines, bands, text).
-    colours = np.unique((pixels[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    rgb = (pixels[..., :3] * 255).astype(np.uint32)
+    colours = np.unique((rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2])
     assert len(colours) > 200
-    print(f"screenshot: {shot}")

@@ -28,12 +28,14 @@ class Launch:
 
     ``killed_after`` > 0: after the last full epoch, run that many steps of the next
     epoch and die (no end record, truncated last line), as a killed job does.
+    ``hosts``: each rank's host in this launch (default: the run's ``hosts``).
     """
 
     start_epoch: int
     end_epoch: int
     killed_after: int = 0
     status: str = "ok"
+    hosts: Sequence[str] | None = None
 
 
 @dataclass
@@ -66,6 +68,8 @@ class RunSpec:
     data_path: str = "/data/tiny.h5"
     start_time: float = 1.7e9
     run_id: str = "run0"
+    threads: Callable[[int], dict] | None = None
+    """Fields added to rank r's ``threads`` (``cores``, ``pinned``, ``affinity``)."""
 
 
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
@@ -94,7 +98,6 @@ def config(spec: RunSpec, run_dir: str) -> dict:
 def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
     """All records of ``rank`` in file order; a ``str`` is a raw (truncated) line."""
     size = spec.size
-    hosts = list(spec.hosts or ["node0"] * size)
     steps = schema.steps_per_epoch(spec.train_samples, size, spec.batch_size)
     launches = spec.launches or [Launch(0, spec.epochs)]
     cfg = config(spec, run_dir)
@@ -102,14 +105,17 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
     out: list[dict | str] = []
     for li, launch in enumerate(launches):
         start = spec.start_time + 1000.0 * li
+        hosts = list(launch.hosts or spec.hosts or ["node0"] * size)
+        threads = {"intra_op": 1, "inter_op": 1, **(spec.threads(rank) if spec.threads else {})}
         model = {"name": "unet2d", "image_size": spec.image_size, "depth": 2, "base_filters": 4}
         if spec.params is not None:
             model["params"] = spec.params
         out.append({"type": "run", "rank": rank, "time": start, "schema_version": 1,
-                    "size": size, "local_rank": rank, "local_size": size, "host": hosts[rank],
+                    "size": size, "local_rank": hosts[:rank].count(hosts[rank]),
+                    "local_size": hosts.count(hosts[rank]), "host": hosts[rank],
                     "pid": 100 + rank, "run_id": f"{spec.run_id}-{li}", "start_time": start,
                     "versions": {"python": "3.11"}, "controller": "gloo",
-                    "threads": {"intra_op": 1, "inter_op": 1},
+                    "threads": threads,
                     "config_hash": schema.config_hash(cfg), "model": model,
                     "dataset": {"path": spec.data_path,
                                 "samples": spec.train_samples + spec.val_samples,
