@@ -20,7 +20,7 @@ from distseg.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none")
 LOSSES = ("dice", "dice_ce")
-NORMS = ("batch", "none")
+NORMS = ("batch", "group", "none")
 NONFINITE = ("stop", "skip")
 CLASS_NAMES = ("background", "liver", "lesion")
 
@@ -45,7 +45,7 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout rate applied in the bottleneck (0 disables it)."""
     norm: str = "batch"
-    """Normalisation after each convolution: ``batch`` or ``none``."""
+    """Normalisation after each convolution: ``batch``, ``group`` or ``none``."""
     bn_momentum: float = 0.9
     """Momentum of BatchNorm's moving statistics (used in validation and inference).
     0.9, not Keras' 0.99: with 0.99 the statistics still held ~40% of their initial

@@ -18,6 +18,13 @@ from distseg.config import ModelConfig
 _SMOOTH = 1e-5
 
 
+def norm_groups(filters: int) -> int:
+    """Groups of GroupNorm for a layer of ``filters`` channels: 8 (Wu and He's default
+    of 32 is too many for 16-filter U-Nets), or the largest power of two below it that
+    divides ``filters``."""
+    return next(g for g in (8, 4, 2, 1) if filters % g == 0)
+
+
 def _conv_block(x, filters: int, spatial_dims: int, norm: str, name: str, bn_momentum: float):
     conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
     for i in (1, 2):
@@ -25,6 +32,8 @@ def _conv_block(x, filters: int, spatial_dims: int, norm: str, name: str, bn_mom
                  kernel_initializer="he_normal", name=f"{name}_conv{i}")(x)
         if norm == "batch":
             x = layers.BatchNormalization(momentum=bn_momentum, name=f"{name}_bn{i}")(x)
+        elif norm == "group":
+            x = layers.GroupNormalization(norm_groups(filters), name=f"{name}_gn{i}")(x)
         x = layers.Activation("relu", name=f"{name}_relu{i}")(x)
     return x
 
@@ -43,7 +52,8 @@ def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
       num_classes: output channels (softmax over classes).
       in_channels: input channels.
       dropout: dropout rate in the bottleneck.
-      norm: ``batch`` or ``none``.
+      norm: ``batch``, ``group`` (GroupNorm: no moving statistics, so training and
+        inference normalise alike on every rank) or ``none``.
       bn_momentum: momentum of BatchNorm's moving statistics.
 
     Raises:
@@ -55,8 +65,8 @@ def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
         raise ValueError("need depth >= 1, base_filters >= 1 and num_classes >= 2")
     if image_size % (2 ** depth):
         raise ValueError(f"image_size {image_size} is not divisible by 2**depth = {2 ** depth}")
-    if norm not in ("batch", "none"):
-        raise ValueError(f"norm must be 'batch' or 'none', got {norm!r}")
+    if norm not in ("batch", "group", "none"):
+        raise ValueError(f"norm must be 'batch', 'group' or 'none', got {norm!r}")
     pool = layers.MaxPooling2D if spatial_dims == 2 else layers.MaxPooling3D
     up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
     conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D

@@ -97,3 +97,14 @@ def test_batchnorm_statistics_follow_the_configured_momentum():
     # One training call moves the moving mean halfway (momentum 0.5) to the batch mean.
     np.testing.assert_allclose(np.array(bn.moving_mean), 0.5 * before + 0.5 * batch_mean, rtol=1e-4, atol=1e-5)
     assert np.abs(batch_mean).max() > 0.1
+
+
+def test_groupnorm_unet_has_no_moving_statistics_and_normalises_alike():
+    # GroupNorm's output in training and in inference is the same function of the input:
+    # nothing lags the weights, whatever the learning rate or number of ranks.
+    m = model_lib.build_unet(32, depth=2, base_filters=4, norm="group")
+    assert m.non_trainable_weights == []
+    assert [l.groups for l in m.layers if "_gn" in l.name][:2] == [4, 4]
+    assert model_lib.norm_groups(16) == 8 and model_lib.norm_groups(12) == 4
+    x = np.random.default_rng(0).normal(3.0, 1.0, (2, 32, 32, 1)).astype(np.float32)
+    np.testing.assert_allclose(m(x, training=True), m(x, training=False), atol=1e-6)
