@@ -13,62 +13,90 @@ from distseg import config as config_lib
 from distseg.errors import DistsegError, Interrupted, fail
 
 
-@click.group(help="Build distseg HDF5 datasets (slices, masks, case ids, by-case splits).")
+@click.group(help="Build distseg HDF5 datasets: 2D slices (masks, case ids, by-case splits) "
+                  "or, with --ndim 3, whole 3D volumes per case.")
 def data():
     pass
 
 
+NDIM = click.option("--ndim", default=2, show_default=True, type=click.IntRange(2, 3),
+                    help="2: slices (2D U-Net); 3: whole volumes per case (3D U-Net, "
+                         "docs/data.md#volumes).")
+
+
+def _wrote(out: str, info, cases: int | None = None) -> str:
+    """The closing line of a data command, for a slice or a volume file."""
+    if hasattr(info, "shapes"):
+        lo, hi = ("x".join(map(str, v)) for v in (info.shapes.min(axis=0), info.shapes.max(axis=0)))
+        return (f"wrote {out}: {info.cases} volumes of {lo}" + (f" to {hi}" if lo != hi else "")
+                + f" ({len(info.train_cases)} train, {len(info.val_cases)} val cases)")
+    return (f"wrote {out}: {info.samples} slices {info.height}x{info.width} "
+            + (f"from {cases} cases " if cases else "")
+            + f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
+
+
 @data.command("synth")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="HDF5 file to write.")
+@NDIM
 @click.option("--cases", default=8, show_default=True, type=click.IntRange(1), help="Phantom volumes.")
 @click.option("--size", default=128, show_default=True, type=click.IntRange(8), help="Slice height/width in pixels.")
-@click.option("--slices-per-case", default=16, show_default=True, type=click.IntRange(1), help="Axial slices per volume.")
+@click.option("--slices-per-case", default=None, type=click.IntRange(1),
+              help="Axial slices per volume [default: 16; 64 with --ndim 3].")
+@click.option("--jitter", default=None, type=click.FloatRange(0, 1, max_open=True),
+              help="--ndim 3: each volume's D, H and W scaled by its own factor in "
+                   "[1-j, 1+j] [default: 0.25; 0: one shape, for --slab full].")
 @click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1), help="Share of cases (not slices) held out for validation.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same file.")
-def synth(out, cases, size, slices_per_case, val_fraction, dtype, seed):
+def synth(out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, seed):
     """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks)."""
     from distseg import synth as synth_lib
     try:
-        info = synth_lib.make_dataset(out, cases, size, seed=seed, slices_per_case=slices_per_case,
-                                      val_fraction=val_fraction, dtype=dtype)
+        info = synth_lib.make(out, ndim=ndim, cases=cases, size=size, seed=seed,
+                              slices_per_case=slices_per_case, val_fraction=val_fraction,
+                              dtype=dtype, jitter=jitter)
     except DistsegError as e:
         fail(str(e), e.exit_code)
-    click.echo(f"wrote {out}: {info.samples} slices {size}x{size} from {cases} cases "
-               f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
+    click.echo(_wrote(out, info, cases))
 
 
 @data.command("lits-sample")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="HDF5 file to write.")
+@NDIM
 @click.option("--source-dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder holding img_117.mrc and lab_117.mrc (default: the installed "
                    "liver-ct-segmentation-package).")
-def lits_sample(out, source_dir):
+def lits_sample(out, ndim, source_dir):
     """Convert the real LiTS case 117 (128^3 CT, liver and tumour labels) to HDF5.
 
-    The volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5 train,
-    slab 6 is a buffer, slab 7 validates (see distseg/lits.py for why).
+    2D: the volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5
+    train, slab 6 is a buffer, slab 7 validates. 3D: slices 0-79 train, 80-95 are the
+    buffer, 96-127 validate, each part one volume (see distseg/lits.py for why).
     """
     from distseg import lits
     try:
-        info = lits.convert(out, source_dir)
+        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir)
     except DistsegError as e:
         fail(str(e), e.exit_code)
-    click.echo(f"wrote {out}: {info.samples} slices {info.height}x{info.width} "
-               f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
+    click.echo(_wrote(out, info))
 
 
 @data.command("info")
 @click.argument("path", type=click.Path(dir_okay=False))
-def info(path):
-    """Check a dataset file and print what it holds."""
+@click.option("--slab", default=None, metavar="D,H,W|full",
+              help="Volume files: also count the training slabs of this shape and list "
+                   "the cases shorter than it (zero-padded when read).")
+def info(path, slab):
+    """Check a dataset file (slices or volumes) and print what it holds."""
     import json
-    from distseg import data as data_lib
+    from distseg import volumes
     try:
-        summary = data_lib.inspect(path)
+        summary = volumes.describe(path, slab)
     except DistsegError as e:
         fail(str(e), e.exit_code)
-    click.echo(json.dumps({**summary.summary(), "attrs": summary.attrs}, indent=2, default=str))
+    except ValueError as e:  # a malformed --slab
+        fail(str(e))
+    click.echo(json.dumps(summary, indent=2, default=str))
 
 
 def parse_window(ctx, param, value):
@@ -87,8 +115,10 @@ def parse_window(ctx, param, value):
 @data.command("convert", context_settings={"max_content_width": 100})
 @click.argument("source", type=click.Path(file_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--size", default=240, show_default=True, type=click.IntRange(8),
-              help="In-plane slice size (linear resampling for images, nearest for labels).")
+@NDIM
+@click.option("--size", default=None, type=click.IntRange(8),
+              help="In-plane slice size (linear resampling for images, nearest for labels) "
+                   "[default: 240]; not with --ndim 3, which keeps each scan's own grid.")
 @click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
               help="CT window in HU (default -150,250, the window of every distseg dataset).")
 @click.option("--modality", default="auto", show_default=True, type=click.Choice(["auto", "ct", "mr"]),
@@ -116,7 +146,8 @@ def convert(source, out, **options):
 
     Volumes are reoriented to RAS, windowed (CT) or normalised (MR), resampled in-plane
     to --size and split by case; what prediction needs to go back to each scan is
-    recorded. The file is written as OUT.partial and renamed only when complete.
+    recorded. With --ndim 3 each case is kept as one volume on its own grid (no
+    resampling). The file is written as OUT.partial and renamed only when complete.
     """
     from distseg.convert import pipeline
     try:

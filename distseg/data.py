@@ -15,6 +15,11 @@ fields they would misread); a file without the attribute is read as version 1.
 Datasets are chunked one slice per chunk, so a batch reads only its own slices: the
 file is never loaded whole. Nothing here imports TensorFlow or Horovod; callers pass
 ``rank`` and ``size`` as ints.
+
+The attribute ``layout`` tells the two kinds of distseg file apart: absent or
+``"slices"`` for this 2D format, ``"volumes"`` for whole 3D volumes per case (read by
+``distseg.volumes``). Each reader refuses the other kind with one line saying what to
+use instead; both share ``open_file`` and its ``format_version`` rules.
 """
 
 from __future__ import annotations
@@ -36,6 +41,16 @@ from distseg import errors, schema
 FORMAT_VERSION = 1
 SPLITS = schema.SPLITS
 REQUIRED = ("images", "masks", "case_id", "split")
+
+#: Values of the file attribute ``layout``; a file without it holds slices.
+LAYOUTS = ("slices", "volumes")
+#: What to do with a file of each layout, for the line that refuses it elsewhere.
+LAYOUT_USE = {
+    "slices": "a 2D model (the default --model), or write volumes with "
+              "distseg-data synth/lits-sample/convert --ndim 3",
+    "volumes": "the 3D path (distseg-train --model unet3d --slab D,H,W|full), or write "
+               "slices with distseg-data synth/lits-sample/convert without --ndim 3",
+}
 
 #: Hounsfield-unit window of every distseg dataset (phantom and LiTS alike): soft tissue,
 #: liver and lesions span it, while air and bone clip to 0 and 1.
@@ -105,6 +120,7 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
         f.create_dataset("case_id", data=np.asarray(case_id, dtype=np.int32))
         f.create_dataset("split", data=np.asarray(split, dtype=np.uint8))
         f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["layout"] = "slices"
         f.attrs["source"] = source
         f.attrs["num_classes"] = len(class_names)
         f.attrs["class_names"] = list(class_names)
@@ -113,32 +129,85 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
     os.replace(tmp, path)
 
 
-def _open(path: str) -> h5py.File:
+def _h5(path: str) -> h5py.File:
     if not os.path.exists(path):
         raise DatasetError(f"{path}: no such data file")
     try:
         # Locking off: many ranks open the same file read-only, often on Lustre/NFS.
-        f = h5py.File(path, "r", locking=False)
+        return h5py.File(path, "r", locking=False)
     except OSError as e:
         raise DatasetError(f"{path}: not a readable HDF5 file ({e.__class__.__name__})") from e
-    garbage = f"{path}: format_version is {{}}, expected an integer <= {FORMAT_VERSION}"
+
+
+def open_file(path: str, layout: str = "slices") -> h5py.File:
+    """Opens a distseg file read-only, checking ``format_version`` and that it holds
+    ``layout`` ("slices" or "volumes").
+
+    Raises:
+      DatasetError: missing, not HDF5, too new, or of the other layout (the line says
+      what reads it instead).
+    """
+    f = _h5(path)
     try:
-        with _damage(path):  # an attribute h5py cannot decode
-            version = _scalar(f.attrs.get("format_version", 1))
-        if isinstance(version, np.ndarray):  # its repr spans lines
-            raise errors.InputError(garbage.format(_shown(version)))
-        try:
-            errors.refuse_newer(path, "format_version", version, FORMAT_VERSION)
-        except OverflowError:  # inf, which int() cannot convert
-            raise errors.InputError(garbage.format(_shown(version))) from None
+        _check_version(path, f)
+        found = layout_of(path, f)
+        if found != layout:
+            said = f"attribute layout={found!r}" if "layout" in f.attrs else "no attribute layout"
+            raise errors.InputError(f"{path}: holds {_LAYOUT_WORDS[found]} ({said}), not "
+                                    f"{_LAYOUT_WORDS[layout]}; use {LAYOUT_USE[found]}")
     except errors.InputError as e:
         f.close()
         raise DatasetError(str(e)) from None
     return f
 
 
+def file_layout(path: str) -> str:
+    """The layout of the distseg file at ``path`` ("slices" or "volumes"), after the
+    checks ``open_file`` makes first (exists, HDF5, ``format_version``).
+
+    Raises:
+      DatasetError: one line naming the file.
+    """
+    with _h5(path) as f:
+        try:
+            _check_version(path, f)
+            return layout_of(path, f)
+        except errors.InputError as e:
+            raise DatasetError(str(e)) from None
+
+
+_LAYOUT_WORDS = {"slices": "2D slices", "volumes": "3D volumes"}
+
+
+def _check_version(path: str, f: h5py.File) -> None:
+    garbage = f"{path}: format_version is {{}}, expected an integer <= {FORMAT_VERSION}"
+    with damaged(path):  # an attribute h5py cannot decode
+        version = _scalar(f.attrs.get("format_version", 1))
+    if isinstance(version, np.ndarray):  # its repr spans lines
+        raise errors.InputError(garbage.format(shown(version)))
+    try:
+        errors.refuse_newer(path, "format_version", version, FORMAT_VERSION)
+    except OverflowError:  # inf, which int() cannot convert
+        raise errors.InputError(garbage.format(shown(version))) from None
+
+
+def layout_of(path: str, f: h5py.File) -> str:
+    """The open file's ``layout`` attribute ("slices" when absent).
+
+    Raises:
+      InputError: a value other than those of ``LAYOUTS``.
+    """
+    with damaged(path):
+        raw = _scalar(f.attrs.get("layout", "slices"))
+    value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(value, str) or value not in LAYOUTS:
+        raise errors.InputError(f"{path}: attribute layout is {shown(raw)}, expected "
+                                f"{' or '.join(repr(v) for v in LAYOUTS)}")
+    return value
+
+
 @contextlib.contextmanager
-def _damage(path: str) -> Iterator[None]:
+def damaged(path: str) -> Iterator[None]:
     """h5py's own errors on a damaged file (a KeyError for an object header it cannot
     decode, a RuntimeError, an OSError for a bad chunk...) as one line naming the file."""
     try:
@@ -156,7 +225,7 @@ def _scalar(value):
     return value.item() if isinstance(value, np.ndarray) and value.size == 1 else value
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     """An attribute's value for a one-line message: an array by its shape, else short."""
     if isinstance(value, np.ndarray):
         return f"an array of shape {value.shape}"
@@ -195,7 +264,7 @@ def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
     return n, h, w
 
 
-def _num_classes(path: str, f: h5py.File) -> int:
+def num_classes_of(path: str, f: h5py.File) -> int:
     """The ``num_classes`` attribute (3 when absent), refusing anything but an integer >= 2."""
     raw = _scalar(f.attrs.get("num_classes", 3))
     try:
@@ -203,7 +272,7 @@ def _num_classes(path: str, f: h5py.File) -> int:
     except (TypeError, ValueError, OverflowError):  # a string, NaN, inf
         value = None
     if value is None or value != raw or value < 2:
-        raise DatasetError(f"{path}: attribute num_classes is {_shown(raw)}, "
+        raise DatasetError(f"{path}: attribute num_classes is {shown(raw)}, "
                            "expected an integer >= 2")
     return value
 
@@ -217,10 +286,10 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
     Raises:
       DatasetError: one line naming the file, the field and what was expected.
     """
-    with _open(path) as f, _damage(path):
+    with open_file(path) as f, damaged(path):
         n, h, w = _layout(path, f)
         images, masks = f["images"], f["masks"]
-        num_classes = _num_classes(path, f)
+        num_classes = num_classes_of(path, f)
         split = f["split"][:]
         case_id = f["case_id"][:]
         if not np.isin(split, list(SPLITS.values())).all():
@@ -306,9 +375,9 @@ class SliceReader:
 
     def __init__(self, path: str, image_size: int | None = None, resize: bool = False):
         self.path = path
-        self._file = _open(path)
+        self._file = open_file(path)
         try:
-            with _damage(path):
+            with damaged(path):
                 _layout(path, self._file)
                 self._images = self._file["images"]
                 self._masks = self._file["masks"]
@@ -323,8 +392,11 @@ class SliceReader:
             raise DatasetError(problem)
         self._resize = bool(image_size) and (self.height, self.width) != (image_size, image_size)
 
-    def read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, indices: Sequence[int], epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Returns (images float32 (B,S,S,1), masks uint8 (B,S,S)) in the order given.
+
+        ``epoch`` is accepted for the ``Prefetcher``'s sake and ignored: a slice is the
+        same every epoch (``volumes.SlabReader`` uses it to place foreground slabs).
 
         Raises:
           DatasetError: a chunk could not be read (damaged file, failing storage).
@@ -403,6 +475,15 @@ def shard_eval(indices: np.ndarray, rank: int, size: int, batch_size: int) -> li
     return [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
 
 
+@dataclass(frozen=True)
+class EpochBatch:
+    """A batch of sample ids with the epoch it belongs to, for readers whose samples
+    depend on the epoch (``volumes.SlabReader``'s foreground slabs)."""
+
+    epoch: int
+    ids: np.ndarray
+
+
 class Prefetcher:
     """Reads batches in a background thread and times how long the consumer waits.
 
@@ -410,11 +491,15 @@ class Prefetcher:
     batch overlaps with the training step. ``batches`` may be a lazy iterable: one
     prefetcher fed every epoch's batches in turn keeps reading across epoch
     boundaries instead of refilling its queue in a burst at each epoch start.
+
+    Each item of ``batches`` is an array of ids, read with ``reader.read(ids)``, or an
+    ``EpochBatch``, read with ``reader.read(ids, epoch)``; either way the consumer gets
+    ``(ids, images, masks)``.
     """
 
     _DONE = object()
 
-    def __init__(self, reader: SliceReader, batches: Iterable[np.ndarray], depth: int = 2):
+    def __init__(self, reader, batches: Iterable, depth: int = 2):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._thread = threading.Thread(target=self._work, args=(reader, batches), daemon=True)
         self._stop = threading.Event()
@@ -422,10 +507,15 @@ class Prefetcher:
 
     def _work(self, reader, batches):
         try:
-            for ids in batches:
+            for item in batches:
                 if self._stop.is_set():
                     return
-                images, masks = reader.read(ids)
+                if isinstance(item, EpochBatch):
+                    ids = item.ids
+                    images, masks = reader.read(ids, item.epoch)
+                else:
+                    ids = item
+                    images, masks = reader.read(ids)
                 self._queue.put((ids, images, masks))
             self._queue.put(self._DONE)
         except BaseException as e:  # surfaced in the consumer thread

@@ -13,6 +13,17 @@ train, slab 6 is a 16-slice buffer (``test`` split, unused in training) and slab
 validates. Neighbouring slices are nearly identical, so a random per-slice split
 would leak; the buffer slab keeps validation slices at least 16 slices away from any
 training slice.
+
+As volumes (``convert_volumes``, ``distseg-data lits-sample --ndim 3``), the same rule
+with 3D-sized parts. Decision: slices 0-79 (slabs 0-4) are one training case (case id
+11700), slices 80-95 (slab 5) the buffer (11705, ``test``), slices 96-127 (slabs 6-7)
+one validation case (11706); ids are ``117 * 100 +`` the first 16-slice slab, as in
+2D. Halves would leave 64 training slices (two slabs of 32 deep) and validation next
+to them; this keeps the 16-slice buffer, gives training 80 slices (three 32-deep slabs
+on the grid, more positions with ``--foreground-fraction``) and makes validation exactly
+one 32-slice window deep, so sliding-window validation at the usual slab depth needs no
+padding. It holds 36k liver and 16k tumour voxels; the 2D sample's validation slab
+(112-127) lies inside it.
 """
 
 from __future__ import annotations
@@ -22,12 +33,14 @@ import os
 
 import numpy as np
 
-from distseg import data
+from distseg import data, volumes
 from distseg.data import HU_WINDOW, window
 
 PACKAGE = "liver_ct_segmentation_package"
 SLAB = 16
 SLAB_SPLITS = {**{i: "train" for i in range(6)}, 6: "test", 7: "val"}
+#: The volume sample's cases: (first slab, end slab, split) in 16-slice slabs.
+VOLUME_PARTS = ((0, 5, "train"), (5, 6, "test"), (6, 8, "val"))
 
 
 def package_data_dir() -> str:
@@ -50,8 +63,8 @@ def read_mrc(path: str) -> np.ndarray:
         raise data.DatasetError(f"{path}: cannot be read as MRC ({e})") from e
 
 
-def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
-    """Writes the distseg HDF5 file for LiTS case 117 to ``out``."""
+def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """LiTS case 117: (HU float32 (128, 128, 128), labels uint8), checked."""
     src = source_dir or package_data_dir()
     img = read_mrc(os.path.join(src, "img_117.mrc")).astype(np.float32)
     lab = read_mrc(os.path.join(src, "lab_117.mrc"))
@@ -59,12 +72,32 @@ def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
         raise data.DatasetError(f"{src}: image {img.shape} and labels {lab.shape} differ")
     if lab.max() > 2:
         raise data.DatasetError(f"{src}/lab_117.mrc: label {lab.max()} outside 0..2")
+    return img, lab.astype(np.uint8)
+
+
+def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
+    """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``."""
+    img, lab = read_case(source_dir)
     depth = img.shape[0]
     slab = np.arange(depth) // SLAB
     split = np.array([data.SPLITS[SLAB_SPLITS.get(int(s), "train")] for s in slab], dtype=np.uint8)
     data.write_dataset(
-        out, window(img, *HU_WINDOW)[..., None], lab.astype(np.uint8), 117 * 100 + slab, split,
+        out, window(img, *HU_WINDOW)[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
                "axial slabs of 16 slices as case ids, slabs 0-5 train, 6 buffer (test), 7 val",
         hu_window=HU_WINDOW, spacing=(np.nan, np.nan, np.nan))
     return data.inspect(out)
+
+
+def convert_volumes(out: str, source_dir: str | None = None) -> volumes.VolumeInfo:
+    """Writes LiTS case 117 to ``out`` in the volume layout, cut into ``VOLUME_PARTS``."""
+    img, lab = read_case(source_dir)
+    hu = window(img, *HU_WINDOW)
+    parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, data.SPLITS[split])
+             for a, b, split in VOLUME_PARTS if a * SLAB < len(hu)]
+    return volumes.write_volumes(
+        out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],
+        [c for _, c, _ in parts], [s for _, _, s in parts],
+        source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
+               "lab_117.mrc) as volumes: slices 0-79 train, 80-95 buffer (test), 96-127 val",
+        hu_window=HU_WINDOW, spacing=[(np.nan,) * 3] * len(parts))

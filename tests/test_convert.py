@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from distseg import data, lits, synth
+from distseg import data, lits, synth, volumes
 from distseg.cli import data as data_cli
 from distseg.convert import geometry, samples, sources, splits
 from distseg.convert.pipeline import peak_rss_mib
@@ -89,6 +89,43 @@ def test_every_orientation_gives_the_same_slices_and_records_its_geometry(same_c
     with data.SliceReader(str(out), image_size=32, resize=True) as reader:
         imgs, msks = reader.read([0, 39, 5])
     assert imgs.shape == (3, 32, 32, 1) and msks.shape == (3, 32, 32)
+
+
+def test_volumes_keep_each_case_on_its_own_grid(tmp_path):
+    # --ndim 3: the same reorientation and window as slices, no resampling, one volume
+    # per case whatever its shape; the rows of cases/ still put it back on its scan.
+    root = tmp_path / "pairs"
+    root.mkdir()
+    shapes = []
+    for k, (orientation, (size, width, slices)) in enumerate(
+            [("LPS", (20, 28, 10)), ("PIR", (24, 16, 7)), ("RAS", (20, 20, 12))]):
+        hu, labels = samples.case_arrays(k, size, slices, orientation, width=width)
+        affine = samples.affine_for(orientation, SPACING)
+        samples.save_volume(str(root / f"volume-{k}.nii"), hu, affine)
+        samples.save_volume(str(root / f"segmentation-{k}.nii"), labels, affine)
+        shapes.append((slices, size, width))
+    res = convert(root, tmp_path / "v.h5", "--ndim", 3, "--val-fraction", 0.34)
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith(f"wrote {tmp_path / 'v.h5'}: 3 volumes (29 slices) (2 train, 1 val)")
+    info = volumes.inspect(str(tmp_path / "v.h5"))
+    assert info.shapes.tolist() == [list(s) for s in shapes]
+    np.testing.assert_allclose(info.spacing, [SPACING[::-1]] * 3, rtol=1e-6)
+    with volumes.SlabReader(str(tmp_path / "v.h5"), (8, 16, 16)) as reader, \
+            h5py.File(tmp_path / "v.h5", "r", locking=False) as f:
+        for k, orientation in enumerate(("LPS", "PIR", "RAS")):
+            image, mask = reader.read_case(k)
+            hu, labels = samples.case_arrays(k, shapes[k][1], shapes[k][0], orientation,
+                                             width=shapes[k][2])
+            geom = geometry.Geometry.of(f["cases/affine"][k], f["cases/shape"][k])
+            np.testing.assert_array_equal(mask, geometry.to_slices(labels, geom.ornt))
+            np.testing.assert_array_equal(image, data.window(geometry.to_slices(hu, geom.ornt)))
+            np.testing.assert_array_equal(geometry.inverse(mask, geom), labels)  # back exactly
+        assert "first" not in f["cases"] and f["volumes/0/image"].compression == "lzf"
+        assert json.loads(f.attrs["preprocessing"])["ndim"] == 3
+    one_line_error(convert(root, tmp_path / "x.h5", "--ndim", 3, "--size", 64),
+                   "--size 64", "--ndim 3")
+    with pytest.raises(data.DatasetError, match="holds 3D volumes"):
+        data.inspect(str(tmp_path / "v.h5"))
 
 
 @pytest.mark.parametrize("orientation", ["RAS", "LPS", "PIR", "ILA", "SAL"])

@@ -464,3 +464,32 @@ def test_close_returns_when_the_reader_failed_and_nobody_reads(damaged):
         feed = data.Prefetcher(reader, batches(), depth=1)
         assert asked.wait(10)
         _close_within(feed, 10)
+
+
+def test_prefetcher_reads_epoch_batches_and_slices_ignore_the_epoch(damaged):
+    path, images = damaged
+    batches = [data.EpochBatch(0, np.array([3, 0])), np.array([7]), data.EpochBatch(9, np.array([3, 0]))]
+    with data.SliceReader(path) as reader:
+        feed = data.Prefetcher(reader, iter(batches), depth=1)
+        got = list(feed)
+        _close_within(feed, 10)
+    assert [ids.tolist() for ids, _, _ in got] == [[3, 0], [7], [3, 0]]
+    np.testing.assert_array_equal(got[0][1], images[[3, 0]])
+    np.testing.assert_array_equal(got[2][1], got[0][1])
+
+
+def test_slice_files_say_their_layout(phantom, tmp_path):
+    path, _ = phantom
+    with h5py.File(path, "r") as f:
+        assert f.attrs["layout"] == "slices"
+    assert data.file_layout(path) == "slices"
+    with pytest.raises(data.DatasetError, match="no such data file"):
+        data.file_layout(str(tmp_path / "absent.h5"))
+    odd = str(tmp_path / "odd.h5")
+    shutil.copy(path, odd)
+    with h5py.File(odd, "r+") as f:
+        f.attrs["layout"] = np.array([1, 2])
+    with pytest.raises(data.DatasetError) as err:
+        data.inspect(odd)
+    assert str(err.value) == (f"{odd}: attribute layout is an array of shape (2,), "
+                              "expected 'slices' or 'volumes'")

@@ -121,7 +121,7 @@ class Geometry:
     z1: int
     """One past the last kept slice."""
     size: int
-    """In-plane size the slices were resampled to."""
+    """In-plane size the slices were resampled to (0: not resampled)."""
 
     @classmethod
     def of(cls, affine, shape, z0: int | None = None, z1: int | None = None,
@@ -146,28 +146,38 @@ class Geometry:
         return slice_spacing(self.affine, self.ornt)
 
     @property
+    def out_inplane(self) -> tuple[int, int]:
+        """(rows, columns) of a kept slice: ``size`` x ``size``, or the volume's own
+        when ``size`` is 0 (volumes kept on their grid, ``convert --ndim 3``)."""
+        _, h, w = self.slices_shape
+        return (self.size, self.size) if self.size else (h, w)
+
+    @property
     def resampled_spacing(self) -> np.ndarray:
         """(slice, row, column) spacing in mm of the resampled slices."""
         _, h, w = self.slices_shape
+        rows, cols = self.out_inplane
         dz, dy, dx = self.spacing
-        return np.array([dz, dy * h / self.size, dx * w / self.size])
+        return np.array([dz, dy * h / rows, dx * w / cols])
 
 
 def forward(volume: np.ndarray, geom: Geometry, order: int, values=None) -> np.ndarray:
-    """Input-grid volume -> the kept slices, resampled to ``geom.size``.
+    """Input-grid volume -> the kept slices, resampled to ``geom.size`` (kept at their
+    own in-plane size when it is 0).
 
     32 slices at a time, into one preallocated array: ``values`` (e.g. an intensity
     normaliser) is applied to each block before resampling, so no float copy of the
     whole volume is ever made.
     """
     slices = to_slices(volume, geom.ornt)[geom.z0:geom.z1]
-    out = np.empty((len(slices), geom.size, geom.size),
+    rows, cols = geom.out_inplane
+    out = np.empty((len(slices), rows, cols),
                    dtype=np.float32 if order or values else volume.dtype)
     for start in range(0, len(slices), 32):
         block = slices[start:start + 32]
         if values is not None:
             block = values(block)
-        out[start:start + 32] = resample(block, geom.size, geom.size, order)
+        out[start:start + 32] = resample(block, rows, cols, order)
     return out
 
 

@@ -4,7 +4,9 @@
 splits, then prepare each case (read, check, reorient, normalise, resample; in
 ``workers`` processes) and append it to the file in case order, then finish the file.
 Memory stays at about one volume per worker whatever the dataset's size: a case is
-read, written and dropped before the next is taken.
+read, written and dropped before the next is taken. With ``ndim`` 3 the same steps
+keep each case as one volume on its own grid (no in-plane resampling) and write the
+volume layout (``distseg.volumes``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from distseg import data
 from distseg.convert import geometry, sources, splits
 from distseg.convert.intensity import Intensity, modality_kind
 from distseg.convert.sources import Case, Source, VolumeError
-from distseg.convert.writer import COMPRESSIONS, SliceWriter
+from distseg.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
 from distseg.errors import InputError, Interrupted
 
 #: Chosen by benchmarks/bench_convert.py (docs/data.md#choosing-the-compression).
 DEFAULT_COMPRESSION = "lzf"
 ON_ERROR = ("stop", "skip")
+#: In-plane size of converted slices unless --size says otherwise.
+DEFAULT_SIZE = 240
 #: Largest affine difference (mm) between an image and its labels read as one grid.
 AFFINE_TOLERANCE = 1e-3
 
@@ -45,8 +49,11 @@ class CaseError(InputError):
 class Options:
     """How ``distseg-data convert`` converts (each field is one flag)."""
 
-    size: int = 240
-    """In-plane size of the slices (linear for images, nearest for labels)."""
+    size: int | None = None
+    """In-plane size of the slices (linear for images, nearest for labels); None:
+    ``DEFAULT_SIZE``. Volumes (``ndim`` 3) are not resampled: it must stay None."""
+    ndim: int = 2
+    """2: slices (the slice format); 3: one volume per case (the volume layout)."""
     window: tuple[float, float] | None = None
     """CT window in HU; None: ``data.HU_WINDOW``."""
     modality: str = "auto"
@@ -89,6 +96,7 @@ class Prepared:
 @dataclass
 class Summary:
     out: str
+    ndim: int = 2
     cases: int = 0
     slices: int = 0
     train_cases: int = 0
@@ -102,7 +110,9 @@ class Summary:
     def lines(self) -> list[str]:
         rate = self.cases / self.seconds if self.seconds else 0.0
         mb = self.bytes_read / 1e6 / self.seconds if self.seconds else 0.0
-        out = [f"wrote {self.out}: {self.slices} slices from {self.cases} cases "
+        what = (f"{self.cases} volumes ({self.slices} slices)" if self.ndim == 3
+                else f"{self.slices} slices from {self.cases} cases")
+        out = [f"wrote {self.out}: {what} "
                f"({self.train_cases} train, {self.val_cases} val) in {self.seconds:.1f} s, "
                f"{rate:.2f} cases/s, {mb:.1f} MB/s of volumes read, peak RSS "
                f"{self.peak_rss_mib:.0f} MiB"
@@ -143,7 +153,7 @@ def choose_intensity(source: Source, opts: Options) -> Intensity:
 
 def preprocessing_record(intensity: Intensity, opts: Options) -> dict:
     """What predict must repeat, stored as the file attribute ``preprocessing``."""
-    return {**intensity.describe(), "size": opts.size, "orientation": "RAS",
+    return {**intensity.describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
             "layout": geometry.LAYOUT, "image_interpolation": "linear",
             "label_interpolation": "nearest", "roi_margin": opts.roi_margin,
             "channel": opts.channel}
@@ -187,7 +197,7 @@ def prepare_case(case: Case, opts: Options, intensity: Intensity, class_names) -
         voxels = sources.image_voxels(img, case.image, opts.channel)
     except VolumeError as e:
         raise CaseError(f"case {case.name}: {e}") from None
-    geom = geometry.Geometry.of(img.affine, voxels.raw.shape, size=opts.size)
+    geom = geometry.Geometry.of(img.affine, voxels.raw.shape, size=opts.size or 0)
     z0, z1 = geometry.roi_range(geometry.to_slices(labels, geom.ornt), opts.roi_margin)
     geom = dataclasses.replace(geom, z0=z0, z1=z1)
     bounds = intensity.bounds(voxels)
@@ -304,7 +314,7 @@ def _rel(path: str, root: str) -> str:
     return os.path.relpath(path, root) if path else ""
 
 
-def write_cases(source: Source, opts: Options, intensity: Intensity, writer: SliceWriter,
+def write_cases(source: Source, opts: Options, intensity: Intensity, writer,
                 split: np.ndarray, fold: np.ndarray, summary: Summary, stop: StopFlag) -> None:
     """Prepares every labelled case and appends it; a bad case stops (``CaseError``) or
     is recorded in ``summary.skipped``; a signal stops at the next case (``Interrupted``)."""
@@ -332,6 +342,22 @@ def write_cases(source: Source, opts: Options, intensity: Intensity, writer: Sli
             summary.train_cases += int(split[i] == data.SPLITS["train"])
 
 
+def settled(opts: Options) -> Options:
+    """``opts`` with ``size`` decided: ``DEFAULT_SIZE`` for slices, None for volumes.
+
+    Raises:
+      InputError: ``ndim`` other than 2 or 3, or a size given for volumes.
+    """
+    if opts.ndim not in (2, 3):
+        raise InputError(f"--ndim {opts.ndim}: expected 2 (slices) or 3 (volumes)")
+    if opts.ndim == 3 and opts.size is not None:
+        raise InputError(f"--size {opts.size}: --ndim 3 keeps each volume on its own grid "
+                         "(no resampling); leave --size out")
+    if opts.ndim == 2 and opts.size is None:
+        return dataclasses.replace(opts, size=DEFAULT_SIZE)
+    return opts
+
+
 def validate(source: Source, opts: Options) -> None:
     """Option checks that need the source (before anything is written)."""
     if not source.cases:
@@ -343,7 +369,7 @@ def validate(source: Source, opts: Options) -> None:
     if opts.compression not in COMPRESSIONS:
         raise InputError(f"--compression {opts.compression!r}: expected one of "
                          f"{', '.join(COMPRESSIONS)}")
-    if opts.size < 8:
+    if opts.size is not None and opts.size < 8:
         raise InputError(f"--size {opts.size}: must be >= 8")
 
 
@@ -357,14 +383,16 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
       removed).
     """
     started = time.perf_counter()
+    opts = settled(opts)
     source = sources.discover(source_path)
     validate(source, opts)
     intensity = choose_intensity(source, opts)
     split, fold = splits.assign(len(source.cases), opts.seed, opts.val_fraction,
                                 opts.folds, opts.fold)
-    summary, stop = Summary(out=out), StopFlag()
+    summary, stop = Summary(out=out, ndim=opts.ndim), StopFlag()
     with _signals_stop(stop):
-        writer = SliceWriter(out, opts.size, opts.dtype, opts.compression)
+        writer = (VolumeCaseWriter if opts.ndim == 3 else SliceWriter)(
+            out, opts.size, opts.dtype, opts.compression)
         try:
             write_cases(source, opts, intensity, writer, split, fold, summary, stop)
             stop.check()

@@ -15,6 +15,10 @@ case, enough to put a prediction back on the case's original grid:
 ``inplane`` (2)                  rows, columns of a slice before resampling
 ``spacing`` (3)                  slice, row, column spacing in mm before resampling
 ``bounds`` (2)                   the values mapped to 0 and 1 (HU window, or MR percentiles)
+
+``VolumeCaseWriter`` (``convert --ndim 3``) writes the volume layout of
+``distseg.volumes`` instead, one volume per case on its own grid, with the same
+``cases/`` rows less ``first`` and ``slices`` (row k is ``volumes/k``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import h5py
 import numpy as np
 
-from distseg import data
+from distseg import data, volumes
 from distseg.convert.geometry import Geometry
 
 #: Filters benchmarked in benchmarks/bench_convert.py (numbers in docs/data.md).
@@ -47,6 +51,10 @@ COLUMNS = {
 }
 
 
+#: The columns a volume file's cases/ group leaves out: its rows are its volumes.
+SLICE_ROWS = ("first", "slices")
+
+
 def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
     # In blocks: h5py and the filter pipeline buffer what one write holds, and a whole
     # case would double the memory of a case.
@@ -54,6 +62,32 @@ def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
     ds.resize(start + len(rows), axis=0)
     for i in range(0, len(rows), block):
         ds[start + i:start + i + block] = rows[i:i + block]
+
+
+def case_row(*, name: str, image: str, label: str, case_id: int, split: int, fold: int,
+             geometry: Geometry, bounds: tuple[float, float]) -> dict:
+    """A case's cases/ row, less the slice rows (``SLICE_ROWS``)."""
+    return {
+        "name": name, "image": image, "label": label, "case_id": case_id, "split": split,
+        "fold": fold, "affine": geometry.affine, "shape": geometry.shape, "ornt": geometry.ornt,
+        "z_range": (geometry.z0, geometry.z1), "inplane": geometry.slices_shape[1:],
+        "spacing": geometry.spacing, "bounds": bounds,
+    }
+
+
+class CaseTable:
+    """The resizable cases/ group: one row per case, the columns of ``columns``."""
+
+    def __init__(self, f: h5py.File, columns: dict):
+        self.group = f.create_group("cases")
+        for name, (kind, shape) in columns.items():
+            self.group.create_dataset(name, shape=(0,) + shape, maxshape=(None,) + shape,
+                                      chunks=(256,) + shape, dtype=kind)
+
+    def append(self, **row) -> None:
+        for key, value in row.items():
+            ds = self.group[key]
+            _append(ds, np.asarray([value], dtype=object if ds.dtype == _STR else ds.dtype))
 
 
 class SliceWriter:
@@ -77,10 +111,7 @@ class SliceWriter:
                          chunks=(1, size, size), dtype=np.uint8, **filters)
         f.create_dataset("case_id", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.int32)
         f.create_dataset("split", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.uint8)
-        cases = f.create_group("cases")
-        for name, (kind, shape) in COLUMNS.items():
-            cases.create_dataset(name, shape=(0,) + shape, maxshape=(None,) + shape,
-                                 chunks=(256,) + shape, dtype=kind)
+        self.table = CaseTable(f, COLUMNS)
 
     def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
                images: np.ndarray, masks: np.ndarray, geometry: Geometry,
@@ -91,15 +122,9 @@ class SliceWriter:
         _append(f["masks"], masks)
         _append(f["case_id"], np.full(n, case_id, dtype=np.int32))
         _append(f["split"], np.full(n, split, dtype=np.uint8))
-        row = {
-            "name": name, "image": image, "label": label, "case_id": case_id, "split": split,
-            "fold": fold, "first": self.rows, "slices": n, "affine": geometry.affine,
-            "shape": geometry.shape, "ornt": geometry.ornt, "z_range": (geometry.z0, geometry.z1),
-            "inplane": geometry.slices_shape[1:], "spacing": geometry.spacing, "bounds": bounds,
-        }
-        for key, value in row.items():
-            ds = f["cases"][key]
-            _append(ds, np.asarray([value], dtype=object if ds.dtype == _STR else ds.dtype))
+        self.table.append(first=self.rows, slices=n, **case_row(
+            name=name, image=image, label=label, case_id=case_id, split=split, fold=fold,
+            geometry=geometry, bounds=bounds))
         self.rows += n
         self.spacings.append(geometry.resampled_spacing)
 
@@ -108,6 +133,7 @@ class SliceWriter:
         """Writes the file attributes, closes and renames ``OUT.h5.partial`` to ``OUT.h5``."""
         f = self._f
         f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["layout"] = "slices"
         f.attrs["source"] = source
         f.attrs["num_classes"] = len(class_names)
         f.attrs["class_names"] = list(class_names)
@@ -130,3 +156,34 @@ class SliceWriter:
         finally:
             if os.path.exists(self.partial):
                 os.remove(self.partial)
+
+
+class VolumeCaseWriter:
+    """``SliceWriter``'s interface for ``convert --ndim 3``: each case one volume
+    (``volumes.VolumeWriter``), plus its cases/ row."""
+
+    def __init__(self, out: str, size: int | None = None, dtype: str = "float32",
+                 compression: str = "lzf"):
+        self.out = out
+        self._volumes = volumes.VolumeWriter(out, dtype, COMPRESSIONS[compression])
+        self.partial = self._volumes.partial
+        self.table = CaseTable(self._volumes.file,
+                               {k: v for k, v in COLUMNS.items() if k not in SLICE_ROWS})
+
+    def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
+               images: np.ndarray, masks: np.ndarray, geometry: Geometry,
+               bounds: tuple[float, float]) -> None:
+        """Adds one case: its (D, H, W) volume in [0, 1], its labels and its row."""
+        self._volumes.append(images, masks, case_id, split, spacing=geometry.resampled_spacing)
+        self.table.append(**case_row(name=name, image=image, label=label, case_id=case_id,
+                                     split=split, fold=fold, geometry=geometry, bounds=bounds))
+
+    def finish(self, *, source: str, class_names, hu_window, preprocessing: dict,
+               splitting: dict, extra: dict) -> None:
+        """Writes the tables and attributes, closes and renames the file."""
+        self._volumes.finish(source=source, hu_window=hu_window, class_names=class_names, extra={
+            "preprocessing": json.dumps(preprocessing, sort_keys=True),
+            "splitting": json.dumps(splitting, sort_keys=True), **extra})
+
+    def abort(self) -> None:
+        self._volumes.abort()
