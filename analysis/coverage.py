@@ -166,19 +166,38 @@ class EpochShards:
     ranks_logged: int
     samples: float
     combined: str | None
+    size: int | None = None
+    """Ranks of the launch that logged the epoch (an elastic or resumed run's launches
+    may differ in size); ``None``: unknown, the run's size applies."""
+
+
+def _launch_sizes(run: RunData) -> dict[int, int]:
+    """Segment -> its number of ranks, where the ``run`` records tell."""
+    seg = run.segments
+    if seg is None or not len(seg) or "size" not in seg:
+        return {}
+    return {int(k): int(v) for k, v in zip(seg["segment"], seg["size"]) if pd.notna(v)}
 
 
 def epoch_shards(run: RunData) -> list[EpochShards]:
-    """Per epoch of ``run``: its ranks' sample counts and digests combined."""
+    """Per epoch of ``run``: its ranks' sample counts and digests combined.
+
+    Only the records of the latest launch that logged an epoch count: when a launch
+    ended after some ranks had logged an epoch and the next launch redid it (at
+    another size, say), the earlier partial shards belong to no complete epoch."""
     out = []
+    sizes = _launch_sizes(run)
     for epoch, g in run.epochs.groupby("epoch"):
+        if "segment" in g and g["segment"].notna().any():
+            g = g[g["segment"] == g["segment"].max()]
         digests = [d for d in g["sample_digest"] if isinstance(d, str)]
         try:
             combined = schema.combine_digests(digests) if len(digests) == len(g) else None
         except ValueError:
             combined = None
+        size = sizes.get(int(g["segment"].iloc[0])) if "segment" in g else None
         out.append(EpochShards(int(epoch), int(g["rank"].nunique()),
-                               float(g["samples"].sum(min_count=1)), combined))
+                               float(g["samples"].sum(min_count=1)), combined, size))
     return out
 
 
@@ -284,9 +303,10 @@ def coverage(runs: Sequence[RunData]) -> pd.DataFrame:
     for run, expected, shards in prepared:
         reference, source = reference_digest(run, votes)
         for s in shards:
-            v = verdict(run.size, s, expected, reference, source)
+            size = s.size or run.size
+            v = verdict(size, s, expected, reference, source)
             rows.append({"run": run.label, "epoch": s.epoch, "ranks_logged": s.ranks_logged,
-                         "ranks": run.size, "samples": s.samples,
+                         "ranks": size, "samples": s.samples,
                          "expected_samples": expected.samples, "combined_digest": s.combined,
                          "reference_digest": reference, "reference": source,
                          "digest_matches": v.digest_matches, "covered": v.covered,

@@ -147,7 +147,7 @@ def rotate(ckdir: str, keep: int) -> list[str]:
     return removed
 
 
-def _entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
+def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
     """A checkpoint's manifest with absolute paths; raises ``InputError`` if it cannot
     be read or (``verify``) a file's checksum does not match."""
     path = os.path.join(ckdir, manifest_name)
@@ -173,7 +173,7 @@ def find(run_dir: str, verify: bool = True) -> tuple[dict | None, list[str]]:
         if not os.path.exists(os.path.join(ckdir, f"{stem}.json")):
             continue  # an older layout, or a save cut short before its manifest
         try:
-            return _entry(ckdir, f"{stem}.json", verify), warnings
+            return manifest_entry(ckdir, f"{stem}.json", verify), warnings
         except InputError as e:
             warnings.append(f"skipped checkpoint {stem}: {e}")
     return None, warnings

@@ -44,10 +44,13 @@ class Resumed:
     """Where a resumed run starts, and what this rank brings back from before."""
 
     position: checkpoint.Position
-    manifest: str
+    manifest: str | None
+    """The checkpoint resumed from (None: an elastic run's in-memory commit)."""
     warnings: list = field(default_factory=list)
     carried: checkpoint.RankState | None = None
     """This rank's partial epoch (same number of ranks only), else None."""
+    elastic: str | None = None
+    """Why an elastic run re-formed (a rank lost, hosts changed); None otherwise."""
 
 
 def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
@@ -65,7 +68,7 @@ def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
             raise InputError(f"{entry['manifest']}: written {pos.step} steps into an epoch at "
                              f"{pos.size} ranks; resume at {pos.size} ranks (no epoch-boundary "
                              "checkpoint to resume from at another size)")
-        older = checkpoint._entry(checkpoint.directory(run_dir), f"{boundary[-1]}.json", True)
+        older = checkpoint.manifest_entry(checkpoint.directory(run_dir), f"{boundary[-1]}.json", True)
         warnings.append(f"{entry['manifest']} is {pos.step} steps into epoch {pos.epoch} at "
                         f"{pos.size} ranks; resuming at {size} ranks from {older['manifest']} "
                         f"({pos.global_step - older['position'].global_step} steps redone)")

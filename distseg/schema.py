@@ -37,7 +37,10 @@ field needs a new ``SCHEMA_VERSION``.
 ``resume`` once per resumed launch, before its ``run`` record (``--resume``):
     from_epoch and from_step (where this launch continues), global_step, checkpoint
     (the manifest it loaded), size_before (ranks that wrote it), size, warnings
-    (damaged checkpoints skipped, steps redone).
+    (damaged checkpoints skipped, steps redone). An elastic run writes one each time
+    its ranks re-form (a rank lost, hosts changed), with checkpoint null, from_step 0
+    (it continues from the state committed after the last epoch) and elastic (why,
+    e.g. "lost 1 rank(s)").
 
 ``stalled`` when this rank has waited ``hang_timeout`` s in a collective: t, waited
     (seconds), where; an ``end`` record naming the ranks that stopped answering follows.
@@ -111,7 +114,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps"),
     "end": (),
-    "resume": ("warnings",),
+    "resume": ("warnings", "elastic"),
     "stalled": (),
 }
 

@@ -37,12 +37,20 @@ class StopFlag:
             self.reason = reason
 
 
-def install(flag: StopFlag, resources) -> None:
-    """Routes ``STOP_SIGNALS`` to ``flag`` until ``resources`` (an ExitStack) closes,
-    and starts the launcher watchdog."""
+def stop_signals(elastic: bool) -> tuple:
+    """The signals that stop the whole run. In an elastic run SIGTERM keeps its default
+    action, ending this rank alone: it is how Horovod's elastic driver removes the
+    workers of a host that left the discovery script, and the other ranks carry on.
+    SIGUSR1 still stops every rank after a checkpoint."""
+    return (signal.SIGUSR1,) if elastic else STOP_SIGNALS
+
+
+def install(flag: StopFlag, resources, signals: tuple = STOP_SIGNALS) -> None:
+    """Routes ``signals`` to ``flag`` until ``resources`` (an ExitStack) closes, and
+    starts the launcher watchdog."""
     def on_signal(signum, frame):
         flag.request(f"received signal {signum} ({signal.Signals(signum).name})")
-    for sig in STOP_SIGNALS:
+    for sig in signals:
         resources.callback(signal.signal, sig, signal.signal(sig, on_signal))
     launcher = find_launcher()
     if launcher is not None:

@@ -131,8 +131,9 @@ class Schedule:
         return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
 
 
-def build_state(cfg: config_lib.Config, ctx: dist.Context):
-    """(model, optimizer, synced variables), identical on every rank."""
+def build_state(cfg: config_lib.Config, ctx: dist.Context, broadcast: bool = True):
+    """(model, optimizer, synced variables), identical on every rank (``broadcast``
+    False: each rank's own initial values, for an elastic run's state to sync)."""
     import keras
 
     from distseg import model as model_lib
@@ -146,8 +147,9 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context):
     # seed-generator states, which must stay different per rank (seeded by rank above)
     # or every rank would drop the same units.
     synced = model.weights + optimizer.variables
-    # Horovod: every rank starts from rank 0's weights and optimizer state.
-    dist.broadcast_variables(synced, root=0)
+    if broadcast:
+        # Horovod: every rank starts from rank 0's weights and optimizer state.
+        dist.broadcast_variables(synced, root=0)
     return model, optimizer, synced
 
 
@@ -198,6 +200,8 @@ class Session:
     global_step: int = 0
     epochs_done: int = 0
     lr_now: float | None = None
+    elastic: dist.ElasticState | None = None
+    """An elastic run's state, committed after each epoch's checkpoint."""
 
     @property
     def class_names(self) -> list[str]:
@@ -258,7 +262,7 @@ def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack
     t0 = time.perf_counter()
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
     stop = stopping.StopFlag()
-    stopping.install(stop, resources)
+    stopping.install(stop, resources, stopping.stop_signals(dist.is_elastic()))
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
@@ -333,11 +337,14 @@ def write_resume_record(s: Session) -> None:
     r = s.resumed
     dist.agree(s.log.write, "resume", from_epoch=s.start[0], from_step=s.start[1],
                global_step=s.global_step, checkpoint=r.manifest, size_before=r.position.size,
-               size=s.ctx.size, warnings=r.warnings)
+               size=s.ctx.size, warnings=r.warnings,
+               **({"elastic": r.elastic} if r.elastic else {}))
     if s.bar is not None:
         for w in r.warnings:
             s.bar.write(f"warning: {w}")
-        s.bar.write(f"resuming from {r.manifest}: epoch {s.start[0]}, step {s.start[1]}")
+        where = r.manifest or f"the elastic state ({r.elastic})"
+        s.bar.write(f"resuming from {where}: epoch {s.start[0]}, step {s.start[1]}, "
+                    f"{r.position.size} -> {s.ctx.size} rank(s)")
 
 
 # --- one epoch ----------------------------------------------------------------------
@@ -547,7 +554,7 @@ def end_status(e: BaseException | None, epochs_done: int) -> tuple[str, str]:
 def _lost_ranks(s: Session, error: BaseException) -> str:
     """For a collective that failed because Horovod shut down (a rank was killed or
     exited): which ranks' logs stopped without an ending, in words."""
-    if "Horovod has been shut down" not in str(error) and "Horovod" not in type(error).__name__:
+    if not dist.lost_peer(error):
         return ""
     time.sleep(0.5)  # let the surviving ranks write their own ending first
     paths = {r: os.path.join(s.cfg.run_dir, schema.LOG_DIR, schema.log_name(r))
@@ -559,8 +566,8 @@ def _lost_ranks(s: Session, error: BaseException) -> str:
 
 def _write_end(s: Session | None, error: BaseException | None) -> None:
     """The ``end`` record, whatever happened (no log yet: nothing to write)."""
-    if s is None:
-        return
+    if s is None or (s.elastic is not None and error is not None and dist.recoverable(error)):
+        return  # an elastic run carries on with the ranks left (a `resume` record follows)
     status, reason = end_status(error, s.epochs_done)
     if error is not None and not isinstance(error, (RunError, Interrupted)):
         reason = _lost_ranks(s, error) + reason
@@ -585,24 +592,33 @@ def train_epochs(s: Session) -> int:
         stop = any(dist.allgather_object(s.stop.requested))
         if stop or checkpoint.is_due(s.epochs_done, t.epochs, t.checkpoint_every):
             checkpoint_now(s, result, 0)
+        if s.elastic is not None and not stop:
+            commit_elastic(s)
         if stop:
             raise Interrupted(f"{s.stop.reason or 'another rank was asked to stop'}; "
                               f"checkpoint after epoch {epoch}")
     return s.epochs_done
 
 
-def run(cfg: config_lib.Config, resuming: bool = False) -> int:
-    """Trains on every rank (``resuming``: continues the run in ``cfg.run_dir`` from its
-    newest whole checkpoint); returns 0, or raises ``RunError`` / ``Interrupted``."""
-    ctx = dist.init()
-    threads = configure_threads(cfg.train, ctx.cores)
-    info = dist.agree(check_inputs, cfg, ctx)
-    state, resumed = start_state(cfg, ctx, resuming)
+def commit_elastic(s: Session) -> None:
+    """Collective: an elastic run's state after an epoch; raises Horovod's
+    ``HostsUpdatedInterrupt`` on every rank when hosts were added or removed."""
+    s.elastic.epoch = s.epochs_done
+    s.elastic.size = s.ctx.size
+    s.elastic.commit()
+
+
+def launch(cfg: config_lib.Config, ctx: dist.Context, info: data.DatasetInfo, state,
+           resumed: resume.Resumed | None, threads: tuple[int, int],
+           elastic: dist.ElasticState | None = None) -> int:
+    """Trains from ``resumed`` (None: from the start) with the ranks of ``ctx``;
+    returns 0. Writes the run's records and, whatever happens, its ``end``."""
     session, error = None, None
     # Closed in reverse order on the way out, whatever happens.
     with contextlib.ExitStack() as resources:
         try:
             session = open_session(cfg, ctx, info, state, resumed, resources)
+            session.elastic = elastic
             if resumed:
                 write_resume_record(session)
             write_run_record(session, threads)
@@ -613,3 +629,55 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
             raise
         finally:
             _write_end(session, error)
+
+
+def run(cfg: config_lib.Config, resuming: bool = False) -> int:
+    """Trains on every rank (``resuming``: continues the run in ``cfg.run_dir`` from its
+    newest whole checkpoint); returns 0, or raises ``RunError`` / ``Interrupted``."""
+    ctx = dist.init()
+    threads = configure_threads(cfg.train, ctx.cores)
+    if dist.is_elastic():
+        state = build_state(cfg, ctx, broadcast=False)
+        elastic = dist.ElasticState(state[2], epoch=0, size=ctx.size, started=False)
+        return dist.run_elastic(elastic_launch, elastic, cfg, resuming, state, threads)
+    info = dist.agree(check_inputs, cfg, ctx)
+    state, resumed = start_state(cfg, ctx, resuming)
+    return launch(cfg, ctx, info, state, resumed, threads)
+
+
+# --- elastic runs -------------------------------------------------------------------
+
+
+def elastic_start(elastic: dist.ElasticState, cfg: config_lib.Config, ctx: dist.Context,
+                  resuming: bool, state) -> resume.Resumed | None:
+    """Collective: where this incarnation of an elastic run starts. The first one
+    prepares the run directory (and loads a checkpoint when ``resuming``) exactly like
+    a plain run; a later one, after a rank was lost or hosts changed, continues from
+    the state committed after the last epoch, at the new size."""
+    if not elastic.started:
+        if resuming:
+            resumed = resume.restore(ctx, cfg.run_dir, *state)
+            resume.check_extends(resumed, cfg.train.epochs)
+        else:
+            resumed = None
+        prepare_run_dir(cfg, ctx, resuming=resuming)
+        elastic.started = True
+        elastic.epoch = resumed.position.epoch if resumed else 0
+        elastic.commit()  # a rank lost in the first epoch must not set up the run again
+        return resumed
+    position = checkpoint.Position(epoch=elastic.epoch, size=elastic.size)
+    why = ("hosts changed" if elastic.size == ctx.size else
+           f"{'lost' if ctx.size < elastic.size else 'gained'} "
+           f"{abs(elastic.size - ctx.size)} rank(s)")
+    return resume.Resumed(position=position, manifest=None, elastic=why)
+
+
+def elastic_launch(elastic: dist.ElasticState, cfg: config_lib.Config, resuming: bool,
+                   state, threads: tuple[int, int]) -> int:
+    """One incarnation of an elastic run (``distributed.run_elastic`` calls it again
+    after every membership change): the same checks and loop as a plain run, with the
+    learning rate and shards of the current number of ranks."""
+    ctx = dist.context()
+    info = dist.agree(check_inputs, cfg, ctx)
+    resumed = elastic_start(elastic, cfg, ctx, resuming, state)
+    return launch(cfg, ctx, info, state, resumed, threads, elastic=elastic)

@@ -33,3 +33,32 @@ def log_records(run_dir: str, rank: int) -> list[dict]:
     for r in recs:
         schema.validate_record(r)
     return recs
+
+
+def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 120.0) -> None:
+    """Waits until rank ``rank``'s log holds ``needle`` (e.g. ``'"global_step":3,'``).
+
+    If ``proc`` (a ``Popen`` started with ``start_new_session=True``) ends first or the
+    time runs out, its process group is killed and the test fails with the tail of its
+    output: a hung launch never outlives the test.
+    """
+    import signal
+    import time
+
+    import pytest
+
+    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                if needle in f.read():
+                    return
+        time.sleep(0.2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    out = proc.communicate()[0] if proc.stdout is not None else ""
+    pytest.fail(f"{needle} not in {path} within {timeout} s (exit {proc.returncode}): "
+                f"{(out or '')[-3000:]}")

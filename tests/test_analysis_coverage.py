@@ -80,7 +80,7 @@ def test_epoch_shards_combine_the_ranks_digests(tmp_path):
     spec = RunSpec(size=2, epochs=2)
     shards = coverage.epoch_shards(logs.load_run(write_run(str(tmp_path / "np2"), spec)))
     full = schema.sample_digest(range(16))
-    assert shards == [EpochShards(0, 2, 16.0, full), EpochShards(1, 2, 16.0, full)]
+    assert shards == [EpochShards(0, 2, 16.0, full, 2), EpochShards(1, 2, 16.0, full, 2)]
 
 
 def test_votes_across_runs_of_one_dataset_give_the_reference(tmp_path):

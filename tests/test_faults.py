@@ -16,7 +16,7 @@ import pytest
 
 from distseg import data, schema
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, command_env, wait_for_log
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -56,14 +56,8 @@ class Launch:
             start_new_session=True)
 
     def wait_for_step(self, global_step: int, timeout: float = 120) -> list[int]:
-        path = os.path.join(self.run_dir, schema.LOG_DIR, schema.log_name(1))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if os.path.exists(path) and f'"global_step":{global_step},' in open(path).read():
-                return [records(self.run_dir, r)[0]["pid"] for r in (0, 1)]
-            time.sleep(0.2)
-        self.kill()
-        pytest.fail(f"the run did not reach step {global_step}: {self.proc.stdout.read()[-3000:]}")
+        wait_for_log(self.run_dir, 1, f'"global_step":{global_step},', self.proc, timeout)
+        return [records(self.run_dir, r)[0]["pid"] for r in (0, 1)]
 
     def seconds_until_gone(self, pids: list[int], limit: float) -> float:
         start = time.monotonic()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from distseg import schema
-from support import BIN
+from support import BIN, wait_for_log
 from test_jobs import _slurm_env, cli
 
 pytestmark = pytest.mark.timeout(400)
@@ -23,17 +23,6 @@ pytestmark = pytest.mark.timeout(400)
 def _records(run_dir, rank):
     path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
     return [json.loads(line) for line in open(path) if line.strip()]
-
-
-def _wait_for_step(run_dir, proc, step, timeout=150):
-    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(1))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(path) and f'"global_step":{step},' in open(path).read():
-            return
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"no step {step} logged: {proc.stdout.read()[-3000:]}")
 
 
 def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
@@ -52,7 +41,7 @@ def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
 
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    _wait_for_step(run_dir, proc, 20)
+    wait_for_log(run_dir, 1, '"global_step":20,', proc, 150)
     start = time.monotonic()
     proc.send_signal(signal.SIGUSR1)  # what Slurm sends to the batch shell
     try:
@@ -72,7 +61,7 @@ def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
     # again a few steps later; 40 epochs would take too long here).
     again = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    _wait_for_step(run_dir, again, latest["epoch"] * 16 + latest["step"] + 5)
+    wait_for_log(run_dir, 1, f'"global_step":{latest["epoch"] * 16 + latest["step"] + 5},', again, 150)
     again.send_signal(signal.SIGUSR1)
     log2, _ = again.communicate(timeout=60)
     assert again.returncode == 130, log2[-3000:]

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import h5py
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 from distseg import schema, synth
 from distseg.distributed import physical_cores
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, command_env, wait_for_log
 from support import log_records as records
 
 TIMEOUT = 300
@@ -96,16 +95,6 @@ def test_ranks_are_pinned_to_disjoint_cores_when_unbound(tiny, tmp_path):
         assert [t["pinned"] for t in threads] == [False, False]
 
 
-def _wait_for_steps(log_path: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(log_path) and '"type":"step"' in open(log_path).read():
-            return
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"no step record in {log_path} within {timeout} s")
-
-
 def test_sigterm_ends_the_run_as_interrupted_with_exit_130(tiny, tmp_path):
     """What Slurm does at the time limit: SIGTERM to the rank. The run writes an
     ``end`` record with status ``interrupted``, exits 130 and keeps its checkpoint."""
@@ -115,7 +104,7 @@ def test_sigterm_ends_the_run_as_interrupted_with_exit_130(tiny, tmp_path):
          "--epochs", "1000", "--no-validate"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env(),
         start_new_session=True)
-    _wait_for_steps(str(run_dir / "logs" / schema.log_name(0)), proc)
+    wait_for_log(str(run_dir), 0, '"type":"step"', proc)
     proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=60)
