@@ -25,7 +25,7 @@ there is enough to read (``analysis.workers``).
 ``load_run`` is a pipeline of steps, each a module-level function returning a value:
 ``read_config``, ``read_logs`` (each file read and reduced at once: ``reduce_file``),
 ``map_launches``, ``identify``, ``launch_table``, ``launch_durations``,
-``global_curve``, ``epoch_table``, ``run_status`` and ``rank_notes``.
+``global_curve``, ``epoch_table``, ``run_progress``, ``run_status`` and ``rank_notes``.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ import pyarrow.json as pa_json
 
 from analysis import workers
 from analysis.model import Note
+from analysis.progress import SampleSum, Trained, at_crossings, at_epochs, progress_notes
 from analysis.reduce import (STAT_COLUMNS, CurveSpec, RankCurve, crossing_table,
-                             reduce_curve, step_stats)
+                             reduce_curve, sample_runs, step_stats)
 from distseg import schema
 from distseg.errors import InputError, refuse_newer
 
@@ -150,9 +151,17 @@ class RunData:
       curve_loss_min: the lowest loss of the whole curve.
       crossings: the first crossing of each loss target on the whole curve:
         ``target``, ``window`` (0: raw loss, else the smoothing window), ``reached``,
-        ``segment``, ``t``, ``wall_s``, ``epoch``, ``global_step``.
+        ``segment``, ``t``, ``wall_s``, ``epoch``, ``step``, ``global_step``, and ``steps``,
+        ``samples`` and ``made_up``: what all ranks trained on up to it
+        (``analysis.progress``).
       classes: validation Dice class names in log order.
       notes: everything skipped or doubtful.
+      trained: what all ranks trained on by the last step record (``progress.Trained``;
+        the bound of a target not reached).
+      epoch_progress: what all ranks trained on by the end of each epoch
+        (``progress.at_epochs``).
+      progress_notes: what ``crossings``, ``trained`` and ``epoch_progress`` rest on
+        when not every rank's every step record (for a report with targets).
     """
 
     label: str
@@ -178,6 +187,9 @@ class RunData:
     crossings: pd.DataFrame
     classes: list[str]
     notes: list[Note]
+    trained: Trained = Trained()
+    epoch_progress: pd.DataFrame = field(default_factory=pd.DataFrame)
+    progress_notes: list[Note] = field(default_factory=list)
 
     @property
     def nodes(self) -> int | None:
@@ -628,6 +640,17 @@ def record_tmax(log: RankLog, steps: pd.DataFrame) -> dict[int, float]:
     return tmax
 
 
+def _steps_per_epoch(run: dict) -> int | None:
+    """A ``run`` record's ``steps_per_epoch`` when it is a positive number."""
+    value = _num(run.get("steps_per_epoch"))
+    return int(value) if math.isfinite(value) and value >= 1 else None
+
+
+def launch_keys(runs: Sequence[dict]) -> list[tuple]:
+    """The launch key (``_segment_key``) of each of a file's ``run`` records."""
+    return [_segment_key(r, i) for i, r in enumerate(runs)]
+
+
 def _segment_key(rec: dict, local: int) -> tuple:
     """Identifies a launch across ranks: the agreed start time and run id.
 
@@ -662,6 +685,8 @@ class RankSummary:
       tmax: local segment -> the largest ``t`` logged in it (``record_tmax``).
       stats: ``analysis.reduce.step_stats`` of the placed steps (``None``: none).
       curve: ``analysis.reduce.reduce_curve`` of them (``None``: none).
+      sample_runs: ``analysis.reduce.sample_runs`` of them (``None``: none; freed
+        once added to ``LogSet.samples``).
       notes: what was skipped while reading, in file order.
       unknown_fields: ``"type.field"`` names outside the schema.
     """
@@ -677,6 +702,7 @@ class RankSummary:
     tmax: dict[int, float] = field(default_factory=dict)
     stats: pd.DataFrame | None = None
     curve: RankCurve | None = None
+    sample_runs: pd.DataFrame | None = None
     notes: list[Note] = field(default_factory=list)
     unknown_fields: set[str] = field(default_factory=set)
 
@@ -693,6 +719,10 @@ def reduce_log(log: RankLog, spec: CurveSpec, size_bytes: int = 0) -> RankSummar
     if len(steps):
         out.stats = step_stats(compact_steps(log.rank, steps))
         out.curve = reduce_curve(curve_steps(steps), launch_order(log.runs), spec)
+        out.sample_runs = sample_runs(steps["segment"].to_numpy(),
+                                      _int_column(steps["epoch"].to_numpy(), np.int64),
+                                      _int_column(steps["step"].to_numpy(), np.int64),
+                                      steps["samples"].to_numpy(np.float64))
     return out
 
 
@@ -715,6 +745,8 @@ class LogSet:
       curve: the reduced curve of the rank with the most placed steps (``None``: no
         steps); the lowest such rank on ties.
       curve_rank: that rank.
+      samples: every rank's samples per launch and step, added up
+        (``analysis.progress.SampleSum``, keyed by ``launch_keys``).
       unknown_fields: ``type.field`` -> number of logs that hold it.
       notes: what was skipped while reading, in file order.
     """
@@ -722,6 +754,7 @@ class LogSet:
     logs: list[RankSummary] = field(default_factory=list)
     curve: RankCurve | None = None
     curve_rank: int | None = None
+    samples: SampleSum = field(default_factory=SampleSum)
     unknown_fields: Counter = field(default_factory=Counter)
     notes: list[Note] = field(default_factory=list)
 
@@ -732,8 +765,9 @@ def read_logs(files: dict[int, str], progress: Callable[[int], None] | None = No
     """Reads each rank's log and reduces it at once to what the tables need.
 
     Only one file's steps are alive at a time (per file, ``reduce_file``); of the
-    loss curves, only the best so far is kept. Memory is bounded by one file plus a
-    small summary per rank, not by the number of steps.
+    loss curves, only the best so far is kept; the samples per step are added up as
+    they come. Memory is bounded by one file plus a small summary per rank, not
+    by ranks x steps.
 
     Args:
       files: rank -> log path.
@@ -757,6 +791,9 @@ def read_logs(files: dict[int, str], progress: Callable[[int], None] | None = No
         if curve is not None and (out.curve is None or (curve.records, -summary.rank)
                                   > (out.curve.records, -out.curve_rank)):
             out.curve, out.curve_rank = curve, summary.rank
+        out.samples.add(launch_keys(summary.runs),
+                        [_steps_per_epoch(r) for r in summary.runs], summary.sample_runs)
+        summary.sample_runs = None
         out.logs.append(summary)
         if progress:
             progress(summary.size_bytes)
@@ -806,7 +843,7 @@ class Launches:
 
 def map_launches(logs: Sequence[RankSummary]) -> Launches:
     """Matches the ``run`` records of all ranks into launches."""
-    keys = sorted({_segment_key(r, i) for log in logs for i, r in enumerate(log.runs)})
+    keys = sorted({key for log in logs for key in launch_keys(log.runs)})
     index = {k: i for i, k in enumerate(keys)}
     maps = {log.rank: {i: index[_segment_key(r, i)] for i, r in enumerate(log.runs)}
             for log in logs}
@@ -963,7 +1000,9 @@ def combine_stats(logs: Sequence[RankSummary]) -> pd.DataFrame:
 CURVE_COLUMNS = ("segment", "epoch", "step", "global_step", "t", "wall_s", "loss", "lr",
                  "loss_smoothed")
 CROSSING_COLUMNS = ["target", "window", "reached", "segment", "t", "wall_s", "epoch",
-                    "global_step"]
+                    "step", "global_step"]
+#: What ``run_progress`` adds to the crossings: steps and samples, all ranks.
+PROGRESS_COLUMNS = ["steps", "samples", "made_up"]
 
 
 @dataclass(frozen=True)
@@ -1016,6 +1055,36 @@ def global_curve(curve: RankCurve | None, rank: int | None, launches: Launches,
                       "loss_vs_time.csv; targets are found on all of them"),)
     return Curve(frame[list(CURVE_COLUMNS)], _global_crossings(curve, rank, launches, offsets),
                  curve.records, curve.stride, curve.loss_min, notes)
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """What the run trained on up to each target and epoch (``run_progress``).
+
+    Attributes:
+      crossings: the curve's crossings with ``PROGRESS_COLUMNS`` added.
+      trained: by the last step record.
+      epochs: by the end of each epoch (``progress.at_epochs``).
+      notes: what the numbers rest on, when not every rank's every record.
+    """
+
+    crossings: pd.DataFrame
+    trained: Trained
+    epochs: pd.DataFrame
+    notes: list[Note]
+
+
+def run_progress(curve: Curve, samples: SampleSum, launches: Launches,
+                 segments: pd.DataFrame, epochs: pd.DataFrame, label: str) -> RunProgress:
+    """Steps and samples of all ranks up to each loss-target crossing, to the end of
+    each epoch and to the last step (``analysis.progress``)."""
+    sizes = [None if pd.isna(n) else int(n) for n in segments["size"]]
+    path = samples.trajectory(launches.keys, sizes)
+    at = at_crossings(path, curve.crossings)
+    crossings = pd.concat([curve.crossings, at], axis=1)[CROSSING_COLUMNS + PROGRESS_COLUMNS]
+    done = at_epochs(path, epochs)
+    made_up = int(max([0, *at["made_up"], *done["made_up"]]))
+    return RunProgress(crossings, path.last(), done, progress_notes(path, made_up, label))
 
 
 def _latest_epochs(epochs: pd.DataFrame, offsets: np.ndarray,
@@ -1140,6 +1209,7 @@ def load_run(run_dir: str, label: str | None = None,
     segments["offset_s"] = offsets[:launches.count]
     curve = global_curve(read.curve, read.curve_rank, launches, offsets, label)
     epochs, classes, epoch_notes = epoch_table(read.logs, launches, offsets, label)
+    done = run_progress(curve, read.samples, launches, segments, epochs, label)
     status, finished = run_status(read.logs, launches, who)
     present = [log.rank for log in read.logs]
     notes += [*curve.notes, *epoch_notes, *rank_notes(present, who.size, label)]
@@ -1153,8 +1223,9 @@ def load_run(run_dir: str, label: str | None = None,
                    finished=finished, epochs=epochs, step_stats=combine_stats(read.logs),
                    curve=curve.frame, curve_rank=read.curve_rank,
                    curve_records=curve.records, curve_stride=curve.stride,
-                   curve_loss_min=curve.loss_min, crossings=curve.crossings,
-                   classes=classes, notes=notes)
+                   curve_loss_min=curve.loss_min, crossings=done.crossings,
+                   classes=classes, notes=notes, trained=done.trained,
+                   epoch_progress=done.epochs, progress_notes=done.notes)
 
 
 def unique_labels(run_dirs: Sequence[str]) -> list[str]:

@@ -53,6 +53,7 @@ class Tables:
     scaling: pd.DataFrame = _table("scaling.csv")
     loss_vs_time: pd.DataFrame = _table("loss_vs_time.csv", in_json=False)
     hours_to_target: pd.DataFrame = _table("hours_to_target.csv")
+    statistical_efficiency: pd.DataFrame = _table("statistical_efficiency.csv")
     rank_balance: pd.DataFrame = _table("rank_balance.csv")
     rank_balance_summary: pd.DataFrame = _table()
     val_dice_spread: pd.DataFrame = _table("val_dice_spread.csv")
@@ -88,11 +89,16 @@ class Projection:
       assumptions: one line each, printed with the table; the first is the label that
         says it is a projection.
       compute_s: the fitted per-step compute time.
+      targets: projected time to each target (``analysis.stateff.project_rows``;
+        empty without targets).
+      target_assumptions: the lines printed with ``targets``; the first labels it.
     """
 
     table: pd.DataFrame
     assumptions: list[str]
     compute_s: float
+    targets: pd.DataFrame = field(default_factory=pd.DataFrame)
+    target_assumptions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

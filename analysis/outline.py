@@ -16,6 +16,7 @@ from analysis.tables import TRAIN_TIME
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
 LOSS_FIGURE = "loss_vs_time.png"
 DICE_FIGURE = "val_dice_spread.png"
+EFFICIENCY_FIGURE = "statistical_efficiency.png"
 
 # Columns shown in the documents (the CSVs have them all).
 TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
@@ -24,10 +25,18 @@ TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s
 SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
                 "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
                 "throughput_efficiency")
-HOURS_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step")
+HOURS_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step",
+              "steps", "samples")
+STATEFF_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "steps", "samples_text",
+                "statistical_efficiency_text", "time_speedup", "throughput_speedup",
+                "other_factor", "limited_by")
+PROJ_TARGET_COLS = ("kind", "run", "metric", "target", "nodes", "ranks", "throughput_speedup",
+                    "statistical_efficiency", "statistical_efficiency_basis", "time_speedup",
+                    "hours", "measured_hours", "note")
 PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allreduce_s",
              "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
 PROJECTION_TITLE = "Projection (model, not measured)"
+PROJECTION_TARGET_TITLE = "Projection to target (model, not measured)"
 
 
 def in_unit(frame: pd.DataFrame, column: str, unit: TimeUnit) -> pd.DataFrame:
@@ -87,9 +96,39 @@ def hours_section(t: Tables, smooth: int, unit: TimeUnit = HOURS) -> Section | N
              + "training loss (mean over ranks) is <= the target, or the global validation "
              "Dice >= the target; no interpolation; found on every step record. Times "
              f"({unit.word}) count from the run's agreed start (after start-up), summed over "
-             "the launches of a resumed run; hours_to_target.csv has them in hours.")
+             "the launches of a resumed run; hours_to_target.csv has them in hours. steps, "
+             "samples: the steps and real samples of all ranks trained on until then "
+             "(see Statistical efficiency).")
     return Section("Time to target", Role.TABLE, intro, frame=t.hours_to_target,
                    columns=HOURS_COLS)
+
+
+def efficiency_sections(t: Tables) -> list[Section]:
+    """Samples to target and statistical efficiency: the sentences, the table and the
+    figure (none when no target was given)."""
+    table = t.statistical_efficiency
+    if not len(table):
+        return []
+    base = table["base"].iloc[0]
+    return [
+        Section("Time to target, decomposed", Role.LIST, "Against the base run "
+                f"{base} (fewest ranks): time-to-target speedup = throughput speedup x "
+                "statistical efficiency x other, and the factor that limits adding ranks "
+                "(the smaller of throughput efficiency and statistical efficiency).",
+                items=tuple(table["summary"])),
+        Section("Statistical efficiency", Role.TABLE, "steps, samples: the steps and real "
+                "samples of all ranks trained on up to the record that met the target (a "
+                "resumed run's redone steps count once); '> N': not reached after N. "
+                "statistical_efficiency = base samples / samples (1: as sample-efficient as "
+                "the base). time_speedup = base time / time; throughput_speedup as in "
+                "Scaling; other_factor = time_speedup / (throughput_speedup x "
+                "statistical_efficiency): warm-up, validation, restarts. All columns: "
+                "statistical_efficiency.csv.", frame=table, columns=STATEFF_COLS),
+        Section("Statistical efficiency and samples to target versus ranks", Role.FIGURE,
+                "Per target: statistical efficiency against the base (left; 1 is as "
+                "sample-efficient as the base) and samples to target (right); hollow "
+                "triangles are bounds of targets not reached.", figure=EFFICIENCY_FIGURE),
+    ]
 
 
 def loss_figure_section(unit: TimeUnit = HOURS) -> Section:
@@ -136,6 +175,21 @@ def projection_section(projection: Projection | None, error: str) -> Section | N
     return None
 
 
+def projection_target_section(projection: Projection | None,
+                              unit: TimeUnit = HOURS) -> Section | None:
+    """Projected time to each target (``None`` without a projection or targets); the
+    times in ``unit`` (``projection_to_target.csv`` keeps hours)."""
+    if projection is None or not len(projection.targets):
+        return None
+    shown = projection.targets.copy()
+    names = {"hours": f"time_{unit.name}", "measured_hours": f"measured_{unit.name}"}
+    for column in names:
+        shown[column] = unit.of(shown[column].astype(float) * 3600.0)
+    columns = tuple(names.get(c, c) for c in PROJ_TARGET_COLS)
+    return Section(PROJECTION_TARGET_TITLE, Role.PROJECTION, frame=shown.rename(columns=names),
+                   columns=columns, items=tuple(projection.target_assumptions))
+
+
 def notes_section(notes: Sequence[Note]) -> Section:
     others = tuple(n.line() for n in notes if n.level != "warning")
     return Section("Skipped and notes", Role.LIST, "What was left out of the numbers, and why.",
@@ -156,7 +210,8 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       unit: the unit wall-clock times are shown in.
     """
     parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
-             scaling_section(t), hours_section(t, smooth, unit), loss_figure_section(unit),
-             balance_section(t), *dice_sections(t), coverage_section(t),
-             projection_section(projection, projection_error), notes_section(notes)]
+             scaling_section(t), hours_section(t, smooth, unit), *efficiency_sections(t),
+             loss_figure_section(unit), balance_section(t), *dice_sections(t),
+             coverage_section(t), projection_section(projection, projection_error),
+             projection_target_section(projection, unit), notes_section(notes)]
     return tuple(p for p in parts if p is not None)

@@ -134,3 +134,68 @@ def val_dice_spread(spread: pd.DataFrame, path: str, classes: Sequence[str]) -> 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _rank_axis(ax, table: pd.DataFrame) -> None:
+    """Ranks on a log2 axis, each tick naming the nodes of the runs with that many."""
+    ticks = sorted(set(table["ranks"].astype(int)))
+    labels = []
+    for r in ticks:
+        nodes = sorted({int(n) for n in table.loc[table["ranks"] == r, "nodes"].dropna()})
+        labels.append(f"{r}\n({'/'.join(map(str, nodes)) or '?'} node"
+                      f"{'s' if nodes != [1] else ''})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, labels)
+    ax.minorticks_off()
+    ax.set_xlabel("ranks (nodes)")
+    ax.grid(True, alpha=0.3)
+
+
+def _draw_efficiency(axes, g: pd.DataFrame, color, label: str) -> None:
+    """One target: statistical efficiency (left) and samples (right) against ranks;
+    bounds of targets not reached as hollow triangles (pointing where the value lies)."""
+    g = g.sort_values("ranks")
+    exact = g[np.isfinite(g["statistical_efficiency"].astype(float))]
+    axes[0].plot(exact["ranks"], exact["statistical_efficiency"], color=color, marker="o",
+                 lw=1.4, label=label)
+    reached = g[g["reached"].astype(bool)]
+    axes[1].plot(reached["ranks"], reached["samples"].astype(float), color=color, marker="o",
+                 lw=1.4, label=label)
+    for _, row in g.iterrows():
+        text = str(row["statistical_efficiency_text"])
+        if text[:1] in "<>":
+            axes[0].plot(row["ranks"], float(text[2:]), ls="none", mfc="none", color=color,
+                         marker="v" if text[0] == "<" else "^", ms=8)
+        if not row["reached"] and np.isfinite(float(row["samples_lower_bound"])):
+            axes[1].plot(row["ranks"], float(row["samples_lower_bound"]), ls="none", mfc="none",
+                         color=color, marker="^", ms=8)
+
+
+def efficiency_figure(table: pd.DataFrame):
+    """Statistical efficiency and samples to target against ranks, one colour per
+    target (a matplotlib ``Figure``; the caller closes it)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = table.groupby(["metric", "target"], sort=False)
+    for i, ((metric, target), g) in enumerate(groups):
+        op = ">=" if str(metric).startswith("val_dice") else "<="
+        _draw_efficiency(axes, g, colors[i % len(colors)], f"{metric} {op} {target:g}")
+    axes[0].axhline(1.0, color="0.5", ls="--", lw=1)
+    axes[0].set_ylabel(f"statistical efficiency (vs {table['base'].iloc[0]})")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylabel("samples to target (all ranks)")
+    axes[1].set_ylim(bottom=0)
+    for ax in axes:
+        _rank_axis(ax, table)
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Statistical efficiency and samples to target (hollow: bound, not reached)")
+    fig.tight_layout()
+    return fig
+
+
+def statistical_efficiency(table: pd.DataFrame, path: str) -> str:
+    """``efficiency_figure`` of ``stateff.efficiency_table``, written to ``path``."""
+    fig = efficiency_figure(table)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

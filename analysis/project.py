@@ -17,6 +17,10 @@ The one free parameter, ``t_compute``, is the least-squares fit (the mean) of
 time is the median steady training time per epoch (``train_time``, no validation)
 divided by the steps per epoch; the residuals at the
 measured points are shown so the fit can be judged.
+
+With targets, time to each target is projected too: the base's measured time divided
+by the model's throughput speedup and a statistical efficiency (``analysis.stateff``:
+a trend over ranks where measured at enough rank counts, else assumed 1 and flagged).
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from analysis import stateff
 from analysis.logs import RunData, dict_field
 from analysis.model import Projection
+from analysis.stateff import Scaled
 from distseg.schema import steps_per_epoch
 
 LATENCY_TERMS = ("ring", "log")
@@ -153,6 +159,15 @@ class EpochModel:
         comm = allreduce_seconds(ranks, self.grad_bytes, self.fabric)
         return steps * (self.compute_s + comm), comm, steps
 
+    def throughput(self, ranks: int) -> float:
+        """Training samples per second at ``ranks``: an epoch's samples (the dataset as
+        ``distseg.data`` shards it, or the capped steps' batches) / its seconds."""
+        n = self.train_samples - (self.train_samples % ranks if self.batch_size == 1 else 0)
+        epoch_s, _, steps = self.epoch(ranks)
+        if self.cap:
+            n = min(n, steps * ranks * self.batch_size)
+        return n / epoch_s if epoch_s > 0 else math.nan
+
 
 def fit(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> EpochModel:
     """Least-squares ``t_compute`` (the mean residual step time, at least 0); the
@@ -178,17 +193,22 @@ def measured_rows(points: Sequence[Point], model: EpochModel, base: Point) -> li
     return rows
 
 
+def infeasible(model: EpochModel, ranks: int) -> str:
+    """Why ``ranks`` cannot train on the model's dataset ("" when they can)."""
+    n_train, batch = model.train_samples, model.batch_size
+    if n_train < ranks * batch:
+        return f"infeasible: {n_train} samples < ranks x batch = {ranks} x {batch}"
+    return ""
+
+
 def projected_rows(nodes: Sequence[int], ranks_per_node: int, model: EpochModel,
                    base: Point) -> list[dict]:
     """One row per projected node count; efficiency against the model's base run."""
     base_model = model.epoch(base.ranks)[0]
-    n_train, batch = model.train_samples, model.batch_size
     rows = []
     for n in nodes:
         ranks = int(n) * ranks_per_node
-        note = ""
-        if n_train < ranks * batch:
-            note = f"infeasible: {n_train} samples < ranks x batch = {ranks} x {batch}"
+        note = infeasible(model, ranks)
         epoch_m, comm, steps = model.epoch(ranks)
         rows.append({"kind": "projection", "run": f"projected {n} nodes", "nodes": int(n),
                      "ranks": ranks, "steps_per_epoch": steps,
@@ -224,9 +244,47 @@ def assumptions(model: EpochModel, n_points: int, g_source: str, rpn: int,
     ]
 
 
+def scaled(efficiency: pd.DataFrame, model: EpochModel, nodes: Sequence[int], rpn: int,
+           base_ranks: int) -> list[Scaled]:
+    """The measured runs (their measured throughput speedup, ``tables.scaling``'s) and
+    the projected node counts (the model's, against ``base_ranks``)."""
+    runs = efficiency.drop_duplicates("run")
+    out = [Scaled("measured", str(r["run"]), None if pd.isna(r["nodes"]) else int(r["nodes"]),
+                  int(r["ranks"]), float(r["throughput_speedup"])) for _, r in runs.iterrows()]
+    base_x = model.throughput(base_ranks)
+    for n in nodes:
+        ranks = int(n) * rpn
+        out.append(Scaled("projection", f"projected {n} nodes", int(n), ranks,
+                          model.throughput(ranks) / base_x, infeasible(model, ranks)))
+    return out
+
+
+def target_projection(efficiency: pd.DataFrame, model: EpochModel, nodes: Sequence[int],
+                      rpn: int) -> tuple[pd.DataFrame, list[str]]:
+    """Projected time to each target (``stateff.project_rows``) and the lines that say
+    how; empty when no target was given or no run is the base of one."""
+    if not len(efficiency):
+        return pd.DataFrame(columns=stateff.PROJECT_COLUMNS), []
+    base_run = str(efficiency["base"].iloc[0])
+    base_ranks = int(efficiency.loc[efficiency["run"] == base_run, "ranks"].iloc[0])
+    rows, lines = stateff.project_rows(efficiency, scaled(efficiency, model, nodes, rpn,
+                                                          base_ranks), base_ranks)
+    return rows, [
+        "PROJECTION to target from models, not a measurement.",
+        f"hours(R) = hours of {base_run} to the target (measured) / (throughput speedup(R) "
+        "x statistical efficiency(R)); throughput speedup from the time-per-epoch model "
+        f"above (samples per epoch / t_epoch, against {base_ranks} rank(s)); warm-up, "
+        "validation and restarts are assumed to scale like training.",
+        "statistical efficiency(R) = a + b x log2(R), least squares over the base (1) and "
+        "the runs that reached the target, clipped to at most 1; none projected where the "
+        f"line reaches 0; fitted only with {stateff.TREND_POINTS} or more rank counts "
+        "besides the base's.", *lines]
+
+
 def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
             fabric: Fabric, grad_bytes: float | None = None,
-            ranks_per_node: int | None = None) -> Projection:
+            ranks_per_node: int | None = None,
+            efficiency: pd.DataFrame | None = None) -> Projection:
     """Fits the model to the measured runs and projects ``nodes`` node counts.
 
     Args:
@@ -237,6 +295,8 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
       fabric: bandwidth and latency assumptions.
       grad_bytes: overrides the logged parameter count x 4.
       ranks_per_node: defaults to that of the largest measured run.
+      efficiency: ``stateff.efficiency_table`` of the targets, to project time to
+        each (``target_projection``).
 
     Raises:
       ValueError: nothing to fit (no run with a finished epoch and a dataset size) or
@@ -257,6 +317,9 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
     base = min(points, key=lambda p: p.ranks)
     table = pd.DataFrame(measured_rows(points, model, base)
                          + projected_rows(nodes, rpn, model, base))
+    targets, target_lines = target_projection(
+        efficiency if efficiency is not None else pd.DataFrame(), model, nodes, rpn)
     return Projection(table=table, compute_s=model.compute_s,
                       assumptions=assumptions(model, len(points), g_source, rpn,
-                                              bool(ranks_per_node), base))
+                                              bool(ranks_per_node), base),
+                      targets=targets, target_assumptions=target_lines)

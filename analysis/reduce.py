@@ -11,8 +11,11 @@ reduced instead, right after its file is parsed, to what the tables need:
   ``CURVE_POINTS`` records (a plot cannot show more), with the exact first crossing
   of every loss target by the raw and by the smoothed loss, found on every record
   before thinning.
+* ``sample_runs``: the rank's samples per step, run-length encoded (a batch size
+  changes at most twice an epoch); ``analysis.progress`` adds them up over ranks into
+  the samples trained on up to any step.
 
-Neither needs another rank, so files can be reduced in any order or in parallel, and
+None needs another rank, so files can be reduced in any order or in parallel, and
 memory is bounded by one file plus a few kilobytes per rank. Imports nothing else of
 ``analysis`` but the model, so ``logs`` can use it.
 """
@@ -92,7 +95,7 @@ class Crossing:
       target: the target.
       window: the smoothing window (0: the raw loss).
       index: position in the full curve (``None``: not reached).
-      segment, t, epoch, global_step: that record's (``segment`` as in the file).
+      segment, t, epoch, step, global_step: that record's (``segment`` as in the file).
     """
 
     target: float
@@ -102,6 +105,7 @@ class Crossing:
     t: float = math.nan
     epoch: int = -1
     global_step: int = -1
+    step: int = -1
 
     @property
     def reached(self) -> bool:
@@ -153,7 +157,7 @@ def _crossing(curve: pd.DataFrame, values: np.ndarray, target: float, window: in
         return Crossing(target, window)
     row = curve.iloc[i]
     return Crossing(target, window, i, int(row["segment"]), float(row["t"]), int(row["epoch"]),
-                    int(row["global_step"]))
+                    int(row["global_step"]), int(row["step"]))
 
 
 def thin_index(n: int, points: int) -> np.ndarray:
@@ -190,7 +194,52 @@ def reduce_curve(curve: pd.DataFrame, seg_rank: np.ndarray, spec: CurveSpec) -> 
 
 def crossing_table(crossings: Sequence[Crossing]) -> pd.DataFrame:
     """The crossings as a frame (``segment`` still as given)."""
-    cols = ["target", "window", "reached", "segment", "t", "epoch", "global_step"]
+    cols = ["target", "window", "reached", "segment", "t", "epoch", "step", "global_step"]
     return pd.DataFrame([{"target": c.target, "window": c.window, "reached": c.reached,
-                          "segment": c.segment, "t": c.t, "epoch": c.epoch,
+                          "segment": c.segment, "t": c.t, "epoch": c.epoch, "step": c.step,
                           "global_step": c.global_step} for c in crossings], columns=cols)
+
+
+
+SAMPLE_RUN_COLUMNS = ["segment", "epoch", "first", "last", "samples"]
+
+
+def sample_runs(segment: np.ndarray, epoch: np.ndarray, step: np.ndarray,
+                samples: np.ndarray) -> pd.DataFrame:
+    """One rank's samples per step, as runs of consecutive steps of one epoch of one
+    launch with the same ``samples`` (NaN: not logged).
+
+    A launch that logs a step twice counts its later record; records without an epoch
+    or step are left out. Columns ``segment`` and ``epoch`` (as given), ``first`` and
+    ``last`` (steps within the epoch, inclusive), ``samples`` (per step).
+    """
+    seg, ep, st, samples = _in_step_order(np.asarray(segment, np.int64),
+                                          np.asarray(epoch, np.int64),
+                                          np.asarray(step, np.int64),
+                                          np.asarray(samples, np.float64))
+    value = np.nan_to_num(samples, nan=-1.0)  # so that NaN == NaN within a run
+    new = np.ones(len(st), bool)
+    new[1:] = ((seg[1:] != seg[:-1]) | (ep[1:] != ep[:-1]) | (st[1:] != st[:-1] + 1)
+               | (value[1:] != value[:-1]))
+    last = np.append(np.flatnonzero(new)[1:] - 1, len(st) - 1) if len(st) else []
+    return pd.DataFrame({"segment": seg[new], "epoch": ep[new], "first": st[new],
+                         "last": st[last], "samples": samples[new]},
+                        columns=SAMPLE_RUN_COLUMNS)
+
+
+def _in_step_order(seg: np.ndarray, epoch: np.ndarray, step: np.ndarray,
+                   samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The records with an epoch and a step, one per launch, epoch and step (the later
+    record of one logged twice), sorted by them. A log is almost always in that order
+    already, which is checked first (sorting 350,000 records costs more than reducing
+    them)."""
+    keep = (epoch >= 0) & (step >= 0)
+    seg, epoch, step, samples = seg[keep], epoch[keep], step[keep], samples[keep]
+    d_seg, d_epoch = np.diff(seg), np.diff(epoch)
+    if ((d_seg > 0) | ((d_seg == 0) & ((d_epoch > 0) | ((d_epoch == 0)
+                                                         & (np.diff(step) > 0))))).all():
+        return seg, epoch, step, samples
+    steps = pd.DataFrame({"segment": seg, "epoch": epoch, "step": step, "samples": samples})
+    steps = (steps.drop_duplicates(["segment", "epoch", "step"], keep="last")
+             .sort_values(["segment", "epoch", "step"], kind="stable"))
+    return tuple(steps[c].to_numpy() for c in ("segment", "epoch", "step", "samples"))

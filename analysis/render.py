@@ -201,7 +201,9 @@ def json_document(doc: Document) -> dict:
         out["projection"] = {"label": "projection (model, not measured)",
                              "assumptions": doc.projection.assumptions,
                              "compute_s_per_step": doc.projection.compute_s,
-                             "table": records(doc.projection.table)}
+                             "table": records(doc.projection.table),
+                             "to_target": {"assumptions": doc.projection.target_assumptions,
+                                           "table": records(doc.projection.targets)}}
     elif doc.projection_error:
         out["projection"] = {"error": doc.projection_error}
     return out

@@ -16,7 +16,7 @@ from typing import Sequence, TextIO
 
 import pandas as pd
 
-from analysis import checks, coverage, logs, outline, render, tables
+from analysis import checks, coverage, logs, outline, render, stateff, tables
 from analysis.logs import RunData
 from analysis.model import (HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files,
                             time_unit)
@@ -139,16 +139,19 @@ def compute_tables(runs: Sequence[RunData], options: ReportOptions,
                    unit: TimeUnit = HOURS) -> Tables:
     """Every table of the report, from the loaded runs (times to target in ``unit``)."""
     tpe = tables.time_per_epoch(runs)
+    scaling = tables.scaling(tpe)
+    hours = tables.hours_to_target(runs, options.target_loss, options.target_dice,
+                                   options.smooth, options.dice_class, unit)
     balance = tables.rank_balance(runs)
     spread = tables.val_dice_spread(runs)
     cov = coverage.coverage(runs)
     return Tables(
         runs=_runs_table(runs, tpe),
         time_per_epoch=tpe,
-        scaling=tables.scaling(tpe),
+        scaling=scaling,
         loss_vs_time=tables.loss_vs_time(runs, options.smooth),
-        hours_to_target=tables.hours_to_target(runs, options.target_loss, options.target_dice,
-                                               options.smooth, options.dice_class, unit),
+        hours_to_target=hours,
+        statistical_efficiency=stateff.efficiency_table(hours, scaling),
         rank_balance=balance,
         rank_balance_summary=tables.rank_balance_summary(balance),
         val_dice_spread=spread,
@@ -178,10 +181,13 @@ def _project(report: Report) -> None:
     try:
         report.projection = project(report.runs, report.tables.time_per_epoch,
                                     options.project_nodes, options.fabric,
-                                    options.grad_bytes, options.ranks_per_node)
+                                    options.grad_bytes, options.ranks_per_node,
+                                    report.tables.statistical_efficiency)
     except ValueError as e:
         report.projection_error = str(e)
         report.notes.append(Note("warning", "projection", str(e)))
+        return
+    report.notes.extend(stateff.projection_notes(report.projection.target_assumptions))
 
 
 def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
@@ -200,7 +206,9 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
     runs = logs.load_runs(run_dirs, show_progress=show_progress, spec=options.curve_spec(),
                           processes=processes)
     unit = report_unit(runs)
-    notes = ([n for r in runs for n in r.notes] + tables.config_mismatches(runs)
+    targets = options.target_loss + options.target_dice
+    notes = ([n for r in runs for n in r.notes + (r.progress_notes if targets else [])]
+             + tables.config_mismatches(runs)
              + checks.check_runs(runs, options.target_loss, options.smooth,
                                  options.dice_class, unit))
     report = Report(runs=runs, options=options, tables=compute_tables(runs, options, unit),
@@ -219,12 +227,16 @@ def _write_csvs(report: Report, out_dir: str) -> dict[str, str]:
     for name, fname, frame in report.tables.csv_frames():
         files[name] = os.path.join(out_dir, fname)
         frame.to_csv(files[name], index=False)
-    path = os.path.join(out_dir, "projection.csv")
-    if report.projection is not None:
-        report.projection.table.to_csv(path, index=False)
-        files["projection"] = path
-    elif os.path.exists(path):
-        os.remove(path)  # from an earlier report in this directory: no longer true
+    projection = report.projection
+    for name, frame in (("projection", None if projection is None else projection.table),
+                        ("projection_to_target", None if projection is None
+                         or not len(projection.targets) else projection.targets)):
+        path = os.path.join(out_dir, name + ".csv")
+        if frame is not None:
+            frame.to_csv(path, index=False)
+            files[name] = path
+        elif os.path.exists(path):
+            os.remove(path)  # from an earlier report in this directory: no longer true
     return files
 
 
@@ -232,13 +244,20 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
     from analysis import plots  # matplotlib only when files are written
 
     classes = list(dict.fromkeys(c for r in report.runs for c in tables.foreground(r.classes)))
-    return {
+    files = {
         "loss_vs_time_png": plots.loss_vs_time(
             report.tables.loss_vs_time, os.path.join(out_dir, outline.LOSS_FIGURE),
             report.options.target_loss, report.options.smooth, report.unit),
         "val_dice_spread_png": plots.val_dice_spread(
             report.tables.val_dice_spread, os.path.join(out_dir, outline.DICE_FIGURE), classes),
     }
+    path = os.path.join(out_dir, outline.EFFICIENCY_FIGURE)
+    if len(report.tables.statistical_efficiency):
+        files["statistical_efficiency_png"] = plots.statistical_efficiency(
+            report.tables.statistical_efficiency, path)
+    elif os.path.exists(path):
+        os.remove(path)  # from an earlier report in this directory: no longer true
+    return files
 
 
 def _write(report: Report, out_dir: str) -> Document:

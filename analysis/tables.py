@@ -232,10 +232,13 @@ def _loss_rows(run: RunData, base: dict, targets: Sequence[float], smooth: int,
             hit = found.iloc[0]
             row.update(reached=True, hours=float(hit["wall_s"]) / 3600.0,
                        epoch=int(hit["epoch"]), global_step=int(hit["global_step"]),
-                       result=unit.text(float(hit["wall_s"])))
+                       result=unit.text(float(hit["wall_s"])), steps=float(hit["steps"]),
+                       samples=float(hit["samples"]), samples_lower_bound=math.nan)
         else:
             row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
-                       result=(NOT_REACHED + pending) if len(run.curve) else "no step records")
+                       result=(NOT_REACHED + pending) if len(run.curve) else "no step records",
+                       steps=math.nan, samples=math.nan,
+                       samples_lower_bound=run.trained.samples)
         rows.append(row)
     return rows
 
@@ -245,6 +248,8 @@ def _dice_rows(run: RunData, base: dict, targets: Sequence[float], dice_class: s
     """Rows of ``hours_to_target`` for the Dice targets, from the epoch records."""
     pending = "" if run.finished else " (run not finished)"
     e = first_per_epoch(run)
+    done = (run.epoch_progress.set_index("epoch") if len(run.epoch_progress)
+            else pd.DataFrame(columns=["steps", "samples"]))
     name = f"val_dice ({dice_name(run.classes, dice_class)})"
     rows = []
     for target in targets:
@@ -258,11 +263,18 @@ def _dice_rows(run: RunData, base: dict, targets: Sequence[float], dice_class: s
         if len(hit):
             i = int(hit[0])
             wall_s = float(e["wall_s"].iloc[i])
-            row.update(reached=True, hours=wall_s / 3600.0, epoch=int(e["epoch"].iloc[i]),
-                       global_step=None, result=unit.text(wall_s))
+            epoch = int(e["epoch"].iloc[i])
+            row.update(reached=True, hours=wall_s / 3600.0, epoch=epoch, global_step=None,
+                       result=unit.text(wall_s), samples_lower_bound=math.nan,
+                       steps=float(done["steps"].get(epoch, math.nan)),
+                       samples=float(done["samples"].get(epoch, math.nan)))
         else:
             row.update(reached=False, hours=math.nan, epoch=None, global_step=None,
-                       result=(NOT_REACHED + pending) if len(e) else "no epoch records")
+                       result=(NOT_REACHED + pending) if len(e) else "no epoch records",
+                       steps=math.nan, samples=math.nan,
+                       samples_lower_bound=(float(done.loc[e["epoch"].iloc[-1], "samples"])
+                                            if len(e) and e["epoch"].iloc[-1] in done.index
+                                            else math.nan))
         rows.append(row)
     return rows
 
@@ -277,7 +289,10 @@ def hours_to_target(runs: Sequence[RunData], target_loss: Sequence[float] = (),
     were read: ``RunData.crossings``); a Dice target at the first epoch whose global
     validation Dice is >= the target. No interpolation: the time is the ``t`` of that
     record (plus the durations of earlier launches). ``hours`` is in hours always;
-    ``result`` says the time in ``unit``.
+    ``result`` says the time in ``unit``. ``steps`` and ``samples``: what all ranks
+    trained on up to that record (``analysis.progress``; for a Dice target, to the end
+    of that epoch); for a target not reached, ``samples_lower_bound`` is what they
+    trained on in all (by the last step record; for Dice, the last validated epoch).
 
     Raises:
       ValueError: a loss target the runs' curves were not read for.
@@ -288,9 +303,9 @@ def hours_to_target(runs: Sequence[RunData], target_loss: Sequence[float] = (),
         rows += _loss_rows(run, base, target_loss, smooth, unit)
         rows += _dice_rows(run, base, target_dice, dice_class, unit)
     cols = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "epoch",
-            "global_step", "result"]
+            "global_step", "result", "steps", "samples", "samples_lower_bound"]
     out = pd.DataFrame(rows, columns=cols)
-    for c in ("epoch", "global_step"):
+    for c in ("epoch", "global_step", "steps"):
         out[c] = pd.to_numeric(out[c]).astype("Int64")
     return out
 

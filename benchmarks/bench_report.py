@@ -270,7 +270,9 @@ def check_report(out_dir: str, ranks: int, steps: int, steps_per_epoch: int) -> 
                 row["global_step"] != step or not np.isclose(row["hours"], h, rtol=0, atol=1e-9)):
             problems.append(f"target {target}: report says step {row['global_step']} at "
                             f"{row['hours']} h, expected step {step} at {h} h")
-    bad = [n for n in doc["notes"] if n["level"] in ("skipped", "warning")]
+    # One run cannot measure a statistical-efficiency trend: the projection says so.
+    bad = [n for n in doc["notes"] if n["level"] in ("skipped", "warning")
+           and "ASSUMED 1" not in n["message"]]
     if bad:
         problems.append(f"notes: {bad[:3]}")
     return problems

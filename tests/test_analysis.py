@@ -440,8 +440,9 @@ def test_cli_writes_every_file_and_prints_markdown(study, tmp_path):
                                           "-0.2", "--project-nodes", "4,8", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "## Time per epoch" in res.output and "PROJECTION" in res.output
-    for name in [*CSV_FILES.values(), "projection.csv", "loss_vs_time.png",
-                 "val_dice_spread.png", "report.md", "report.html", "report.json"]:
+    for name in [*CSV_FILES.values(), "projection.csv", "projection_to_target.csv",
+                 "loss_vs_time.png", "val_dice_spread.png", "statistical_efficiency.png",
+                 "report.md", "report.html", "report.json"]:
         assert (out / name).stat().st_size > 0, name
     hours = pd.read_csv(out / "hours_to_target.csv")
     assert len(hours) == 6 and sorted(set(hours["target"])) == [-0.2, -0.15]
@@ -450,7 +451,7 @@ def test_cli_writes_every_file_and_prints_markdown(study, tmp_path):
     with open(out / "loss_vs_time.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
-    assert html.count("src=\"data:image/png;base64,") == 2
+    assert html.count("src=\"data:image/png;base64,") == 3  # loss, Dice, statistical eff.
     md = (out / "report.md").read_text()
     assert "README" not in md and "see docs/report.md" in md  # where the detail lives now
 

@@ -129,6 +129,36 @@ def test_loss_curve_and_hours_to_target(study):
     assert hours[hours["run"] == "R2"]["reached"].iloc[0]  # by construction of the target
 
 
+def _samples_until(run_dir, ranks, global_step=None):
+    """Samples of every rank's step records up to ``global_step`` (all when None)."""
+    return sum(r["samples"] for rank in range(ranks) for r in _records(run_dir, rank)
+               if r["type"] == "step" and (global_step is None or r["global_step"] <= global_step))
+
+
+def test_samples_to_target_and_statistical_efficiency(study):
+    eff = _csv(study, "statistical_efficiency.csv")
+    hit = eff[np.isclose(eff["target"], study["target"])].set_index("run")
+    for run, ranks in (("R1", 1), ("R2", 2)):
+        row = hit.loc[run]
+        if row["reached"]:
+            expected = _samples_until(study["runs"][run], ranks, row["steps"] - 1)
+            assert row["samples"] == expected and str(row["samples_text"]) == f"{expected:,}"
+        else:  # not reached: bounded by all it trained on
+            expected = _samples_until(study["runs"][run], ranks)
+            assert row["samples_lower_bound"] == expected
+            assert row["samples_text"] == f"> {expected:,}"
+    r1, r2 = hit.loc["R1"], hit.loc["R2"]
+    if r1["reached"]:
+        assert r2["statistical_efficiency"] == pytest.approx(r1["samples"] / r2["samples"])
+        assert r2["time_speedup"] == pytest.approx(r2["throughput_speedup"]
+                                                   * r2["statistical_efficiency"]
+                                                   * r2["other_factor"])
+        assert "statistical efficiency" in r2["summary"] and "throughput" in r2["summary"]
+    else:
+        assert r2["statistical_efficiency_text"].startswith("> ")
+    assert "## Time to target, decomposed" in study["stdout"]
+
+
 def test_rank_balance_dice_and_notes(study):
     bal = _csv(study, "rank_balance.csv")
     assert list(zip(bal["run"], bal["rank"])) == [("R1", 0), ("R2", 0), ("R2", 1)]
@@ -237,18 +267,19 @@ def page(study):
 def test_html_report_is_self_contained(study):
     with open(os.path.join(study["out"], "report.html"), encoding="utf-8") as f:
         html = f.read()
-    # both plots inline, nothing fetched from elsewhere
-    assert html.count('src="data:image/png;base64,') == 2
+    # the three plots inline (loss, Dice, statistical efficiency), nothing fetched elsewhere
+    assert html.count('src="data:image/png;base64,') == 3
     assert 'src="http' not in html and "<link" not in html
 
 
 def test_html_report_shows_both_plots_and_every_table(page):
     probe = page["probe"]
     sections = {s["title"]: s for s in probe["sections"]}
-    # Both plots decoded (a broken image has no natural size) and shown large enough to
-    # read (they are drawn 570 to 1000 px wide).
+    # Every plot decoded (a broken image has no natural size) and shown large enough to
+    # read (they are drawn 570 to 1100 px wide).
     figures = {t: s["images"] for t, s in sections.items() if s["images"]}
-    assert set(figures) == {"Loss versus wall-clock time", "Validation Dice across ranks"}
+    assert set(figures) == {"Loss versus wall-clock time", "Validation Dice across ranks",
+                            "Statistical efficiency and samples to target versus ranks"}
     for title, (img,) in figures.items():
         assert img["complete"] and img["naturalWidth"] > 300 and img["naturalHeight"] > 200, title
         assert img["width"] > 300, title
@@ -256,7 +287,7 @@ def test_html_report_shows_both_plots_and_every_table(page):
     tables = {t: s["tables"] for t, s in sections.items() if s["tables"]}
     assert probe["tables"] == page["html"].count("<table") == sum(map(len, tables.values()))
     assert {"Runs", "Time per epoch", "Scaling", "Rank balance", "Validation Dice, last epoch",
-            "Coverage"} <= set(tables)
+            "Coverage", "Statistical efficiency"} <= set(tables)
     assert [t for t in tables if "target" in t.lower()], sorted(tables)
     for title, boxes in tables.items():
         for box in boxes:
