@@ -64,11 +64,11 @@ class Expected:
 
 def expected_samples(run: RunData) -> Expected:
     """Samples one epoch should cover across ranks, and why (see ``shard_batches``)."""
-    rec, ds = run.run_record, run.dataset
-    n, size, b = ds.get("train_samples"), run.size, rec.get("batch_size")
+    rec = run.run_record
+    n, size, b = run.train_samples, run.size, rec.get("batch_size")
     if n is None or not size:
-        return Expected(math.nan, Basis.UNKNOWN,
-                        "unknown (no dataset.train_samples or size in the run record)")
+        return Expected(math.nan, Basis.UNKNOWN, "unknown (no dataset.train_samples, "
+                        "train_slabs or size in the run record)")
     n, size = int(n), int(size)
     if b is not None:
         b = int(b)
@@ -145,10 +145,11 @@ def data_file_digest(run: RunData) -> tuple[str | None, str]:
 
 
 def dataset_key(run: RunData) -> tuple:
-    """Identifies a dataset across runs (file name, sizes, source), for digest votes."""
+    """Identifies a dataset across runs (file name, sizes, source, and a 3D run's slab:
+    another slab shape cuts other slab ids from the same file), for digest votes."""
     ds = run.dataset
-    return (os.path.basename(str(ds.get("path", ""))), ds.get("samples"), ds.get("train_samples"),
-            ds.get("source"))
+    return (os.path.basename(str(ds.get("path", ""))), ds.get("samples"), run.train_samples,
+            ds.get("source"), str(ds.get("slab")))
 
 
 @dataclass(frozen=True)

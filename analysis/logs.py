@@ -90,6 +90,16 @@ def dict_field(record: dict, key: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def count(value: Any) -> int | None:
+    """``value`` as a count (a non-negative integer, ``16`` or ``16.0``), else ``None``:
+    a logged size is used only when it is one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
 @dataclass
 class RankLog:
     """The parsed content of one rank's log file.
@@ -203,6 +213,41 @@ class RunData:
     @property
     def ranks(self) -> int:
         return self.size if self.size else len(self.ranks_present)
+
+    @property
+    def model(self) -> dict:
+        """The run record's ``model`` object (``{}`` when absent or not an object)."""
+        return dict_field(self.run_record, "model") or {}
+
+    @property
+    def threads(self) -> dict:
+        """The run record's ``threads`` object (``{}`` when absent or not an object)."""
+        return dict_field(self.run_record, "threads") or {}
+
+    @property
+    def train_samples(self) -> int | None:
+        """Training samples of one epoch: ``dataset.train_samples`` (slices), or a 3D
+        run's ``dataset.train_slabs``; ``None`` when neither is a count."""
+        ds = self.dataset
+        n = ds.get("train_samples")
+        return count(ds.get("train_slabs") if n is None else n)
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """A sample's shape, (H, W) or (D, H, W), from ``model.input_shape``; ``None``
+        when not logged (older logs) or not a list of positive integers."""
+        shape = self.model.get("input_shape")
+        if not isinstance(shape, list) or not shape:
+            return None
+        dims = [count(d) for d in shape]
+        return tuple(dims) if all(dims) else None
+
+    @property
+    def voxels_per_sample(self) -> float:
+        """Voxels of one sample (the run record's ``voxels_per_sample``: a slice's H x W,
+        a slab's D x H x W); NaN when not logged, so voxel rates stay empty."""
+        voxels = count(self.run_record.get("voxels_per_sample"))
+        return float(voxels) if voxels else math.nan
 
 
 # --------------------------------------------------------------------------- one file

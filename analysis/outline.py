@@ -11,20 +11,31 @@ from typing import Sequence
 import pandas as pd
 
 from analysis.model import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
-from analysis.tables import TRAIN_TIME
+from analysis.tables import TRAIN_TIME, compares_sizes
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
 LOSS_FIGURE = "loss_vs_time.png"
 DICE_FIGURE = "val_dice_spread.png"
 EFFICIENCY_FIGURE = "statistical_efficiency.png"
+SIZE_FIGURE = "throughput_vs_size.png"
 
-# Columns shown in the documents (the CSVs have them all).
+# Columns shown in the documents (the CSVs have them all). Those in ``WHEN_LOGGED``
+# are shown only when some run logged them (older logs leave them empty).
+RUNS_COLS = ("run", "path", "ranks", "nodes", "hosts", "ranks_logged", "launches", "epochs",
+             "train_samples", "batch_per_rank", "wall_h", "config_hash", "status", "model",
+             "input_shape", "onednn", "intra_op_threads")
 TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
             "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
-            "throughput_samples_s", "throughput_per_rank", "status")
+            "throughput_samples_s", "throughput_per_rank", "throughput_voxels_s",
+            "throughput_voxels_per_rank", "status")
 SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
-                "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
-                "throughput_efficiency")
+                "speedup", "efficiency", "throughput_samples_s", "throughput_voxels_s",
+                "throughput_speedup", "throughput_efficiency")
+SIZE_COLS = ("run", "model", "input_shape", "voxels_per_sample", "ranks", "nodes",
+             "batch_per_rank", "onednn", "intra_op_threads", "throughput_per_rank",
+             "throughput_voxels_per_rank", "throughput_voxels_s")
+WHEN_LOGGED = frozenset({"model", "input_shape", "onednn", "intra_op_threads",
+                         "throughput_voxels_s", "throughput_voxels_per_rank"})
 HOURS_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step",
               "steps", "samples")
 STATEFF_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "steps", "samples_text",
@@ -49,11 +60,24 @@ def in_unit(frame: pd.DataFrame, column: str, unit: TimeUnit) -> pd.DataFrame:
     return shown.rename(columns={column: column[:-1] + unit.name})
 
 
+def shown(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[str, ...]:
+    """``columns`` less those of ``WHEN_LOGGED`` that no row of ``frame`` has a value in
+    (a report of older logs shows no empty voxel or thread columns)."""
+    return tuple(c for c in columns if c not in WHEN_LOGGED
+                 or (c in frame.columns and frame[c].notna().any()))
+
+
 def runs_section(t: Tables, unit: TimeUnit = HOURS) -> Section:
+    frame = in_unit(t.runs, "wall_h", unit)
+    columns = tuple(f"wall_{unit.name}" if c == "wall_h" else c for c in RUNS_COLS)
     return Section("Runs", Role.TABLE, "One row per run directory; a launch is one start of "
                    "the job (a resumed run has several); nodes: the most hosts any launch "
                    f"ran on; wall_{unit.name}: wall-clock {unit.word}, the launches' durations "
-                   "added up.", frame=in_unit(t.runs, "wall_h", unit))
+                   "added up; train_samples: per epoch (slabs for a 3D run). From the run "
+                   "record, where logged: model, input_shape (one sample), onednn "
+                   "(TensorFlow's oneDNN kernels on or off), intra_op_threads (TensorFlow "
+                   "threads per rank; inter_op_threads and pinned are in report.json).",
+                   frame=frame, columns=shown(frame, columns))
 
 
 def warnings_section(notes: Sequence[Note]) -> Section | None:
@@ -73,18 +97,45 @@ def time_per_epoch_section(t: Tables) -> Section:
              "epoch of each launch is warm-up: shown as warmup_train_s and left out of the "
              "other columns. throughput_samples_s = samples of all ranks / training seconds, "
              "over the epochs after warm-up.")
+    if "throughput_voxels_s" in shown(tpe, TPE_COLS):
+        intro += (" throughput_voxels_s = throughput_samples_s x voxels per sample (a "
+                  "slice's H x W, a slab's D x H x W), where the run record logs it.")
     if fallback:
         intro += (f" Runs {', '.join(fallback)} logged no train_time: their *_train_s "
                   "columns are epoch_time, with validation.")
-    return Section("Time per epoch", Role.TABLE, intro, frame=tpe, columns=TPE_COLS)
+    return Section("Time per epoch", Role.TABLE, intro, frame=tpe, columns=shown(tpe, TPE_COLS))
 
 
 def scaling_section(t: Tables) -> Section:
     return Section("Scaling", Role.TABLE, "Against the run with the fewest ranks, on training "
                    "time per epoch (median_train_s) and on throughput. normalised_time = T / "
                    "T_base; speedup = T_base / T; efficiency = speedup / (ranks / base ranks); "
-                   "throughput_speedup = X / X_base, throughput_efficiency likewise.",
-                   frame=t.scaling, columns=SCALING_COLS)
+                   "throughput_speedup = X / X_base, throughput_efficiency likewise "
+                   "(throughput_voxels_s: the same throughput in voxels).",
+                   frame=t.scaling, columns=shown(t.scaling, SCALING_COLS))
+
+
+def size_sections(t: Tables) -> list[Section]:
+    """Throughput against input size: the table and the figure, when the runs were
+    trained at two or more input sizes (none otherwise)."""
+    table = t.throughput_vs_size
+    if not compares_sizes(table):
+        return []
+    left_out = [r for r in t.runs["run"] if r not in set(table["run"])] if len(t.runs) else []
+    intro = ("One row per run, by model, ranks and input size: voxels/s per rank "
+             "(throughput_voxels_per_rank, steady training epochs) against the voxels of "
+             "one sample (input_shape: a slice's H x W, a slab's D x H x W), as in the "
+             "IBM large-model-support study's voxels/s against cube size. oneDNN and "
+             "threads per rank move the throughput too: compare rows where they agree.")
+    if left_out:
+        intro += (f" Runs {', '.join(left_out)} logged no voxels_per_sample (older logs) "
+                  "and are left out.")
+    return [Section("Throughput against input size", Role.TABLE, intro, frame=table,
+                    columns=shown(table, SIZE_COLS)),
+            Section("Voxels per second per rank against input size", Role.FIGURE,
+                    "Voxels per second per rank against voxels per sample (each tick names "
+                    "the input shape), one line per model and rank count. Data: "
+                    "throughput_vs_size.csv.", figure=SIZE_FIGURE)]
 
 
 def hours_section(t: Tables, smooth: int, unit: TimeUnit = HOURS) -> Section | None:
@@ -210,7 +261,8 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       unit: the unit wall-clock times are shown in.
     """
     parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
-             scaling_section(t), hours_section(t, smooth, unit), *efficiency_sections(t),
+             scaling_section(t), *size_sections(t), hours_section(t, smooth, unit),
+             *efficiency_sections(t),
              loss_figure_section(unit), balance_section(t), *dice_sections(t),
              coverage_section(t), projection_section(projection, projection_error),
              projection_target_section(projection, unit), notes_section(notes)]

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on cluster nodes or in CI
 
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -196,6 +197,51 @@ def efficiency_figure(table: pd.DataFrame):
 def statistical_efficiency(table: pd.DataFrame, path: str) -> str:
     """``efficiency_figure`` of ``stateff.efficiency_table``, written to ``path``."""
     fig = efficiency_figure(table)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _size_axis(ax, table: pd.DataFrame) -> None:
+    """Voxels per sample on a log2 axis, each tick naming the input shape(s) of that size."""
+    ticks = sorted(set(table["voxels_per_sample"].astype(float)))
+    labels = []
+    for v in ticks:
+        shapes = table.loc[table["voxels_per_sample"] == v, "input_shape"].dropna()
+        labels.append("/".join(dict.fromkeys(shapes)) or f"{v:,.0f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, labels, rotation=30 if len(ticks) > 4 else 0)
+    ax.minorticks_off()
+    ax.set_xlabel("input size (voxels per sample, log scale)")
+
+
+def size_figure(table: pd.DataFrame):
+    """Voxels per second per rank against voxels per sample, one line per model and
+    rank count (a matplotlib ``Figure``; the caller closes it)."""
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    keyed = table.assign(_model=table["model"].fillna("model not logged"))
+    for i, ((model, ranks), g) in enumerate(keyed.groupby(["_model", "ranks"], sort=False)):
+        g = g.sort_values("voxels_per_sample")
+        ax.plot(g["voxels_per_sample"].astype(float),
+                g["throughput_voxels_per_rank"].astype(float), color=colors[i % len(colors)],
+                marker="o", lw=1.4, label=f"{model}, {int(ranks)} rank{'s' if ranks != 1 else ''}")
+    _size_axis(ax, table)
+    ax.margins(x=0.08)
+    ax.set_ylabel("voxels per second per rank")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    top = table["throughput_voxels_per_rank"].astype(float).max()
+    ax.set_ylim(0, top * 1.1 if np.isfinite(top) and top > 0 else 1)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Training throughput against input size (steady epochs)")
+    fig.tight_layout()
+    return fig
+
+
+def throughput_vs_size(table: pd.DataFrame, path: str) -> str:
+    """``size_figure`` of ``tables.throughput_vs_size``, written to ``path``."""
+    fig = size_figure(table)
     fig.savefig(path)
     plt.close(fig)
     return path

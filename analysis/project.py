@@ -119,12 +119,12 @@ def fit_points(runs: Sequence[RunData], tpe: pd.DataFrame) -> list[Point]:
     points = []
     for run in runs:
         row = tpe[tpe["run"] == run.label].iloc[0]
-        rec, ds = run.run_record, run.dataset
+        rec, n_train = run.run_record, run.train_samples
         spe = rec.get("steps_per_epoch")
-        if not (math.isfinite(row["median_train_s"]) and spe and ds.get("train_samples")
+        if not (math.isfinite(row["median_train_s"]) and spe and n_train
                 and rec.get("batch_size")):
             continue
-        n_train, batch = int(ds["train_samples"]), int(rec["batch_size"])
+        batch = int(rec["batch_size"])
         points.append(Point(run=run.label, ranks=run.ranks, nodes=run.nodes or 1,
                             epoch_s=float(row["median_train_s"]), steps=int(spe),
                             train_samples=n_train, batch_size=batch,
@@ -310,7 +310,8 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
     points = fit_points(runs, tpe)
     if not points:
         raise ValueError("projection needs at least one run with a finished epoch and a run "
-                         "record giving steps_per_epoch, batch_size and dataset.train_samples")
+                         "record giving steps_per_epoch, batch_size and dataset.train_samples "
+                         "(or train_slabs)")
     model = fit(points, g_bytes, fabric)
     largest = max(points, key=lambda p: p.ranks)
     rpn = ranks_per_node or max(1, round(largest.ranks / largest.nodes))

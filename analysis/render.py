@@ -58,9 +58,11 @@ def html_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     cols = [c for c in (columns or df.columns) if c in df.columns]
     if not len(df):
         return "<p><em>(no rows)</em></p>\n"
-    # Column names may break after an underscore, so wide tables fit a 1280-px window.
+    # Column names may break after an underscore, and cells (run directories) after a
+    # slash, so wide tables fit a 1280-px window.
     head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>\n"
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v)).replace('/', '/<wbr>')}</td>"
+                                    for v in row) + "</tr>\n"
                    for row in df[cols].itertuples(index=False, name=None))
     return (f"<div class=\"wide\"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}"
             "</tbody>\n</table></div>\n")

@@ -112,18 +112,21 @@ def report_unit(runs: Sequence[RunData]) -> TimeUnit:
 
 
 def _runs_table(runs: Sequence[RunData], tpe: pd.DataFrame) -> pd.DataFrame:
+    """The Runs table: where each run ran, its size, and (``tables.run_settings``) its
+    model, input shape, oneDNN and threads per rank."""
     rows = []
     for run in runs:
-        rec, ds = run.run_record, run.dataset
+        rec = run.run_record
         rows.append({"run": run.label, "path": run.path, "ranks": run.ranks, "nodes": run.nodes,
                      "hosts": ", ".join(run.hosts[:4]) + (" ..." if len(run.hosts) > 4 else ""),
                      "ranks_logged": len(run.ranks_present), "launches": len(run.segments),
                      "epochs": int(tpe.loc[tpe["run"] == run.label, "epochs"].iloc[0]),
-                     "train_samples": ds.get("train_samples"),
+                     "train_samples": run.train_samples,
                      "batch_per_rank": rec.get("batch_size"),
                      "wall_h": (float(run.segments["duration_s"].sum()) / 3600.0
                                 if len(run.segments) else None),
-                     "config_hash": rec.get("config_hash"), "status": run.status})
+                     "config_hash": rec.get("config_hash"), "status": run.status,
+                     **tables.run_settings(run)})
     return pd.DataFrame(rows)
 
 
@@ -149,6 +152,7 @@ def compute_tables(runs: Sequence[RunData], options: ReportOptions,
         runs=_runs_table(runs, tpe),
         time_per_epoch=tpe,
         scaling=scaling,
+        throughput_vs_size=tables.throughput_vs_size(runs, tpe),
         loss_vs_time=tables.loss_vs_time(runs, options.smooth),
         hours_to_target=hours,
         statistical_efficiency=stateff.efficiency_table(hours, scaling),
@@ -251,12 +255,18 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
         "val_dice_spread_png": plots.val_dice_spread(
             report.tables.val_dice_spread, os.path.join(out_dir, outline.DICE_FIGURE), classes),
     }
-    path = os.path.join(out_dir, outline.EFFICIENCY_FIGURE)
-    if len(report.tables.statistical_efficiency):
-        files["statistical_efficiency_png"] = plots.statistical_efficiency(
-            report.tables.statistical_efficiency, path)
-    elif os.path.exists(path):
-        os.remove(path)  # from an earlier report in this directory: no longer true
+    optional = (("statistical_efficiency_png", outline.EFFICIENCY_FIGURE,
+                 plots.statistical_efficiency, report.tables.statistical_efficiency,
+                 len(report.tables.statistical_efficiency) > 0),
+                ("throughput_vs_size_png", outline.SIZE_FIGURE, plots.throughput_vs_size,
+                 report.tables.throughput_vs_size,
+                 tables.compares_sizes(report.tables.throughput_vs_size)))
+    for name, fname, draw, table, wanted in optional:
+        path = os.path.join(out_dir, fname)
+        if wanted:
+            files[name] = draw(table, path)
+        elif os.path.exists(path):
+            os.remove(path)  # from an earlier report in this directory: no longer true
     return files
 
 

@@ -13,6 +13,8 @@ of the interface. Definitions that matter for reading the numbers:
   ranks / the slowest rank's training time, summed over the steady epochs.
 * Scaling: against the run with the fewest ranks; efficiency divides the speedup by
   the ratio of ranks.
+* Voxel rates: samples/s x the run record's ``voxels_per_sample`` (every sample of a
+  run has the same shape); empty for logs without it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.logs import Note, RunData, dict_field
+from analysis.logs import Note, RunData, count, dict_field
 from analysis.model import HOURS, TimeUnit
 from analysis.reduce import smoothed
 
@@ -89,6 +91,19 @@ def _steady(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return summary, "warm-up epoch only (no later epoch finished)"
 
 
+#: Throughput in voxels, added after the other columns of ``time_per_epoch`` (empty
+#: where the run record has no ``voxels_per_sample``).
+VOXEL_COLUMNS = ("voxels_per_sample", "throughput_voxels_s", "throughput_voxels_per_rank")
+
+
+def voxel_rates(row: dict, voxels: float) -> dict[str, float]:
+    """``VOXEL_COLUMNS`` of a row with ``throughput_samples_s`` and
+    ``throughput_per_rank``: samples/s x voxels per sample (NaN when unknown)."""
+    return {"voxels_per_sample": voxels,
+            "throughput_voxels_s": row["throughput_samples_s"] * voxels,
+            "throughput_voxels_per_rank": row["throughput_per_rank"] * voxels}
+
+
 #: What the ``*_train_s`` columns and the throughput measure (``time`` column).
 TRAIN_TIME = "train_time: slowest rank, training only (no validation)"
 EPOCH_TIME_FALLBACK = "epoch_time: slowest rank, training + validation (train_time not logged)"
@@ -101,12 +116,14 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
     only; a synchronous epoch lasts as long as its slowest rank); ``*_epoch_s`` the
     slowest rank's ``epoch_time`` (training plus validation). ``throughput_samples_s``
     is the samples of all ranks over the steady epochs divided by the sum of their
-    ``train_s``. ``time`` says which time the ``*_train_s`` columns hold.
+    ``train_s``. ``time`` says which time the ``*_train_s`` columns hold. The last
+    columns (``VOXEL_COLUMNS``) are the same throughput in voxels (``voxel_rates``).
     """
     cols = ["run", "ranks", "nodes", "epochs", "steady_epochs", "time", "warmup_train_s",
             "median_train_s", "mean_train_s", "min_train_s", "max_train_s", "warmup_epoch_s",
             "median_epoch_s", "samples_per_epoch", "throughput_samples_s",
-            "throughput_per_rank", "steps_per_epoch", "global_batch_size", "basis", "status"]
+            "throughput_per_rank", "steps_per_epoch", "global_batch_size", "basis", "status",
+            *VOXEL_COLUMNS]
     rows = []
     for run in runs:
         s = epoch_summary(run)
@@ -136,8 +153,11 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
                 "throughput_per_rank": throughput / run.ranks if run.ranks else math.nan,
                 "basis": basis,
             })
+        row.update(voxel_rates(row, run.voxels_per_sample))
         rows.append(row)
-    return pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=cols)
+    out["voxels_per_sample"] = out["voxels_per_sample"].astype("Int64")  # 8192, not 8192.0
+    return out
 
 
 def scaling(tpe: pd.DataFrame) -> pd.DataFrame:
@@ -145,11 +165,12 @@ def scaling(tpe: pd.DataFrame) -> pd.DataFrame:
 
     For time per epoch (median steady ``train_s``): ``normalised_time = T / T_base``,
     ``speedup = T_base / T``, ``efficiency = speedup / (ranks / ranks_base)``. For
-    throughput: ``throughput_speedup = X / X_base`` and the same efficiency.
+    throughput: ``throughput_speedup = X / X_base`` and the same efficiency. The voxel
+    throughputs of ``time_per_epoch`` follow, as they are.
     """
     cols = ["run", "ranks", "nodes", "base", "scale", "median_train_s", "normalised_time",
             "speedup", "efficiency", "throughput_samples_s", "throughput_speedup",
-            "throughput_efficiency"]
+            "throughput_efficiency", "throughput_voxels_s", "throughput_voxels_per_rank"]
     ok = tpe[np.isfinite(tpe["median_train_s"].astype(float))]
     if not len(ok):
         return pd.DataFrame(columns=cols)
@@ -162,7 +183,77 @@ def scaling(tpe: pd.DataFrame) -> pd.DataFrame:
     out["efficiency"] = out["speedup"] / out["scale"]
     out["throughput_speedup"] = out["throughput_samples_s"] / base["throughput_samples_s"]
     out["throughput_efficiency"] = out["throughput_speedup"] / out["scale"]
+    for c in ("throughput_voxels_s", "throughput_voxels_per_rank"):
+        out[c] = tpe[c] if c in tpe.columns else math.nan
     return out[cols]
+
+
+def shape_text(shape: Sequence[int] | None) -> str | None:
+    """A sample's shape for people: ``32x128x128`` (``None`` when unknown)."""
+    return "x".join(str(d) for d in shape) if shape else None
+
+
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def run_settings(run: RunData) -> dict[str, object]:
+    """What a run ran as, from its run record: ``model`` (``unet2d``/``unet3d``),
+    ``input_shape`` (text), ``onednn`` (TensorFlow's oneDNN kernels on or off),
+    ``intra_op_threads`` and ``inter_op_threads`` (TensorFlow threads per rank) and
+    ``pinned`` (whether distseg pinned the rank to its cores); ``None`` where the
+    record does not say (older logs)."""
+    threads = run.threads
+    name = run.model.get("name")
+    return {"model": name if isinstance(name, str) else None,
+            "input_shape": shape_text(run.input_shape),
+            "onednn": _flag(run.run_record.get("onednn")),
+            "intra_op_threads": count(threads.get("intra_op")),
+            "inter_op_threads": count(threads.get("inter_op")),
+            "pinned": _flag(threads.get("pinned"))}
+
+
+#: Columns of ``throughput_vs_size``.
+SIZE_COLUMNS = ["run", "model", "input_shape", "voxels_per_sample", "ranks", "nodes",
+                "batch_per_rank", "onednn", "intra_op_threads", "throughput_samples_s",
+                "throughput_per_rank", "throughput_voxels_s", "throughput_voxels_per_rank"]
+
+
+def throughput_vs_size(runs: Sequence[RunData], tpe: pd.DataFrame) -> pd.DataFrame:
+    """Throughput against input size: one row per run that logged ``voxels_per_sample``.
+
+    The x of the plot is ``voxels_per_sample`` (labelled with ``input_shape``), the y
+    ``throughput_voxels_per_rank`` (steady training voxels per second per rank, from
+    ``time_per_epoch``); rows are grouped by ``model`` and ``ranks`` and sorted by
+    size within a group, so runs at several slab sizes read as one curve per model
+    and rank count. ``onednn`` and ``intra_op_threads`` are beside them because both
+    move the throughput as much as the size does.
+    """
+    rows = []
+    for run in runs:
+        if not math.isfinite(run.voxels_per_sample):
+            continue
+        t = tpe[tpe["run"] == run.label].iloc[0]
+        settings = run_settings(run)
+        row = {c: t[c] for c in SIZE_COLUMNS if c in tpe.columns}
+        row.update({k: settings[k] for k in ("model", "input_shape", "onednn",
+                                            "intra_op_threads")},
+                   batch_per_rank=count(run.run_record.get("batch_size")))
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=SIZE_COLUMNS)
+    if not len(out):
+        return out
+    for c in ("voxels_per_sample", "batch_per_rank", "intra_op_threads"):
+        out[c] = out[c].astype("Int64")
+    order = out.assign(_model=out["model"].fillna(""))
+    order = order.sort_values(["_model", "ranks", "voxels_per_sample"], kind="stable")
+    return out.loc[order.index].reset_index(drop=True)
+
+
+def compares_sizes(table: pd.DataFrame) -> bool:
+    """Whether ``throughput_vs_size`` holds runs at two or more input sizes (else its
+    plot would be one column of points, and the report leaves it out)."""
+    return len(table) > 0 and table["voxels_per_sample"].nunique() >= 2
 
 
 def loss_vs_time(runs: Sequence[RunData], smooth: int = 0) -> pd.DataFrame:
@@ -396,8 +487,29 @@ def val_dice_spread(runs: Sequence[RunData]) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
+#: Fields of the run record's ``model`` and ``dataset`` that follow from the input
+#: size (a 3D run's slab): runs that differ in size are told apart once, by their
+#: ``input shape``, not again by these.
+SIZE_FIELDS = {"model": ("input_shape", "image_size"),
+               "data": ("slab", "train_slabs", "val_slabs", "padded_cases")}
+
+#: Signature keys whose difference is a warning, and what it means; others are info.
+NOT_COMPARABLE = {
+    "model": "their scaling numbers are not comparable",
+    "data": "their scaling numbers are not comparable",
+    "global seed": "their scaling numbers are not comparable",
+    "input shape": ("their samples/s, times per epoch and scaling numbers are not "
+                    "comparable; compare their voxels/s per rank (Throughput against "
+                    "input size)"),
+}
+
+
+def _without(obj: object, keys: Sequence[str]) -> object:
+    return {k: v for k, v in obj.items() if k not in keys} if isinstance(obj, dict) else obj
+
+
 def _signature(run: RunData) -> dict[str, object]:
-    """What must agree across runs of one study: model, data and seed."""
+    """What must agree across runs of one study: model, data, input shape and seed."""
     rec, cfg = run.run_record, run.config or {}
     model = dict_field(rec, "model")
     if model is None:
@@ -405,13 +517,14 @@ def _signature(run: RunData) -> dict[str, object]:
     data = dict_field(rec, "dataset")
     if data is None:
         data = cfg.get("data")
-    if isinstance(data, dict):
-        data = {k: v for k, v in data.items() if k != "path"}
-    if isinstance(model, dict):
-        model = {k: v for k, v in model.items()}
+    data = _without(data, ("path",))
+    if run.input_shape is not None:
+        model = _without(model, SIZE_FIELDS["model"])
+        data = _without(data, SIZE_FIELDS["data"])
     seed = rec.get("global_seed", (cfg.get("train") or {}).get("seed"))
     train = cfg.get("train") or {}
-    return {"model": model, "data": data, "global seed": seed,
+    return {"model": model, "data": data, "input shape": shape_text(run.input_shape),
+            "global seed": seed,
             "batch size per rank": rec.get("batch_size", train.get("batch_size")),
             "loss": train.get("loss"), "lr_scaling": train.get("lr_scaling"),
             "base lr": rec.get("lr_base", train.get("lr"))}
@@ -425,19 +538,21 @@ def _describe(a: object, b: object) -> str:
 
 
 def config_mismatches(runs: Sequence[RunData]) -> list[Note]:
-    """Warns when runs of different model, data or seed are compared (info for others)."""
+    """Warns when runs of different model, data, input shape or seed are compared
+    (``NOT_COMPARABLE``; info for the other differences)."""
     if len(runs) < 2:
         return []
     notes = []
     sigs = [_signature(r) for r in runs]
     first = sigs[0]
     for key in first:
-        level = "warning" if key in ("model", "data", "global seed") else "info"
+        meaning = NOT_COMPARABLE.get(key)
         for run, sig in zip(runs[1:], sigs[1:]):
             if sig[key] is None or first[key] is None or sig[key] == first[key]:
                 continue
-            notes.append(Note(level, "runs", f"{runs[0].label} and {run.label} differ in "
-                              f"{key}: {_describe(first[key], sig[key])}"
-                              + ("; their scaling numbers are not comparable"
-                                 if level == "warning" else "")))
+            what = (f"{first[key]} vs {sig[key]}" if key == "input shape"
+                    else _describe(first[key], sig[key]))
+            notes.append(Note("warning" if meaning else "info", "runs",
+                              f"{runs[0].label} and {run.label} differ in {key}: {what}"
+                              + (f"; {meaning}" if meaning else "")))
     return notes

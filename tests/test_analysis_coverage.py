@@ -38,8 +38,10 @@ def _run(tmp_path, size=2, **record):
      Expected(14.0, Basis.BATCH_ONE, "batch size 1: 1 of 15 samples skipped per epoch by "
               "design (a new random few each epoch)")),
     (dict(dataset={}, batch_size=2),
-     Expected(math.nan, Basis.UNKNOWN, "unknown (no dataset.train_samples or size in the run "
-              "record)")),
+     Expected(math.nan, Basis.UNKNOWN, "unknown (no dataset.train_samples, train_slabs or size "
+              "in the run record)")),
+    # a 3D run counts its slabs
+    (dict(dataset={"train_slabs": 16}, batch_size=2, steps_per_epoch=4), ALL16),
 ])
 def test_expected_samples(tmp_path, record, expected):
     got = coverage.expected_samples(_run(tmp_path, **record))

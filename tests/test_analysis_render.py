@@ -108,16 +108,23 @@ def test_projection_section_bolds_its_label_and_shows_the_chosen_columns():
     assert outline.projection_section(None, "") is None
 
 
+def test_html_tables_may_break_names_at_underscores_and_paths_at_slashes():
+    out = render.html_table(pd.DataFrame({"run_dir": ["/scratch/u/runs/np16"], "ok": [True]}))
+    assert "<th>run_<wbr>dir</th>" in out and "<td>yes</td>" in out
+    assert "<td>/<wbr>scratch/<wbr>u/<wbr>runs/<wbr>np16</td>" in out
+
+
 def test_json_document_holds_the_tables_the_model_says():
     doc = _doc(tables=_tables(scaling=pd.DataFrame({"run": ["a"], "speedup": [float("nan")]}),
                               loss_vs_time=pd.DataFrame({"loss": [1.0]})),
                notes=(Note("info", "a", "m"),), files={"scaling": "s.csv"})
     out = render.json_document(doc)
     assert out["tables"]["scaling"] == [{"run": "a", "speedup": None}]
-    assert "loss_vs_time" not in out["tables"] and len(out["tables"]) == 11
+    assert "loss_vs_time" not in out["tables"] and len(out["tables"]) == 12
     assert out["notes"] == [{"level": "info", "where": "a", "message": "m"}]
     json.dumps(out)
     assert csv_files() == {"time_per_epoch": "time_per_epoch.csv", "scaling": "scaling.csv",
+                           "throughput_vs_size": "throughput_vs_size.csv",
                            "loss_vs_time": "loss_vs_time.csv",
                            "hours_to_target": "hours_to_target.csv",
                            "statistical_efficiency": "statistical_efficiency.csv",
@@ -141,7 +148,8 @@ def test_sections_follow_the_reading_order_and_skip_what_is_empty():
     assert parts[-1].items == ("[skipped] r: s",) and parts[1].items == ("[warning] r: w",)
     assert parts[2].intro.endswith(" Runs old logged no train_time: their *_train_s columns "
                                    "are epoch_time, with validation.")
-    assert parts[2].columns == outline.TPE_COLS
+    # no run logged voxels_per_sample: the voxel columns are left out of the document
+    assert parts[2].columns == tuple(c for c in outline.TPE_COLS if "voxels" not in c)
     assert outline.notes_section([]).items == ("nothing skipped",)
 
 

@@ -70,6 +70,12 @@ class RunSpec:
     run_id: str = "run0"
     threads: Callable[[int], dict] | None = None
     """Fields added to rank r's ``threads`` (``cores``, ``pinned``, ``affinity``)."""
+    extra_run_fields: dict = field(default_factory=dict)
+    """Fields added to every ``run`` record (``voxels_per_sample``, ``onednn``)."""
+    extra_model_fields: dict = field(default_factory=dict)
+    """Fields added to the run record's ``model`` (``name``, ``input_shape``)."""
+    extra_dataset_fields: dict = field(default_factory=dict)
+    """Fields added to the run record's ``dataset`` (a 3D run's ``slab``)."""
 
 
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
@@ -107,7 +113,8 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
         start = spec.start_time + 1000.0 * li
         hosts = list(launch.hosts or spec.hosts or ["node0"] * size)
         threads = {"intra_op": 1, "inter_op": 1, **(spec.threads(rank) if spec.threads else {})}
-        model = {"name": "unet2d", "image_size": spec.image_size, "depth": 2, "base_filters": 4}
+        model = {"name": "unet2d", "image_size": spec.image_size, "depth": 2, "base_filters": 4,
+                 **spec.extra_model_fields}
         if spec.params is not None:
             model["params"] = spec.params
         out.append({"type": "run", "rank": rank, "time": start, "schema_version": 1,
@@ -120,10 +127,11 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                     "dataset": {"path": spec.data_path,
                                 "samples": spec.train_samples + spec.val_samples,
                                 "train_samples": spec.train_samples,
-                                "val_samples": spec.val_samples, "image_size": spec.image_size},
+                                "val_samples": spec.val_samples, "image_size": spec.image_size,
+                                **spec.extra_dataset_fields},
                     "global_seed": spec.seed, "steps_per_epoch": steps,
                     "batch_size": spec.batch_size, "global_batch_size": spec.batch_size * size,
-                    "lr_base": 0.005, "lr_scaled": 0.005 * size})
+                    "lr_base": 0.005, "lr_scaled": 0.005 * size, **spec.extra_run_fields})
         t = 0.0
         epochs_here = list(range(launch.start_epoch, launch.end_epoch))
         partial = [launch.end_epoch] if launch.killed_after else []
