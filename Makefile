@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-parallel test-serial test-docker bench clean
+.PHONY: install demo test test-parallel test-serial test-docker bench bench-stateff clean
 
 install:
 	@bash scripts/install.sh
@@ -49,6 +49,14 @@ test-docker: install
 
 bench: install
 	$(BIN)/python benchmarks/bench_horovod.py --data data/liver117.h5 --repeat 2
+
+# The large-batch study (docs/statistical-efficiency.md): samples and time to a validation
+# Dice target at 1, 2 and 8 ranks. About an hour here; results in bench/results/stateff-*.json,
+# which `make bench` prints.
+bench-stateff: install
+	$(BIN)/python benchmarks/bench_stateff.py --backend hvd --variants gn --ranks 1,2 --seeds 0,1
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gn --ranks 8 --seeds 0,1
+	$(BIN)/python benchmarks/bench_stateff.py --report --backend sim,hvd --scale small,demo --recommended gn
 
 clean:
 	rm -rf runs/ report/ .pytest_cache

@@ -21,6 +21,9 @@ from distseg.errors import InputError
 LR_SCALINGS = ("linear", "sqrt", "none")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "group", "none")
+#: ``--model`` name -> ``model.spatial_dims``.
+MODELS = {"unet2d": 2, "unet3d": 3}
+PRECISIONS = ("float32", "bfloat16")
 NONFINITE = ("stop", "skip")
 CLASS_NAMES = ("background", "liver", "lesion")
 
@@ -45,13 +48,26 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout rate applied in the bottleneck (0 disables it)."""
     norm: str = "batch"
-    """Normalisation after each convolution: ``batch``, ``group`` or ``none``."""
+    """Normalisation after each convolution: ``batch``, ``group`` or ``none``. The
+    liver2d, demo and liver3d presets use ``group``: with BatchNorm the validation Dice
+    fell by up to 0.61 between validations at 1 rank and 0.21 at 8 (its moving
+    statistics lag the weights), with GroupNorm by at most 0.07 at 1-8 ranks
+    (docs/statistical-efficiency.md). ``smoke`` keeps ``batch`` for the tests of the
+    BatchNorm machinery (per-epoch averaging, checkpointed statistics)."""
     bn_momentum: float = 0.9
-    """Momentum of BatchNorm's moving statistics (used in validation and inference).
+    """Momentum of BatchNorm's moving statistics (``norm: batch`` only; used in
+    validation and inference).
     0.9, not Keras' 0.99: with 0.99 the statistics still held ~40% of their initial
     values after the demo's 96 steps, and validation Dice was near 0."""
     num_classes: int = len(CLASS_NAMES)
     """Output classes: 0 background, 1 liver, 2 lesion."""
+    spatial_dims: int = 2
+    """2: a U-Net on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
+    whose input shape is ``data.slab`` (``image_size`` is then unused)."""
+    recompute: bool = False
+    """Gradient checkpointing per U-Net level: less memory, more time (docs/memory.md)."""
+    precision: str = "float32"
+    """``float32`` or ``bfloat16`` (Keras mixed precision; float32 softmax output)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,13 @@ class DataConfig:
     """Resize slices whose size differs from ``model.image_size`` instead of refusing them."""
     prefetch: int = 2
     """Batches read ahead by a background thread."""
+    slab: str = ""
+    """3D only: the training input ``D,H,W`` (each divisible by 2**depth) cut from each
+    volume, or ``full`` for whole volumes of one shape."""
+    foreground_fraction: float = 0.0
+    """3D only: share of slabs re-centred on a random foreground voxel of their case."""
+    val_overlap: float = 0.5
+    """3D only: overlap of the sliding windows that validate whole volumes."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,17 @@ class Config:
             (t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1"),
             (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
             (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
+            (m.spatial_dims in (2, 3), "model.spatial_dims", f"must be 2 or 3, got {m.spatial_dims}"),
+            (m.precision in PRECISIONS, "model.precision",
+             f"must be one of {PRECISIONS}, got {m.precision!r}"),
+            (m.spatial_dims == 3 or not self.data.slab, "data.slab",
+             f"is for 3D models (--model unet3d), got {self.data.slab!r} with unet2d"),
+            (m.spatial_dims == 2 or bool(self.data.slab), "data.slab",
+             "is required with --model unet3d (--slab D,H,W or --slab full)"),
+            (0.0 <= self.data.foreground_fraction <= 1.0, "data.foreground_fraction",
+             f"must be in [0, 1], got {self.data.foreground_fraction}"),
+            (0.0 <= self.data.val_overlap < 1.0, "data.val_overlap",
+             f"must be in [0, 1), got {self.data.val_overlap}"),
             (bool(self.data.path), "data.path", "is required (--data FILE.h5)"),
             (bool(self.run_dir), "run_dir", "is required (--run-dir DIR)"),
         ]
@@ -158,8 +192,9 @@ class Config:
 
 
 def default() -> Config:
-    """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params)."""
-    return Config()
+    """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params),
+    GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``)."""
+    return Config(model=ModelConfig(norm="group"))
 
 
 def liver2d() -> Config:
@@ -181,12 +216,34 @@ def smoke() -> Config:
     base = default()
     return dataclasses.replace(
         base,
-        model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4),
+        model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4,
+                                  norm="batch"),
         train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0),
     )
 
 
-PRESETS = {"liver2d": liver2d, "demo": demo, "smoke": smoke}
+def liver3d() -> Config:
+    """The 3D U-Net of the reference BraTS study (16 base filters, 4 poolings, ~5.65M
+    parameters) on 32x128x128 slabs, one per rank per step."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, spatial_dims=3, base_filters=16, image_size=128),
+        data=dataclasses.replace(base.data, slab="32,128,128", foreground_fraction=0.5),
+        train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=20))
+
+
+def smoke3d() -> Config:
+    """A tiny 3D U-Net on tiny volumes for tests: seconds per epoch."""
+    base = smoke()
+    return dataclasses.replace(
+        base, model=dataclasses.replace(base.model, spatial_dims=3),
+        data=dataclasses.replace(base.data, slab="16,32,32"),
+        train=dataclasses.replace(base.train, batch_size=2))
+
+
+PRESETS = {"liver2d": liver2d, "demo": demo, "smoke": smoke, "liver3d": liver3d,
+           "smoke3d": smoke3d}
 
 
 def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:

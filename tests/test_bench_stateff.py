@@ -1,0 +1,135 @@
+"""The arithmetic of benchmarks/bench_stateff.py on hand-built per-rank logs: samples
+and time to a validation Dice target, the largest drop after warm-up, the table's
+ratios and the goal rows. No TensorFlow: the logs are written as JSON lines and read
+back with ``distseg.schema.read_log``, as the benchmark reads real runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from distseg import schema
+from support import REPO
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_stateff", os.path.join(REPO, "benchmarks", "bench_stateff.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+LIVER = [0.30, 0.90, 0.70, 0.95]
+"""Rank 0's validation liver Dice per epoch in the hand-built 2-rank run."""
+
+
+def write_logs(run_dir, ranks: int, epochs: int, per_rank: int, liver, *, skip_last_on=None):
+    """Per-rank JSON-lines logs with ``epoch`` records: ``per_rank`` samples per rank and
+    epoch, rank r's time 10*(epoch+1)+r, the same global val_dice on every rank."""
+    os.makedirs(os.path.join(run_dir, "logs"))
+    for rank in range(ranks):
+        with open(os.path.join(run_dir, "logs", schema.log_name(rank)), "w") as f:
+            f.write(json.dumps({"type": "run", "rank": rank, "size": ranks}) + "\n")
+            for e in range(epochs):
+                if rank == skip_last_on and e == epochs - 1:
+                    continue
+                f.write(json.dumps({
+                    "type": "epoch", "rank": rank, "epoch": e, "t": 10.0 * (e + 1) + rank,
+                    "samples": per_rank, "train_loss": -0.1 * (e + 1),
+                    "val_dice": {"background": 0.99, "liver": liver[e], "lesion": None}}) + "\n")
+            f.write("{\"type\": \"epoch\", \"ep")  # a truncated last line, as after a kill
+
+
+def read(run_dir, ranks: int) -> list[list[dict]]:
+    return [schema.read_log(os.path.join(run_dir, "logs", schema.log_name(r)))[0]
+            for r in range(ranks)]
+
+
+def test_points_count_global_samples_and_the_slowest_rank(tmp_path):
+    write_logs(tmp_path, 2, 4, 256, LIVER)
+    points = bench.eval_points(read(tmp_path, 2))
+    assert [p["samples"] for p in points] == [512, 1024, 1536, 2048]
+    assert [p["t"] for p in points] == [11.0, 21.0, 31.0, 41.0]  # rank 1 is 1 s slower
+    assert [p["dice"] for p in points] == LIVER
+    assert points[2]["train_loss"] == pytest.approx(-0.3)
+
+
+def test_an_epoch_that_not_every_rank_logged_is_left_out(tmp_path):
+    write_logs(tmp_path, 2, 4, 256, LIVER, skip_last_on=1)
+    assert [p["samples"] for p in bench.eval_points(read(tmp_path, 2))] == [512, 1024, 1536]
+
+
+def test_samples_and_time_to_target_and_the_drop_after_warm_up(tmp_path):
+    write_logs(tmp_path, 2, 4, 256, LIVER)
+    points = bench.eval_points(read(tmp_path, 2))
+    s = bench.summarise(points, target=0.85, warmup_samples=512, per_pass=2)
+    assert (s["samples_to_target"], s["time_to_target"]) == (1024, 21.0)
+    assert s["max_drop"] == pytest.approx(0.20)  # 0.90 -> 0.70; the rise from 0.30 is not a drop
+    assert s["max_drop_per_pass"] == 0.0  # 0.90 -> 0.95 a pass (2 evaluations) later
+    assert (s["final_dice"], s["best_dice"], s["evals"], s["samples"]) == (0.95, 0.95, 4, 2048)
+    never = bench.summarise(points, target=0.96, warmup_samples=0, per_pass=1)
+    assert never["samples_to_target"] is None and never["time_to_target"] is None
+    # Counting from the very first evaluation, the fall 0.90 -> 0.70 is still the largest.
+    assert never["max_drop"] == pytest.approx(0.20)
+    assert bench.largest_drop(points, after_samples=2048) == 0.0  # one point left: no pair
+
+
+def test_foreground_dice_counts_an_undefined_class_as_zero():
+    assert bench.dice_of({"liver": 0.8, "lesion": None}, "foreground") == pytest.approx(0.4)
+    assert bench.dice_of({"liver": 0.8, "lesion": 0.6}, "foreground") == pytest.approx(0.7)
+    assert bench.dice_of({"liver": 0.8, "lesion": 0.6}, "lesion") == 0.6
+
+
+def test_one_rank_runs_are_shared_by_variants_that_differ_only_in_scaling_or_warm_up():
+    cfg = {v: bench.run_config("small", v, 1, 0, 12, 2048) for v in ("base", "sqrt", "warm2")}
+    keys = {bench.cache_key("sim", "small", 1, c) for c in cfg.values()}
+    assert len(keys) == 1
+    at8 = {bench.cache_key("sim", "small", 8, bench.run_config("small", v, 8, 0, 12, 2048))
+           for v in ("base", "sqrt", "warm2")}
+    assert len(at8) == 3
+    # 512 samples between validations at every rank count; 1 pass of 2048 = 4 of them.
+    c8 = bench.run_config("small", "warm2", 8, 0, 12, 2048)["train"]
+    assert (c8["max_steps_per_epoch"], c8["warmup_epochs"]) == (8, 8.0)
+
+
+def run(variant, ranks, seed, samples, time, drop):
+    return {"backend": "hvd", "scale": "small", "variant": variant, "ranks": ranks,
+            "seed": seed, "samples_to_target": samples, "time_to_target": time,
+            "max_drop": drop, "max_drop_per_pass": drop, "final_dice": 0.9, "throughput": None,
+            "load": [3.0, 5.0]}
+
+
+def test_table_ratios_and_goal_rows():
+    runs = [run("v", 1, 0, 2048, 100.0, 0.02), run("v", 1, 1, 2560, 120.0, 0.05),
+            run("v", 2, 0, 2048, 60.0, 0.0), run("v", 2, 1, 3072, 70.0, 0.12),
+            run("v", 8, 0, 3072, None, 0.0), run("v", 8, 1, None, None, 0.01)]
+    rows = bench.table(runs)
+    two = bench.find(rows, "v", 2)
+    assert two["samples_to_target"]["mean"] == 2560 and two["samples_to_target"]["max"] == 3072
+    assert two["samples_vs_1"] == pytest.approx(2560 / 2304)
+    assert two["time_speedup"] == pytest.approx(110 / 65)
+    eight = bench.find(rows, "v", 8)
+    assert eight["samples_to_target"]["missing"] == 1  # one seed never reached the target
+    goals = bench.goal_rows(rows, runs, "v")
+    assert [g["measured"] for g in goals] == [pytest.approx(110 / 65, abs=0.01), 0.12,
+                                              pytest.approx(3072 / 2304, abs=0.01)]
+    assert [g["met"] for g in goals] == [True, False, False]
+    assert goals[0]["detail"].startswith("v, real runs, mean of 2 seeds: 110.0 s at 1 rank, 65.0 s")
+    assert goals[2]["detail"] == "v, hvd: 3072 vs 2304 samples (mean of seeds)"
+
+
+def test_the_results_file_holds_the_goal_rows_that_make_bench_reads(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from benchlib import table as bench_table  # the reader of `make bench`
+    runs = [run("v", 1, 0, 2048, 100.0, 0.02), run("v", 2, 0, 2048, 60.0, 0.0),
+            run("v", 8, 0, 3072, None, 0.05)]
+    args = bench.parse_args(["--report", "--variants", "gn", "--recommended", "v",
+                             "--out", str(tmp_path / "stateff-2026-01-02.json")])
+    out = bench.write_results(args, runs, bench.table(runs))
+    with open(out) as f:
+        doc = json.load(f)
+    assert doc["summary"] == {"recommended": "v", "scale": "small"}
+    assert doc["runs"] == runs and doc["variants"]["gn"]["overrides"]["model"]["norm"] == "group"
+    rows = bench_table.stateff_rows(str(tmp_path))
+    assert [(r.measured, r.met) for r in rows] == [("1.67", True), ("0.05", True), ("1.5", False)]
