@@ -181,6 +181,10 @@ TRAIN_FLAGS = {
     "checkpoint_every": ("train.checkpoint_every", click.IntRange(0), "Checkpoint every N epochs on rank 0 (0: last only)."),
     "hang_timeout": ("train.hang_timeout", click.FloatRange(0), "Seconds a rank may wait in a collective before it ends the run naming the ranks that stopped answering (0: forever)."),
     "on_nonfinite": ("train.on_nonfinite", click.Choice(config_lib.NONFINITE), "A non-finite loss or gradient on any rank: stop every rank, or skip that step's update everywhere."),
+    "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
+    "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
+    "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (less memory; slower on most CPUs, docs/memory.md)."),
 }
 
 
@@ -211,14 +215,22 @@ def _train_options(fn):
                    "config.json; --epochs may extend it, flags that change what is trained are refused.")
 @click.option("--preset", default=None, type=click.Choice(sorted(config_lib.PRESETS)),
               help="Defaults to start from: liver2d (the default; 240x240, 64 filters), demo "
-                   "(128x128, 16 filters), smoke (tiny).")
+                   "(128x128, 16 filters), smoke (tiny), liver3d (3D, 16 filters, 32x128x128 "
+                   "slabs), smoke3d (tiny 3D).")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="JSON config (e.g. another run's config.json) applied over the preset.")
 @click.option("--resize/--no-resize", default=None, help="Resize slices to --image-size instead of refusing them.")
 @click.option("--validate/--no-validate", default=None, help="Sharded validation after each epoch.")
+@click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
+              help="unet2d on slices (default), or unet3d on slabs of volumes (--slab; "
+                   "data from distseg-data ... --ndim 3).")
+@click.option("--recompute/--no-recompute", default=None,
+              help="Gradient checkpointing per U-Net level: less memory, more time.")
 @_train_options
-def train(data_path, run_dir, resume, preset, config_file, resize, validate, **flags):
-    """Train a 2D U-Net on liver-CT slices, data-parallel over Horovod ranks.
+def train(data_path, run_dir, resume, preset, config_file, resize, validate, model_name,
+          recompute, **flags):
+    """Train a 2D U-Net on slices, or a 3D U-Net on slabs of volumes, data-parallel over
+    Horovod ranks.
 
     Run it the same way at any scale: as one process, or under
     `horovodrun -np 16 -H node1:4,node2:4,...`, `mpirun`, `srun` or `ibrun`. Each rank
@@ -233,7 +245,8 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, **f
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
-                      "train.validate": validate})
+                      "train.validate": validate, "model.recompute": recompute,
+                      "model.spatial_dims": config_lib.MODELS.get(model_name)})
     try:
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:

@@ -20,9 +20,6 @@ import socket
 from dataclasses import dataclass
 
 import numpy as np
-# Horovod's elastic state machinery (pure Python, no TensorFlow: cheap to import).
-from horovod.common.elastic import ObjectState, run_fn
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from distseg.errors import DistsegError, Interrupted, RunError, fail
 
@@ -180,12 +177,12 @@ def _rank() -> int:
     return _require().rank()
 
 
-class ElasticState(ObjectState):
-    """What an elastic run commits (per epoch) and restores after losing a rank.
+class _Variables:
+    """Mixed into Horovod's ``ObjectState`` by ``elastic_state``: the variables part.
 
     ``variables`` (Keras 3 or tf variables) are copied to host memory at each
     ``commit``, put back by ``restore`` and broadcast from rank 0 by ``sync``; the
-    keyword attributes (epoch, global step, ...) are Python values handled alike.
+    keyword attributes (epoch, size, ...) are Python values handled by ``ObjectState``.
     Horovod's own ``TensorFlowState`` does not broadcast variables on ``sync`` in eager
     mode, so a worker that joins later would keep its own initial weights.
     """
@@ -210,6 +207,20 @@ class ElasticState(ObjectState):
         super().sync()
 
 
+_elastic_class = None
+
+
+def elastic_state(variables, **attrs):
+    """What an elastic run commits (per epoch) and restores after losing a rank: a
+    Horovod ``ObjectState`` holding ``variables`` and the keyword attributes. (Built on
+    first use, so that importing this module never imports Horovod.)"""
+    global _elastic_class
+    if _elastic_class is None:
+        from horovod.common.elastic import ObjectState  # Horovod: elastic state machinery
+        _elastic_class = type("ElasticState", (_Variables, ObjectState), {})
+    return _elastic_class(variables, **attrs)
+
+
 #: Words in the errors TensorFlow raises from a Horovod op whose peers are gone (Horovod
 #: converts only some op names itself; distseg's step runs a grouped allreduce).
 _LOST_PEER_WORDS = ("Horovod has been shut down", "HorovodAllreduce", "HorovodGroupedAllreduce",
@@ -218,8 +229,6 @@ _LOST_PEER_WORDS = ("Horovod has been shut down", "HorovodAllreduce", "HorovodGr
 
 def lost_peer(error: BaseException) -> bool:
     """Whether ``error`` means a collective failed because another rank went away."""
-    if isinstance(error, HorovodInternalError):
-        return True
     text = f"{type(error).__name__}: {error}"
     return any(w in text for w in _LOST_PEER_WORDS)
 
@@ -227,6 +236,8 @@ def lost_peer(error: BaseException) -> bool:
 def _recoverable(fn):
     """``fn`` with a lost peer's error turned into the ``HorovodInternalError`` that
     Horovod's elastic loop restores from."""
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
     @functools.wraps(fn)
     def call(state, *args, **kwargs):
         try:
@@ -249,14 +260,15 @@ def _reset() -> None:
 def recoverable(error: BaseException) -> bool:
     """Whether an elastic run carries on after ``error``: a lost peer, or Horovod's
     notice that hosts were added or removed."""
-    return isinstance(error, HostsUpdatedInterrupt) or lost_peer(error)
+    return type(error).__name__ == "HostsUpdatedInterrupt" or lost_peer(error)
 
 
-def run_elastic(fn, state: ElasticState, *args, **kwargs):
+def run_elastic(fn, state, *args, **kwargs):
     """Runs ``fn(state, ...)`` under Horovod's elastic loop: when a rank is lost, every
     other rank restores ``state`` to its last commit, re-forms the ring with the ranks
     left and calls ``fn`` again; when hosts change, the same happens at the next
     ``state.commit()`` without restoring."""
+    from horovod.common.elastic import run_fn  # Horovod: the elastic loop
     return run_fn(_recoverable(fn), _reset)(state, *args, **kwargs)
 
 

@@ -25,7 +25,7 @@ import shlex
 import stat
 import string
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from distseg import config as config_lib, distributed, schema
 from distseg.errors import InputError
@@ -249,11 +249,9 @@ class JobSpec:
     """Options passed on to ``distseg-train`` (``--preset``, ``--epochs``, ``--seed``, ...)."""
     check_data: bool = True
     """Open the data file now (h5py, metadata only) to catch a bad file before queueing."""
-    batch_size: int = 0
-    """Per-rank batch size of the resolved config (for the data-size check); 0: not checked."""
-    image_size: int = 0
-    """Input size of the resolved config (for the data-size check); 0: not checked."""
-    resize: bool = False
+    train_config: Any = None
+    """The resolved ``distseg.config.Config`` the job will train with: the data file is
+    checked against it (2D or 3D) as ``distseg-train`` will; None: only that it exists."""
 
 
 @dataclass(frozen=True)
@@ -359,20 +357,24 @@ def resolve(spec: JobSpec) -> Job:
     if venv and not os.path.isdir(os.path.join(venv, "bin")):
         raise JobError(f"--venv {spec.venv}: no bin/ folder there (expected a virtual environment)")
     if spec.check_data:
-        _check_data(data, spec.nodes * rpn, spec.batch_size, spec.image_size, spec.resize)
+        _check_data(data, spec.nodes * rpn, spec.train_config)
     return Job(spec=spec, part=part, ranks_per_node=rpn, cores_per_node=cores, threads=threads,
                queue=queue, minutes=minutes, data=data, run_dir=run_dir, venv=venv)
 
 
-def _check_data(path: str, ranks: int, batch_size: int, image_size: int, resize: bool) -> None:
-    """The checks ``distseg-train`` makes at start-up, made before the job queues."""
+def _check_data(path: str, ranks: int, cfg) -> None:
+    """The checks ``distseg-train`` makes at start-up (``feeds.open_feed``), made before
+    the job queues."""
     if not os.path.isfile(path):
         raise JobError(f"--data {path}: no such file (render where the data is visible, or pass --no-check-data)")
-    from distseg import data as data_lib  # h5py only; no TensorFlow
+    from distseg import data as data_lib, feeds, volumes  # h5py only; no TensorFlow
     try:
-        info = data_lib.inspect(path, check_labels=False)
-        data_lib.check_fit(info, ranks=ranks, batch_size=batch_size, image_size=image_size,
-                           resize=resize)
+        if cfg is None:  # no config to check against: the file itself
+            inspect = volumes.inspect if data_lib.file_layout(path) == "volumes" else data_lib.inspect
+            inspect(path, check_labels=False)
+            return
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))
+        feeds.open_feed(cfg, ranks, check_labels=False)
     except data_lib.DatasetError as e:
         raise JobError(str(e)) from None
 
@@ -510,7 +512,7 @@ def write_sweep(spec: JobSpec, node_counts: Sequence[int], out_dir: str = ".", *
         raise JobError("--nodes: no node counts given")
     jobs = [resolve(dataclasses.replace(spec, nodes=n, check_data=False)) for n in node_counts]
     if spec.check_data:  # the biggest job is the one that needs the most slices
-        _check_data(jobs[0].data, max(j.ntasks for j in jobs), spec.batch_size, spec.image_size, spec.resize)
+        _check_data(jobs[0].data, max(j.ntasks for j in jobs), spec.train_config)
     out = os.path.abspath(out_dir)
     try:
         os.makedirs(out, exist_ok=True)

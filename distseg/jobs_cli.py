@@ -97,7 +97,7 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
         account=p["account"], launcher=p["launcher"], srun_mpi=p["srun_mpi"], hw_threads=p["hw_threads"],
         cores_per_node=p["cores_per_node"], timeline=p["timeline"], venv=p["venv"] or "",
         setup=tuple(p["setup"]), train_args=tuple(args), check_data=p["check_data"],
-        batch_size=cfg.train.batch_size, image_size=cfg.model.image_size, resize=cfg.data.resize)
+        train_config=cfg)
 
 
 def _command_line(sub: str) -> str:

@@ -14,11 +14,13 @@ field needs a new ``SCHEMA_VERSION``.
     schema_version, rank, size, local_rank, local_size, host, pid, run_id (shared by the
     ranks), start_time (Unix seconds, rank 0's clock, agreed by broadcast), versions
     (python, tensorflow, keras, horovod, mpi, numpy, h5py), controller (mpi|gloo|none),
-    threads {intra_op, inter_op}, horovod_env (HOROVOD_* settings in force),
+    threads {intra_op, inter_op, cores, pinned, affinity}, horovod_env (HOROVOD_* settings in force),
     config_hash (sha256 of the resolved config without run_dir, first 16 hex digits), model {name,
     params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
     image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
-    global_batch_size, lr_base, lr_scaled, warmup_steps, epochs.
+    global_batch_size, lr_base, lr_scaled, warmup_steps, epochs, voxels_per_sample (a
+    sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
+    record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
@@ -31,7 +33,9 @@ field needs a new ``SCHEMA_VERSION``.
     digest of the sample ids this rank saw, see ``sample_digest``), train_loss (mean
     over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
-    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares].
+    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares];
+    3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
+    rank validated (val_samples then count volumes).
 ``end``   once, at the end, whatever happened:
     status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
 ``resume`` once per resumed launch, before its ``run`` record (``--resume``):
@@ -109,10 +113,11 @@ FIELDS: dict[str, tuple[str, ...]] = {
 #: present (older logs or other producers may lack them).
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
-            "warmup_steps", "epochs"),
+            "warmup_steps", "epochs", "voxels_per_sample", "onednn"),
     "step": ("skipped",),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
-              "val_samples_local", "val_samples", "weight_checksum", "skipped_steps"),
+              "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
+              "val_cases_local"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),

@@ -10,6 +10,7 @@ learning-rate arithmetic is importable without it.
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 from distseg import distributed as dist
@@ -97,6 +98,28 @@ def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int, loss: 
                 model_lib.dice_counts(probs, masks, num_classes))
 
     return eval_step
+
+
+def make_predict_step(model, spatial_shape: Sequence[int]):
+    """Compiles ``predict_step(images) -> probabilities`` (inference mode; sliding-window
+    validation of whole volumes calls it window batch by window batch)."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=_input_spec(spatial_shape)[:1])
+    def predict_step(images):
+        return model(images, training=False)
+
+    return predict_step
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow uses its oneDNN (MKL) kernels: on by default on x86 since TF
+    2.9, off with ``TF_ENABLE_ONEDNN_OPTS=0``. Recorded in the run record."""
+    import tensorflow as tf
+    try:
+        return bool(tf.python.util._pywrap_util_port.IsMklEnabled())  # noqa: SLF001
+    except AttributeError:
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0"
 
 
 def weight_checksum(variables) -> list[float]:

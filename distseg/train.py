@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from distseg import checkpoint, config as config_lib, data, distributed as dist, resume, schema
-from distseg import steps, stopping
+from distseg import checkpoint, config as config_lib, data, distributed as dist, feeds, resume
+from distseg import schema, steps, stopping
 from distseg.errors import Interrupted, RunError
 from distseg.runlog import RunLog
 
@@ -59,14 +59,11 @@ def configure_threads(train_cfg, cores: int) -> tuple[int, int]:
 # --- start-up: checks without side effects, then the run directory -----------------
 
 
-def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> data.DatasetInfo:
-    """Everything that can be wrong with the data before training starts."""
+def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
+    """Everything that can be wrong with the data before training starts; the feed
+    (slices or slabs) the run reads."""
     # Rank 0 reads every mask once to check the labels; the others trust its verdict.
-    info = data.inspect(cfg.data.path, check_labels=ctx.is_root())
-    data.check_fit(info, ranks=ctx.size, batch_size=cfg.train.batch_size,
-                   image_size=cfg.model.image_size, resize=cfg.data.resize,
-                   num_classes=cfg.model.num_classes)
-    return info
+    return feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
@@ -131,7 +128,7 @@ class Schedule:
         return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
 
 
-def build_state(cfg: config_lib.Config, ctx: dist.Context, broadcast: bool = True):
+def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcast: bool = True):
     """(model, optimizer, synced variables), identical on every rank (``broadcast``
     False: each rank's own initial values, for an elastic run's state to sync)."""
     import keras
@@ -139,7 +136,7 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context, broadcast: bool = Tru
     from distseg import model as model_lib
 
     keras.utils.set_random_seed(cfg.train.seed + ctx.rank)
-    model = model_lib.from_config(cfg.model)
+    model = model_lib.from_config(cfg.model, input_shape)
     optimizer = keras.optimizers.Adam(learning_rate=cfg.train.lr)
     optimizer.build(model.trainable_variables)
     # What every rank must hold identically: weights (BatchNorm statistics included)
@@ -153,14 +150,14 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context, broadcast: bool = Tru
     return model, optimizer, synced
 
 
-def start_state(cfg: config_lib.Config, ctx: dist.Context, resuming: bool):
+def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, resuming: bool):
     """(model, optimizer, synced) and, when ``resuming``, the ``resume.Resumed`` they
     were restored from. A new run checks its directory before building anything; a
     resumed one rewrites its config only once its checkpoint has loaded."""
     if not resuming:
         prepare_run_dir(cfg, ctx, resuming=False)
-        return build_state(cfg, ctx), None
-    state = build_state(cfg, ctx)
+        return build_state(cfg, ctx, feed.input_shape), None
+    state = build_state(cfg, ctx, feed.input_shape)
     resumed = resume.restore(ctx, cfg.run_dir, *state)
     resume.check_extends(resumed, cfg.train.epochs)
     prepare_run_dir(cfg, ctx, resuming=True)
@@ -176,14 +173,17 @@ class Session:
 
     cfg: config_lib.Config
     ctx: dist.Context
-    info: data.DatasetInfo
+    feed: feeds.Feed
     schedule: Schedule
     model: Any
     optimizer: Any
     synced: list
     train_step: Any
     eval_step: Any
-    reader: data.SliceReader
+    reader: Any
+    """The feed's reader (``data.SliceReader`` or ``volumes.SlabReader``)."""
+    predict: Any
+    """The compiled forward pass (sliding-window validation of volumes)."""
     log: RunLog
     batches: Iterator
     t0: float
@@ -200,12 +200,12 @@ class Session:
     global_step: int = 0
     epochs_done: int = 0
     lr_now: float | None = None
-    elastic: dist.ElasticState | None = None
+    elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
 
     @property
     def class_names(self) -> list[str]:
-        names = self.info.attrs.get("class_names", config_lib.CLASS_NAMES)
+        names = self.feed.info.attrs.get("class_names", config_lib.CLASS_NAMES)
         return list(names)[:self.cfg.model.num_classes]
 
 
@@ -239,24 +239,24 @@ def _progress_bar(ctx: dist.Context, total: int, done: int, resources: contextli
     return bar
 
 
-def _all_batches(info: data.DatasetInfo, ctx: dist.Context, train_cfg, schedule: Schedule,
+def _all_batches(feed: feeds.Feed, ctx: dist.Context, train_cfg, schedule: Schedule,
                  start: tuple[int, int]):
     """This rank's batches from (epoch, step) ``start`` to the end of training."""
     for e in range(start[0], train_cfg.epochs):
         first = start[1] if e == start[0] else 0
-        yield from data.shard_batches(info.train_indices, ctx.rank, ctx.size,
-                                      train_cfg.batch_size, e, train_cfg.seed)[first:schedule.steps]
+        for ids in data.shard_batches(feed.train_ids, ctx.rank, ctx.size, train_cfg.batch_size,
+                                      e, train_cfg.seed)[first:schedule.steps]:
+            yield data.EpochBatch(e, ids)
 
 
-def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack) -> Session:
+def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack) -> Session:
     """Opens the reader and the log, starts the clock on an agreed barrier, routes the
     stop signals to a flag and starts the prefetcher. Everything opened is closed by
     ``resources``."""
     model, optimizer, synced = state
-    schedule = Schedule.of(cfg.train, len(info.train_indices), ctx.size)
-    shape = (cfg.model.image_size, cfg.model.image_size)
-    reader = resources.enter_context(dist.agree(
-        data.SliceReader, cfg.data.path, image_size=cfg.model.image_size, resize=cfg.data.resize))
+    schedule = Schedule.of(cfg.train, len(feed.train_ids), ctx.size)
+    shape = feed.input_shape
+    reader = resources.enter_context(dist.agree(feed.open_reader))
     log = resources.enter_context(dist.agree(RunLog, cfg.run_dir, ctx.rank))
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
@@ -266,17 +266,18 @@ def open_session(cfg, ctx, info, state, resumed, resources: contextlib.ExitStack
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
-    feed = data.Prefetcher(reader, _all_batches(info, ctx, cfg.train, schedule, start),
-                           depth=cfg.data.prefetch)
-    resources.callback(feed.close)
+    prefetcher = data.Prefetcher(reader, _all_batches(feed, ctx, cfg.train, schedule, start),
+                                 depth=cfg.data.prefetch)
+    resources.callback(prefetcher.close)
     session = Session(
-        cfg=cfg, ctx=ctx, info=info, schedule=schedule, model=model, optimizer=optimizer,
-        synced=synced, reader=reader, log=log, batches=iter(feed), t0=t0,
+        cfg=cfg, ctx=ctx, feed=feed, schedule=schedule, model=model, optimizer=optimizer,
+        synced=synced, reader=reader, log=log, batches=iter(prefetcher), t0=t0,
         start_time=start_time, stop=stop, resumed=resumed, start=start,
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
                                          cfg.train.loss),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes, cfg.train.loss),
+        predict=steps.make_predict_step(model, shape),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
                           start[0] * schedule.steps + start[1], resources))
     session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
@@ -325,8 +326,10 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         horovod_env={k: v for k, v in os.environ.items()
                      if k.startswith("HOROVOD_") or k in dist.OMPI_DEFAULTS},
         config_hash=schema.config_hash(cfg.to_dict()),
-        model={"name": "unet2d", "params": params, **cfg.model.__dict__},
-        dataset=s.info.summary(), global_seed=t.seed, steps_per_epoch=s.schedule.steps,
+        model={"name": f"unet{cfg.model.spatial_dims}d", "params": params,
+               "input_shape": list(s.feed.input_shape), **cfg.model.__dict__},
+        voxels_per_sample=int(np.prod(s.feed.input_shape)), onednn=steps.onednn_enabled(),
+        dataset=s.feed.summary(), global_seed=t.seed, steps_per_epoch=s.schedule.steps,
         batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
         lr_base=t.lr, lr_scaled=s.schedule.lr_target, warmup_steps=s.schedule.warmup_steps,
         epochs=t.epochs)
@@ -357,9 +360,9 @@ def _next_batch(s: Session, result: EpochResult):
         return next(s.batches)
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
         result.failure = result.failure or dist.failure_of(e)
-        size = s.cfg.model.image_size
-        return (np.zeros(0, np.int64), np.zeros((1, size, size, 1), np.float32),
-                np.zeros((1, size, size), np.uint8))
+        shape = tuple(s.feed.input_shape)
+        return (np.zeros(0, np.int64), np.zeros((1, *shape, 1), np.float32),
+                np.zeros((1, *shape), np.uint8))
 
 
 def _set_lr(s: Session) -> float:
@@ -472,44 +475,39 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
     return result
 
 
-def _shard_scores(s: Session) -> tuple[float, int, np.ndarray, Failure | None]:
-    """This rank's validation: (loss sum, slices, Dice counts, failure)."""
-    loss_sum, n = 0.0, 0
-    counts = np.zeros((3, s.cfg.model.num_classes))
+def _shard_scores(s: Session) -> tuple[feeds.Scores, Failure | None]:
+    """This rank's validation scores, and its failure (shared by the caller)."""
     try:
-        for ids in data.shard_eval(s.info.val_indices, s.ctx.rank, s.ctx.size,
-                                   s.cfg.train.batch_size):
-            images, masks = s.reader.read(ids)
-            loss, c = s.eval_step(images, masks)
-            loss_sum += float(loss) * len(ids)
-            n += len(ids)
-            counts += c.numpy()
-    except Exception as e:  # noqa: BLE001 - shared in the allreduce below
-        return loss_sum, n, counts, dist.failure_of(e)
-    return loss_sum, n, counts, None
+        return s.feed.score(s.reader, s.eval_step, s.predict, s.ctx.rank, s.ctx.size), None
+    except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
+        return feeds.Scores(0.0, 0, np.zeros((3, s.cfg.model.num_classes))), dist.failure_of(e)
 
 
 def validate(s: Session) -> dict:
-    """Collective: sharded validation, each rank scoring its own slices and one
-    allreduce combining them (and telling every rank whether any rank failed)."""
-    if not (s.cfg.train.validate and len(s.info.val_indices)):
+    """Collective: sharded validation, each rank scoring its own slices (or whole
+    volumes) and one allreduce combining them (and telling every rank whether any rank
+    failed)."""
+    if not (s.cfg.train.validate and s.feed.val_count):
         return {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
     from distseg import model as model_lib
-    loss_sum, n, counts, failure = _shard_scores(s)
-    num_classes = s.cfg.model.num_classes
-    total = dist.allreduce(np.concatenate([[loss_sum, n, failure is not None], counts.ravel()]),
-                           op="sum")
+    mine, failure = _shard_scores(s)
+    n, num_classes = mine.samples, s.cfg.model.num_classes
+    total = dist.allreduce(np.concatenate([[mine.loss_sum, n, failure is not None],
+                                           mine.counts.ravel()]), op="sum")
     if total[2] > 0:
         dist.raise_agreed(failure)
-    local_dice = model_lib.dice_from_counts(counts) if n else [None] * num_classes
+    local_dice = model_lib.dice_from_counts(mine.counts) if n else [None] * num_classes
+    cases = {"val_cases_local": {case: dict(zip(s.class_names, dice))
+                                 for case, dice in mine.cases.items()}} if mine.cases else {}
     return {
         "val_loss": float(total[0] / max(total[1], 1)),
-        "val_loss_local": loss_sum / n if n else None,
+        "val_loss_local": mine.loss_sum / n if n else None,
         "val_samples_local": n,
         "val_samples": int(total[1]),
         "val_dice": dict(zip(s.class_names,
                              model_lib.dice_from_counts(total[3:].reshape(3, num_classes)))),
         "val_dice_local": dict(zip(s.class_names, local_dice)),
+        **cases,
     }
 
 
@@ -608,16 +606,16 @@ def commit_elastic(s: Session) -> None:
     s.elastic.commit()
 
 
-def launch(cfg: config_lib.Config, ctx: dist.Context, info: data.DatasetInfo, state,
+def launch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
            resumed: resume.Resumed | None, threads: tuple[int, int],
-           elastic: dist.ElasticState | None = None) -> int:
+           elastic: Any | None = None) -> int:
     """Trains from ``resumed`` (None: from the start) with the ranks of ``ctx``;
     returns 0. Writes the run's records and, whatever happens, its ``end``."""
     session, error = None, None
     # Closed in reverse order on the way out, whatever happens.
     with contextlib.ExitStack() as resources:
         try:
-            session = open_session(cfg, ctx, info, state, resumed, resources)
+            session = open_session(cfg, ctx, feed, state, resumed, resources)
             session.elastic = elastic
             if resumed:
                 write_resume_record(session)
@@ -637,18 +635,19 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     ctx = dist.init()
     threads = configure_threads(cfg.train, ctx.cores)
     if dist.is_elastic():
-        state = build_state(cfg, ctx, broadcast=False)
-        elastic = dist.ElasticState(state[2], epoch=0, size=ctx.size, started=False)
+        # No collective before the elastic loop: a rank that joins later runs this alone.
+        state = build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
+        elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
         return dist.run_elastic(elastic_launch, elastic, cfg, resuming, state, threads)
-    info = dist.agree(check_inputs, cfg, ctx)
-    state, resumed = start_state(cfg, ctx, resuming)
-    return launch(cfg, ctx, info, state, resumed, threads)
+    feed = dist.agree(check_inputs, cfg, ctx)
+    state, resumed = start_state(cfg, ctx, feed, resuming)
+    return launch(cfg, ctx, feed, state, resumed, threads)
 
 
 # --- elastic runs -------------------------------------------------------------------
 
 
-def elastic_start(elastic: dist.ElasticState, cfg: config_lib.Config, ctx: dist.Context,
+def elastic_start(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
                   resuming: bool, state) -> resume.Resumed | None:
     """Collective: where this incarnation of an elastic run starts. The first one
     prepares the run directory (and loads a checkpoint when ``resuming``) exactly like
@@ -672,12 +671,12 @@ def elastic_start(elastic: dist.ElasticState, cfg: config_lib.Config, ctx: dist.
     return resume.Resumed(position=position, manifest=None, elastic=why)
 
 
-def elastic_launch(elastic: dist.ElasticState, cfg: config_lib.Config, resuming: bool,
+def elastic_launch(elastic: Any, cfg: config_lib.Config, resuming: bool,
                    state, threads: tuple[int, int]) -> int:
     """One incarnation of an elastic run (``distributed.run_elastic`` calls it again
     after every membership change): the same checks and loop as a plain run, with the
     learning rate and shards of the current number of ranks."""
     ctx = dist.context()
-    info = dist.agree(check_inputs, cfg, ctx)
+    feed = dist.agree(check_inputs, cfg, ctx)
     resumed = elastic_start(elastic, cfg, ctx, resuming, state)
-    return launch(cfg, ctx, info, state, resumed, threads, elastic=elastic)
+    return launch(cfg, ctx, feed, state, resumed, threads, elastic=elastic)
