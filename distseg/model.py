@@ -5,17 +5,40 @@ inputs (``spatial_dims``): two 3x3 convolutions per level, ``depth`` poolings, f
 doubling per level, transposed-convolution upsampling and skip concatenations. With
 the livermask-style defaults (240x240, depth 4, 64 base filters) it has about 31M
 parameters. It is a pure builder: no Horovod, no training state.
+
+The 3D default of the ``liver3d`` preset (``spatial_dims=3``, 16 base filters, depth 4,
+1 input channel, 3 classes, batch norm) has **5,649,363 parameters** (5,646,419
+trainable and 2,944 BatchNorm moving statistics): the "about 5.65 M" of the reference
+BraTS study of Intel and Dell. Their 3D U-Net (Intel's ``unet_3d``: the same topology
+with a bias on every convolution before its BatchNorm, one FLAIR input channel and one
+sigmoid output) has 5,650,801 (5,647,857 trainable); ours drops the 1,472 biases that
+BatchNorm's offset makes redundant and has 3 softmax outputs instead of 1 sigmoid
+(+34). ``distseg.memory`` reproduces both counts by arithmetic.
+
+Two options trade time or precision for memory on large 3D inputs (docs/memory.md):
+``recompute`` (gradient checkpointing of every convolution unit of every level) and
+``precision="bfloat16"`` (Keras' ``mixed_bfloat16`` policy on every layer, float32
+softmax output).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
 
 import keras
 import tensorflow as tf
 from keras import layers
 
+from distseg import memory
 from distseg.config import ModelConfig
 
 _SMOOTH = 1e-5
+PRECISIONS = ("float32", "bfloat16")
+#: Keras dtype policy per precision; None is Keras' global policy (float32 unless a
+#: caller, such as a benchmark comparing policies, set another).
+_POLICIES = {"float32": None, "bfloat16": "mixed_bfloat16"}
 
 
 def norm_groups(filters: int) -> int:
@@ -25,27 +48,223 @@ def norm_groups(filters: int) -> int:
     return next(g for g in (8, 4, 2, 1) if filters % g == 0)
 
 
-def _conv_block(x, filters: int, spatial_dims: int, norm: str, name: str, bn_momentum: float):
-    conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
-    for i in (1, 2):
-        x = conv(filters, 3, padding="same", use_bias=norm == "none",
-                 kernel_initializer="he_normal", name=f"{name}_conv{i}")(x)
-        if norm == "batch":
-            x = layers.BatchNormalization(momentum=bn_momentum, name=f"{name}_bn{i}")(x)
-        elif norm == "group":
-            x = layers.GroupNormalization(norm_groups(filters), name=f"{name}_gn{i}")(x)
-        x = layers.Activation("relu", name=f"{name}_relu{i}")(x)
-    return x
+class FusedBatchNorm(layers.BatchNormalization):
+    """``keras.layers.BatchNormalization`` whose training pass runs TensorFlow's fused
+    kernel (``FusedBatchNormV3``, oneDNN's on x86), with the same weights, names and
+    moving-statistics rule (momentum, biased batch variance).
+
+    Used by the bfloat16 and recompute paths. Keras' own layer casts a bfloat16 input
+    to float32 and keeps that float32 copy of every convolution output for the backward
+    pass, which undoes half of what bfloat16 saves; the fused kernel keeps its input in
+    bfloat16. ``update_stats=False`` normalises with the batch moments without moving
+    the statistics: a recomputation in the backward pass must not count the batch twice.
+    Inference uses the Keras path unchanged.
+    """
+
+    def call(self, inputs, training=None, mask=None, update_stats=True):
+        if not training or mask is not None or self.renorm or not (self.center and self.scale):
+            return super().call(inputs, training=training, mask=mask)
+        layout = "NHWC" if len(inputs.shape) == 4 else "NDHWC"
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs, tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta),
+            epsilon=self.epsilon, data_format=layout, is_training=True)[:3]
+        if update_stats:
+            # The fused kernel returns the unbiased variance; Keras keeps the biased one.
+            n = tf.cast(tf.reduce_prod(tf.shape(inputs)[:-1]), tf.float32)
+            variance = variance * (n - 1.0) / n
+            m = self.momentum
+            self.moving_mean.assign(self.moving_mean * m + mean * (1.0 - m))
+            self.moving_variance.assign(self.moving_variance * m + variance * (1.0 - m))
+        return tf.cast(y, self.compute_dtype)
 
 
-def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
-               base_filters: int = 64, num_classes: int = 3, in_channels: int = 1,
-               dropout: float = 0.0, norm: str = "batch", bn_momentum: float = 0.9,
-               name: str = "unet") -> keras.Model:
-    """Builds a U-Net that maps (B, S, S[, S], C) images to per-class softmax maps.
+class ConvUnit(layers.Layer):
+    """One convolution unit (3x3 conv -> norm -> ReLU) with gradient checkpointing: in
+    training only its inputs are kept for the backward pass, which recomputes the unit
+    (TensorFlow then frees the convolution and norm outputs after the forward pass).
+
+    The first unit of a decoder level takes [lower level's output, skip] and also owns
+    that level's transposed convolution (``up_name``): the upsampling and the skip
+    concatenation are recomputed too instead of kept. The recomputation waits for the
+    unit's output gradient (a control dependency), so the executor cannot run it early,
+    and it does not move BatchNorm's statistics a second time.
+    """
+
+    def __init__(self, filters: int, spatial_dims: int, norm: str, bn_momentum: float,
+                 name: str, index: int, dtype=None, up_name: str | None = None, up_dtype=None):
+        super().__init__(name=f"{name}_unit{index}", dtype=dtype)
+        conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
+        up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
+        # Created first, so the variables come in the plain model's order (up, conv, norm).
+        self.up = up(filters, 2, strides=2, name=up_name, dtype=up_dtype) if up_name else None
+        self.conv = conv(filters, 3, padding="same", use_bias=norm == "none",
+                         kernel_initializer="he_normal", name=f"{name}_conv{index}", dtype=dtype)
+        self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{_NORM_SUFFIX.get(norm, '')}{index}",
+                                fused=True, dtype=dtype)
+
+    def call(self, inputs, training=False):
+        xs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if not training:
+            return self._forward(xs, training=False)
+        return tf.custom_gradient(self._checkpointed)(*xs)
+
+    def _forward(self, xs, training, update_stats=True):
+        if self.up is not None:
+            xs = [self.up(xs[0])] + xs[1:]
+        xs = [tf.cast(x, self.conv.compute_dtype) for x in xs]
+        x = xs[0] if len(xs) == 1 else tf.concat(xs, axis=-1)
+        x = self.conv(x)
+        if isinstance(self.norm, FusedBatchNorm):
+            x = self.norm(x, training=training, update_stats=update_stats)
+        elif self.norm is not None:
+            x = self.norm(x, training=training)
+        return tf.nn.relu(x)
+
+    def _checkpointed(self, *xs):
+        y = self._forward(list(xs), training=True)
+        # A bound partial, not a closure: tf.custom_gradient calls it with the output
+        # gradient and the variables the forward pass read.
+        return y, functools.partial(self._recomputed_gradients, xs)
+
+    def _recomputed_gradients(self, xs, dy, variables=None):
+        variables = list(variables or [])
+        with tf.control_dependencies([dy]):
+            # Identity forwards the buffer without a copy; the control dependency holds
+            # the recomputation back until the backward pass reaches this unit.
+            again = [tf.identity(x) for x in xs]
+        with tf.GradientTape() as tape:
+            tape.watch(again)
+            tape.watch(variables)
+            y = self._forward(again, training=True, update_stats=False)
+        grads = tape.gradient(y, again + variables, output_gradients=dy)
+        return grads[:len(again)], grads[len(again):]
+
+
+_NORM_SUFFIX = {"batch": "bn", "group": "gn"}
+
+
+def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, fused: bool, dtype):
+    """The normalisation after a convolution, or None for ``norm="none"``."""
+    if norm == "batch":
+        kind = FusedBatchNorm if fused else layers.BatchNormalization
+        return kind(momentum=bn_momentum, name=name, dtype=dtype)
+    if norm == "group":
+        return layers.GroupNormalization(norm_groups(filters), name=name, dtype=dtype)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """What every level of one U-Net is built from."""
+
+    spatial: tuple
+    norm: str
+    bn_momentum: float
+    recompute: bool
+    precision: str
+
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.spatial)
+
+    def dtype(self, level: int) -> str | None:
+        """The Keras dtype policy of ``level``'s layers (see ``memory.level_precision``:
+        bfloat16 3D levels with an extent of 2 compute in float32)."""
+        return _POLICIES[memory.level_precision(self.precision, self.spatial, level)]
+
+    def decoder_block(self, below, skip, filters: int, level: int):
+        """Decoder ``level``: upsampling of the level below, the skip concatenation and
+        two convolution units."""
+        if self.recompute:  # the first unit upsamples and concatenates (both recomputed)
+            x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 1,
+                         dtype=self.dtype(level), up_name=f"up{level}",
+                         up_dtype=self.dtype(level + 1))([below, skip])
+            return ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 2,
+                            dtype=self.dtype(level))(x)
+        up = self.up(below, filters, level)
+        x = layers.Concatenate(name=f"skip{level}", dtype=self.dtype(level))([up, skip])
+        return self.block(x, filters, f"dec{level}", level)
+
+    def block(self, x, filters: int, name: str, level: int):
+        """Two convolution units (conv, norm, ReLU)."""
+        dtype = self.dtype(level)
+        if self.recompute:
+            for i in (1, 2):
+                x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, name, i,
+                             dtype=dtype)(x)
+            return x
+        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
+        for i in (1, 2):
+            x = conv(filters, 3, padding="same", use_bias=self.norm == "none",
+                     kernel_initializer="he_normal", name=f"{name}_conv{i}", dtype=dtype)(x)
+            norm = _norm_layer(self.norm, filters, self.bn_momentum,
+                               f"{name}_{_NORM_SUFFIX.get(self.norm, '')}{i}",
+                               fused=self.precision != "float32", dtype=dtype)
+            if norm is not None:
+                x = norm(x)
+            x = layers.Activation("relu", name=f"{name}_relu{i}", dtype=dtype)(x)
+        return x
+
+    def pool(self, x, level: int):
+        """Max-pooling from ``level`` to ``level + 1``, in the precision of the latter."""
+        pool = layers.MaxPooling2D if self.spatial_dims == 2 else layers.MaxPooling3D
+        return pool(2, name=f"pool{level}", dtype=self.dtype(level + 1))(x)
+
+    def up(self, x, filters: int, level: int):
+        """Transposed convolution from ``level + 1`` to ``level``, in the precision of the
+        former (its filter gradient is computed on the smaller extents)."""
+        up = layers.Conv2DTranspose if self.spatial_dims == 2 else layers.Conv3DTranspose
+        return up(filters, 2, strides=2, name=f"up{level}", dtype=self.dtype(level + 1))(x)
+
+    def head(self, x, num_classes: int):
+        """Per-class probabilities, always float32. In bfloat16 the 1x1 convolution runs
+        in bfloat16 and only its logits are cast for the softmax (a float32 1x1 conv would
+        keep a float32 copy of the last level's features for its backward pass)."""
+        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
+        if self.precision == "float32":
+            return conv(num_classes, 1, activation="softmax", dtype="float32", name="probs")(x)
+        logits = conv(num_classes, 1, dtype=self.dtype(0), name="logits")(x)
+        return layers.Activation("softmax", dtype="float32", name="probs")(logits)
+
+
+def spatial_shape(image_size: int, input_shape: Sequence[int] | None, spatial_dims: int,
+                  depth: int) -> tuple[int, ...]:
+    """The input's spatial extents: ``input_shape`` if given, else ``image_size`` on every
+    axis. Raises ``ValueError`` unless there is one extent per spatial dimension, each
+    divisible by 2**depth (every pooling halves it exactly)."""
+    if spatial_dims not in (2, 3):
+        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
+    shape = tuple(int(s) for s in input_shape) if input_shape else (image_size,) * spatial_dims
+    if len(shape) != spatial_dims:
+        raise ValueError(f"input_shape {shape} must have {spatial_dims} extents for spatial_dims={spatial_dims}")
+    for extent in shape:
+        if extent < 1 or extent % (2 ** depth):
+            what = "image_size" if not input_shape else f"input_shape {shape}: extent"
+            raise ValueError(f"{what} {extent} is not divisible by 2**depth = {2 ** depth}")
+    return shape
+
+
+def _check(depth: int, base_filters: int, num_classes: int, norm: str, precision: str) -> None:
+    if depth < 1 or base_filters < 1 or num_classes < 2:
+        raise ValueError("need depth >= 1, base_filters >= 1 and num_classes >= 2")
+    if norm not in ("batch", "group", "none"):
+        raise ValueError(f"norm must be 'batch', 'group' or 'none', got {norm!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = None,
+               spatial_dims: int = 2, depth: int = 4, base_filters: int = 64,
+               num_classes: int = 3, in_channels: int = 1, dropout: float = 0.0,
+               norm: str = "batch", bn_momentum: float = 0.9, recompute: bool = False,
+               precision: str = "float32", name: str = "unet") -> keras.Model:
+    """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps.
 
     Args:
-      image_size: spatial extent of the (square/cubic) input; divisible by 2**depth.
+      image_size: spatial extent on every axis (square/cubic input) when
+        ``input_shape`` is not given; divisible by 2**depth.
+      input_shape: spatial extents, (H, W) or (D, H, W), e.g. (32, 128, 128); each
+        divisible by 2**depth.
       spatial_dims: 2 for slices, 3 for volumes.
       depth: number of poolings.
       base_filters: filters at the first level, doubled at each pooling.
@@ -55,43 +274,40 @@ def build_unet(image_size: int = 240, *, spatial_dims: int = 2, depth: int = 4,
       norm: ``batch``, ``group`` (GroupNorm: no moving statistics, so training and
         inference normalise alike on every rank) or ``none``.
       bn_momentum: momentum of BatchNorm's moving statistics.
+      recompute: gradient checkpointing: every convolution unit (conv, norm, ReLU) of
+        every level keeps only its inputs and is recomputed in the backward pass
+        (``ConvUnit``): less memory for more time (docs/memory.md has both measured).
+      precision: ``float32``, or ``bfloat16`` (Keras ``mixed_bfloat16`` on every layer:
+        bfloat16 activations, float32 weights, a float32 softmax output).
 
     Raises:
       ValueError: a hyper-parameter that cannot build a valid network.
     """
-    if spatial_dims not in (2, 3):
-        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
-    if depth < 1 or base_filters < 1 or num_classes < 2:
-        raise ValueError("need depth >= 1, base_filters >= 1 and num_classes >= 2")
-    if image_size % (2 ** depth):
-        raise ValueError(f"image_size {image_size} is not divisible by 2**depth = {2 ** depth}")
-    if norm not in ("batch", "group", "none"):
-        raise ValueError(f"norm must be 'batch', 'group' or 'none', got {norm!r}")
-    pool = layers.MaxPooling2D if spatial_dims == 2 else layers.MaxPooling3D
-    up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
-    conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
-
-    inputs = keras.Input((image_size,) * spatial_dims + (in_channels,), name="image")
+    shape = spatial_shape(image_size, input_shape, spatial_dims, depth)
+    _check(depth, base_filters, num_classes, norm, precision)
+    parts = _Parts(shape, norm, bn_momentum, recompute, precision)
+    inputs = keras.Input(shape + (in_channels,), name="image")
     x, skips = inputs, []
     for level in range(depth):
-        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"down{level}", bn_momentum)
+        x = parts.block(x, base_filters * 2 ** level, f"down{level}", level)
         skips.append(x)
-        x = pool(2, name=f"pool{level}")(x)
-    x = _conv_block(x, base_filters * 2 ** depth, spatial_dims, norm, "bottleneck", bn_momentum)
+        x = parts.pool(x, level)
+    x = parts.block(x, base_filters * 2 ** depth, "bottleneck", depth)
     if dropout:
-        x = layers.Dropout(dropout, name="dropout")(x)
+        x = layers.Dropout(dropout, name="dropout", dtype=parts.dtype(depth))(x)
     for level in reversed(range(depth)):
-        x = up(base_filters * 2 ** level, 2, strides=2, name=f"up{level}")(x)
-        x = layers.Concatenate(name=f"skip{level}")([x, skips[level]])
-        x = _conv_block(x, base_filters * 2 ** level, spatial_dims, norm, f"dec{level}", bn_momentum)
-    outputs = conv(num_classes, 1, activation="softmax", dtype="float32", name="probs")(x)
-    return keras.Model(inputs, outputs, name=name)
+        x = parts.decoder_block(x, skips[level], base_filters * 2 ** level, level)
+    return keras.Model(inputs, parts.head(x, num_classes), name=name)
 
 
-def from_config(cfg: ModelConfig) -> keras.Model:
-    return build_unet(cfg.image_size, depth=cfg.depth, base_filters=cfg.base_filters,
+def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> keras.Model:
+    """The U-Net of a ``ModelConfig``, for inputs of ``input_shape`` (the 2D slice or
+    the 3D slab; None: ``image_size`` on every axis)."""
+    return build_unet(cfg.image_size, input_shape=input_shape, spatial_dims=cfg.spatial_dims,
+                      depth=cfg.depth, base_filters=cfg.base_filters,
                       num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,
-                      bn_momentum=cfg.bn_momentum)
+                      bn_momentum=cfg.bn_momentum, recompute=cfg.recompute,
+                      precision=cfg.precision)
 
 
 def soft_dice_per_class(probs: tf.Tensor, masks: tf.Tensor, num_classes: int) -> tf.Tensor:

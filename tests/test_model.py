@@ -86,7 +86,7 @@ def test_batchnorm_statistics_follow_the_configured_momentum():
     import keras
     from distseg.config import ModelConfig
     model = model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, bn_momentum=0.5))
-    bns = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
+    bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert bns and all(layer.momentum == 0.5 for layer in bns)
     bn = model.get_layer("down0_bn1")
     conv_out = keras.Model(model.input, model.get_layer("down0_conv1").output)
@@ -108,3 +108,134 @@ def test_groupnorm_unet_has_no_moving_statistics_and_normalises_alike():
     assert model_lib.norm_groups(16) == 8 and model_lib.norm_groups(12) == 4
     x = np.random.default_rng(0).normal(3.0, 1.0, (2, 32, 32, 1)).astype(np.float32)
     np.testing.assert_allclose(m(x, training=True), m(x, training=False), atol=1e-6)
+
+
+# --- 3D, non-cubic inputs, the reference size, recompute and bfloat16 -------------------
+
+
+@pytest.mark.parametrize("shape,depth,filters", [
+    ((16, 16, 16), 2, 2), ((16, 32, 48), 2, 2), ((32, 64, 16), 3, 2), ((16, 16, 32), 4, 1),
+])
+def test_3d_output_shapes(shape, depth, filters):
+    m = model_lib.build_unet(input_shape=shape, spatial_dims=3, depth=depth, base_filters=filters)
+    out = m(np.zeros((1, *shape, 1), np.float32))
+    assert out.shape == (1, *shape, 3)
+    np.testing.assert_allclose(out.numpy().sum(-1), 1.0, rtol=1e-5)
+    # Level l of the encoder runs at shape / 2**l with base * 2**l filters.
+    for level in range(depth):
+        got = m.get_layer(f"down{level}_relu2").output.shape
+        assert got == (None, *(s // 2 ** level for s in shape), filters * 2 ** level)
+
+
+def test_non_square_2d_input_and_image_size_still_work():
+    m = model_lib.build_unet(input_shape=(32, 64), depth=2, base_filters=2)
+    assert m(np.zeros((2, 32, 64, 1), np.float32)).shape == (2, 32, 64, 3)
+    assert model_lib.build_unet(48, depth=4, base_filters=2).input_shape == (None, 48, 48, 1)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(input_shape=(16, 24, 32), spatial_dims=3, depth=4), "extent 24 is not divisible by 2\\*\\*depth = 16"),
+    (dict(input_shape=(16, 16), spatial_dims=3, depth=2), "must have 3 extents"),
+    (dict(input_shape=(16, 16), precision="float16"), "precision must be one of"),
+])
+def test_bad_shapes_and_precision(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        model_lib.build_unet(**kwargs)
+
+
+def test_3d_default_has_the_reference_parameter_count():
+    # liver3d: 16 base filters, 4 poolings, 1 channel in, 3 classes, batch norm. The count
+    # does not depend on the input size. 5,649,363 = 5,646,419 trainable + 2,944 BatchNorm
+    # moving statistics (2 x 1,472 channels); the reference's is 5,650,801 (test_memory).
+    m = model_lib.build_unet(input_shape=(16, 16, 16), spatial_dims=3, depth=4, base_filters=16)
+    trainable = sum(int(np.prod(v.shape)) for v in m.trainable_variables)
+    assert (m.count_params(), trainable) == (5_649_363, 5_646_419)
+
+
+def _tiny_pair(**kwargs):
+    """A plain and a recomputing 3D U-Net with the same weights."""
+    shape = dict(input_shape=(8, 16, 16), spatial_dims=3, depth=2, base_filters=4, **kwargs)
+    plain = model_lib.build_unet(**shape)
+    recomputing = model_lib.build_unet(**shape, recompute=True)
+    recomputing.set_weights(plain.get_weights())  # same variables in the same order
+    return plain, recomputing
+
+
+def _loss_and_grads(model, x, y):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model_lib.segmentation_loss(model(x, training=True), y, 3)
+        return loss, tape.gradient(loss, model.trainable_variables)
+    return step(x, y)
+
+
+@pytest.mark.parametrize("norm", ["batch", "group", "none"])
+def test_recompute_gives_the_plain_models_gradients(norm):
+    plain, recomputing = _tiny_pair(norm=norm)
+    assert any(isinstance(l, model_lib.ConvUnit) for l in recomputing.layers)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 8, 16, 16, 1)).astype(np.float32)
+    y = rng.integers(0, 3, size=(2, 8, 16, 16)).astype(np.uint8)
+    loss_p, grads_p = _loss_and_grads(plain, x, y)
+    loss_r, grads_r = _loss_and_grads(recomputing, x, y)
+    assert float(loss_r) == pytest.approx(float(loss_p), rel=1e-5)
+    assert len(grads_r) == len(grads_p) and all(g is not None for g in grads_r)
+    for gp, gr in zip(grads_p, grads_r):
+        scale = float(tf.reduce_max(tf.abs(gp))) + 1e-8
+        np.testing.assert_allclose(gr.numpy() / scale, gp.numpy() / scale, atol=2e-4)
+    # The recomputation does not move BatchNorm's statistics a second time.
+    for vp, vr in zip(plain.non_trainable_weights, recomputing.non_trainable_weights):
+        np.testing.assert_allclose(np.array(vr), np.array(vp), rtol=1e-5, atol=1e-6)
+    if norm == "batch":
+        assert np.abs(np.array(recomputing.non_trainable_weights[0])).max() > 1e-3  # they moved once
+
+
+def test_fused_batchnorm_follows_keras_rule():
+    # Same weights, same input: the same output and the same moving statistics (biased
+    # batch variance) as keras.layers.BatchNormalization, in 4-D and 5-D.
+    import keras
+    rng = np.random.default_rng(2)
+    for shape in [(4, 6, 6, 3), (2, 4, 6, 6, 3)]:
+        x = rng.normal(2.0, 3.0, shape).astype(np.float32)
+        keras_bn = keras.layers.BatchNormalization(momentum=0.5)
+        fused = model_lib.FusedBatchNorm(momentum=0.5)
+        np.testing.assert_allclose(fused(x, training=True), keras_bn(x, training=True), atol=1e-4)
+        np.testing.assert_allclose(fused.moving_mean, keras_bn.moving_mean, rtol=1e-5)
+        np.testing.assert_allclose(fused.moving_variance, keras_bn.moving_variance, rtol=1e-4)
+        before = np.array(fused.moving_mean)
+        fused(x, training=True, update_stats=False)
+        np.testing.assert_array_equal(np.array(fused.moving_mean), before)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_bfloat16_computes_in_bfloat16_and_outputs_float32(recompute):
+    m = model_lib.build_unet(input_shape=(8, 16, 16), spatial_dims=3, depth=2, base_filters=4,
+                             precision="bfloat16", recompute=recompute)
+    x = np.random.default_rng(3).normal(size=(1, 8, 16, 16, 1)).astype(np.float32)
+    y = np.zeros((1, 8, 16, 16), np.uint8)
+    with tf.GradientTape() as tape:
+        probs = m(x, training=True)
+        loss = model_lib.segmentation_loss(probs, y, 3)
+    assert probs.dtype == tf.float32
+    np.testing.assert_allclose(probs.numpy().sum(-1), 1.0, rtol=1e-5)
+    assert m.get_layer("logits").compute_dtype == "bfloat16"
+    assert all(v.dtype == "float32" for v in m.weights)  # float32 master weights
+    assert all(g.dtype == tf.float32 for g in tape.gradient(loss, m.trainable_variables))
+    if not recompute:
+        assert isinstance(m.get_layer("down0_bn1"), model_lib.FusedBatchNorm)
+        assert m.get_layer("down0_conv1").output.dtype == "bfloat16"
+        # The bottleneck is 2x4x4: it computes in float32 (memory.level_precision).
+        assert m.get_layer("bottleneck_conv1").compute_dtype == "float32"
+        assert m.get_layer("up1").compute_dtype == "float32"
+        assert m.get_layer("down1_conv1").compute_dtype == "bfloat16"
+
+
+def test_from_config_reads_the_3d_fields():
+    from distseg.config import ModelConfig
+    cfg = ModelConfig(depth=2, base_filters=2, spatial_dims=3, recompute=True, precision="bfloat16")
+    m = model_lib.from_config(cfg, (8, 16, 32))
+    assert m.input_shape == (None, 8, 16, 32, 1)
+    assert any(isinstance(l, model_lib.ConvUnit) for l in m.layers)
+    assert m.get_layer("logits").compute_dtype == "bfloat16"
+    assert model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2)).input_shape == (None, 16, 16, 1)
