@@ -47,8 +47,12 @@ test: test-parallel test-serial
 test-docker: install
 	DISTSEG_TEST_DOCKER=1 $(BIN)/python -m pytest tests/test_docker.py $(PYTEST_FLAGS) -rs -s
 
+# One table of speed ratios, goal beside measured (docs/performance.md#make-bench), under
+# 15 minutes here; results in bench/results/bench-*.json. The Horovod settings comparison
+# of docs/performance.md is benchmarks/bench_horovod.py.
 bench: install
-	$(BIN)/python benchmarks/bench_horovod.py --data data/liver117.h5 --repeat 2
+	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
+	$(BIN)/python benchmarks/bench_table.py --data data/liver117.h5
 
 # The large-batch study (docs/statistical-efficiency.md): samples and time to a validation
 # Dice target at 1, 2 and 8 ranks. About an hour here; results in bench/results/stateff-*.json,

@@ -1,0 +1,467 @@
+"""``make bench``: one table of speed ratios, each goal beside what was measured.
+
+Every ratio is measured in this one run on this machine, the variants of a ratio
+interleaved (A B A B, ``--rounds`` times) so the load of a shared machine hits both:
+
+* distseg on 1 rank against Keras ``fit`` (``benchmarks/peers/keras_fit.py``);
+* distseg on 2 Horovod ranks against 1 rank;
+* distseg on 2 ranks against ``MultiWorkerMirroredStrategy`` with 2 workers
+  (``benchmarks/peers/mwms.py``: same model, data, global batch and threads);
+* training FLOP/s (FLOPs counted from the model, ``benchlib.flops``, times the 1-rank
+  samples/s) against dense fp32 ``tf.matmul`` FLOP/s at the same thread count;
+* bf16 (Keras ``mixed_bfloat16``) against fp32 train-step time (``benchlib.precision``);
+* the input pipeline alone against what training consumes, and the share of step
+  time spent waiting for data (from the runs' step records);
+* allreduce bandwidth at the gradient size against memory-copy bandwidth
+  (``benchlib.bandwidth``);
+
+plus the statistical-efficiency rows of the newest ``bench/results/stateff-*.json``
+(written by ``benchmarks/bench_stateff.py``). distseg runs through its own CLI
+(``distseg-train``, ``horovodrun -np 2 -H localhost:2 distseg-train``) on the demo
+configuration, one intra-op thread per rank; throughput counts the epochs after the
+first. Results, with the machine description, go to
+``bench/results/bench-<date>-<time>.json``.
+
+``--ab NAME,...`` adds distseg runs with a local copy of one piece changed
+(``benchlib.train_variant``), e.g. ``distseg-1+fusedbn`` or ``distseg-2+slices+cycle1``,
+each with its ratio to plain distseg in the same run.
+
+    python benchmarks/bench_table.py --data data/liver117.h5
+    python benchmarks/bench_table.py --rounds 1 --epochs 3 --ab distseg-1+fusedbn
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, HERE)
+
+from bench_horovod import throughput  # noqa: E402
+from benchlib import machine, table  # noqa: E402
+from benchlib.table import Goal  # noqa: E402
+from distseg import schema  # noqa: E402
+
+#: The runs every round trains, in this order.
+BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")
+
+#: Changes ``--ab`` can add to a distseg run: (benchlib.train_variant arguments, env,
+#: distseg-train flags). ``cycleMS`` sets HOROVOD_CYCLE_TIME to MS.
+MODIFIERS = {
+    "fusedbn": (["--model", "fusedbn"], {}, []),
+    "bf16": ([], {}, ["--precision", "bfloat16"]),
+    "slices": (["--reader", "slices"], {}, []),
+    "checksum": (["--checksum", "compiled"], {}, []),
+    "nocheck": (["--step", "nocheck"], {}, []),
+    "sumcheck": (["--step", "sumcheck"], {}, []),
+    "noreduce": (["--step", "noreduce"], {}, []),
+    "bare": (["--step", "bare"], {}, []),
+    "nopin": ([], {"DISTSEG_PIN": "0"}, []),
+}
+
+GOALS = {
+    "vs_keras": Goal(">=", 1.00),
+    "vs_mwms": Goal(">=", 1.05),
+    "scaling": Goal(">=", 1.90),
+    "flops": Goal(">=", 0.80),
+    "bf16": Goal(">=", 1.30),  # and validation Dice within BF16_DICE_TOLERANCE
+    "data_wait": Goal("<", 2.0, "%", "{:g}"),
+    "pipeline": Goal(">=", 1.00),
+}
+
+STATEFF_MEASURES = ("time to validation Dice target, 2 vs 1 ranks",
+                    "validation Dice never falls > 0.1 between epochs",
+                    "samples to target, 8 vs 1 ranks")
+
+
+@dataclass
+class Settings:
+    data: str
+    preset: str
+    epochs: int
+    rounds: int
+    batch_size: int
+    threads: int
+    results_dir: str
+    ab: list[str]
+    bf16_dice_epochs: int
+    trainers: list[str] = field(default_factory=lambda: list(BASE_TRAINERS))
+    skip: set = field(default_factory=set)
+    workdir: str = ""
+    env: dict = field(default_factory=dict)
+
+
+def parse_args(argv=None) -> Settings:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=os.path.join(REPO, "data", "liver117.h5"))
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--epochs", type=int, default=4, help="per training run; the first is not timed")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every training run")
+    p.add_argument("--batch-size", type=int, default=8, help="per rank")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
+    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+fusedbn,distseg-2+slices")
+    p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
+                   help="the base runs of every round (a subset, for a quick A/B)")
+    p.add_argument("--skip", default="", help="measurements to leave out: precision, pipeline, bandwidth")
+    p.add_argument("--bf16-dice-epochs", type=int, default=8,
+                   help="train fp32 and bf16 this many epochs and compare validation Dice (0: no)")
+    a = p.parse_args(argv)
+    if a.epochs < 2:
+        p.error("--epochs must be >= 2 (the first epoch is not timed)")
+    ab = [n for n in a.ab.split(",") if n]
+    for name in ab:
+        check_trainer_name(name, p.error)
+    trainers = [n for n in a.trainers.split(",") if n]
+    skip = {n for n in a.skip.split(",") if n}
+    if not set(trainers) <= set(BASE_TRAINERS) or not skip <= set(MEASUREMENTS):
+        p.error(f"--trainers takes {', '.join(BASE_TRAINERS)}; --skip takes {', '.join(MEASUREMENTS)}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
+    return Settings(data=a.data, preset=a.preset, epochs=a.epochs, rounds=a.rounds,
+                    batch_size=a.batch_size, threads=a.threads, results_dir=a.results_dir,
+                    ab=ab, bf16_dice_epochs=a.bf16_dice_epochs, trainers=trainers, skip=skip, env=env)
+
+
+def check_trainer_name(name: str, error) -> None:
+    base, *mods = name.split("+")
+    if base not in ("distseg-1", "distseg-2"):
+        error(f"--ab {name}: must start with distseg-1 or distseg-2")
+    for m in mods:
+        if m not in MODIFIERS and not re.fullmatch(r"cycle[0-9.]+", m):
+            error(f"--ab {name}: unknown change {m!r} (known: {', '.join(MODIFIERS)}, cycleMS)")
+
+
+# --- running things --------------------------------------------------------------
+
+
+def run_json(cmd: list[str], s: Settings, env: dict | None = None, timeout: float = 600) -> dict:
+    """Runs ``cmd`` and returns the last JSON line it printed (any rank prefix cut)."""
+    done = subprocess.run(cmd, env={**s.env, **(env or {})}, cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    lines = [re.sub(r"^\[\d+,\d+\]<stdout>:", "", line) for line in done.stdout.splitlines()]
+    found = [line for line in lines if line.startswith("{")]
+    if done.returncode or not found:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}):\n"
+                           f"{(done.stderr or done.stdout)[-2000:]}")
+    return json.loads(found[-1])
+
+
+def train_args(s: Settings, run_dir: str) -> list[str]:
+    return ["--preset", s.preset, "--data", s.data, "--run-dir", run_dir, "--epochs", str(s.epochs),
+            "--batch-size", str(s.batch_size), "--intra-op-threads", str(s.threads),
+            "--inter-op-threads", "1", "--no-validate", "--checkpoint-every", "0"]
+
+
+def distseg_command(name: str, s: Settings, run_dir: str) -> tuple[list[str], dict, int]:
+    """(command, extra env, ranks) of a distseg run ``distseg-N[+change...]``."""
+    base, *mods = name.split("+")
+    ranks = int(base.split("-")[1])
+    variant_args, env, flags = [], {}, []
+    for m in mods:
+        if m.startswith("cycle"):
+            env["HOROVOD_CYCLE_TIME"] = m[len("cycle"):]
+            continue
+        variant_args += MODIFIERS[m][0]
+        env.update(MODIFIERS[m][1])
+        flags += MODIFIERS[m][2]
+    trainer = ([sys.executable, "-m", "benchlib.train_variant", *variant_args, "--"]
+               if variant_args else [os.path.join(BIN, "distseg-train")])
+    launcher = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}"]
+    return (launcher if ranks > 1 else []) + trainer + train_args(s, run_dir) + flags, env, ranks
+
+
+def data_wait_share(run_dir: str, ranks: int) -> float:
+    """Seconds waiting for data over seconds of step, all ranks, epochs after the first."""
+    wait = total = 0.0
+    for rank in range(ranks):
+        records, _ = schema.read_log(os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank)))
+        for r in records:
+            if r["type"] == "step" and r["epoch"] > 0:
+                wait += r["data_wait"]
+                total += r["step_time"]
+    return wait / total if total else float("nan")
+
+
+def run_distseg(name: str, s: Settings) -> dict:
+    run_dir = tempfile.mkdtemp(dir=s.workdir, prefix=name.replace("+", "_") + "-")
+    os.rmdir(run_dir)  # distseg-train wants a new directory
+    cmd, env, ranks = distseg_command(name, s, run_dir)
+    done = subprocess.run(cmd, env={**s.env, **env}, cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"{name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return {"samples_per_s": throughput(run_dir, ranks),
+            "data_wait_share": data_wait_share(run_dir, ranks)}
+
+
+def run_trainer(name: str, s: Settings) -> dict:
+    """One training run of ``name``; returns its samples/s (and more), timed."""
+    start, load = time.perf_counter(), machine.load_average()
+    if name.startswith("distseg"):
+        result = run_distseg(name, s)
+    else:
+        peer = {"keras-fit": ["peers.keras_fit"], "mwms-2": ["peers.mwms", "--workers", "2"]}[name]
+        result = run_json([sys.executable, "-m", *peer, "--data", s.data, "--preset", s.preset,
+                           "--epochs", str(s.epochs), "--batch-size", str(s.batch_size),
+                           "--threads", str(s.threads)], s, timeout=900)
+    return {**result, "wall_s": time.perf_counter() - start, "load_before": load}
+
+
+def measure_gemm(s: Settings) -> dict:
+    return run_json([sys.executable, "-m", "benchlib.flops", "--preset", s.preset,
+                     "--threads", str(s.threads)], s)
+
+
+def measure_precision(s: Settings) -> dict:
+    modes = ["float32", "bfloat16", "keras_mixed"]
+    if any("fusedbn" in n for n in s.ab):
+        modes += ["float32:fusedbn"]
+    return run_json([sys.executable, "-m", "benchlib.precision", "--data", s.data,
+                     "--preset", s.preset, "--threads", str(s.threads), "--modes", ",".join(modes),
+                     "--dice-epochs", str(s.bf16_dice_epochs), "--dice-modes", "float32,bfloat16"],
+                    s, timeout=1200)
+
+
+def measure_pipeline(s: Settings) -> dict:
+    return run_json([sys.executable, "-m", "benchlib.pipeline", "--data", s.data,
+                     "--preset", s.preset, "--epochs", str(s.epochs),
+                     "--batch-size", str(s.batch_size)], s)
+
+
+def measure_bandwidth(s: Settings) -> dict:
+    reduce = run_json([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2",
+                       sys.executable, "-m", "benchlib.bandwidth", "allreduce",
+                       "--preset", s.preset, "--threads", str(s.threads)], s)
+    copy = run_json([sys.executable, "-m", "benchlib.bandwidth", "memcpy",
+                     "--bytes", str(reduce["bytes"])], s)
+    return {**reduce, **copy}
+
+
+#: The measurements after the training rounds, each one subprocess or two.
+MEASUREMENTS = {"precision": measure_precision, "pipeline": measure_pipeline,
+                "bandwidth": measure_bandwidth}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def interleaved_training(s: Settings) -> dict:
+    """Every training run, ``s.rounds`` times, interleaved; and the GEMM rate once per
+    round, so it sees the same machine as the runs."""
+    names = list(s.trainers) + s.ab
+    runs = {n: [] for n in names}
+    gemm = []
+    for r in range(s.rounds):
+        for name in names:
+            runs[name].append(run_trainer(name, s))
+            log(f"round {r + 1}/{s.rounds} {name:24s} {runs[name][-1]['samples_per_s']:7.2f} samples/s")
+        gemm.append(measure_gemm(s))
+        log(f"round {r + 1}/{s.rounds} {'fp32 GEMM':24s} {gemm[-1]['gemm_flops_per_s'] / 1e9:7.1f} GFLOP/s")
+    return {"runs": runs, "gemm": gemm}
+
+
+# --- from measurements to rows ----------------------------------------------------
+
+
+def median_of(runs: list[dict], key: str = "samples_per_s") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def ratio(results: dict, a: str, b: str) -> tuple[float | None, str]:
+    """(median samples/s of ``a`` / of ``b``, the numbers behind it in words); None
+    when one of them was not run (``--trainers``)."""
+    runs = results["training"]["runs"]
+    if a not in runs or b not in runs:
+        return None, f"{b if a in runs else a} not run"
+    x, y = median_of(runs[a]), median_of(runs[b])
+    per_round = ", ".join(f"{p['samples_per_s'] / q['samples_per_s']:.2f}" for p, q in zip(runs[a], runs[b]))
+    return x / y, f"{x:.1f} vs {y:.1f} samples/s (rounds: {per_round})"
+
+
+def speed_rows(results: dict) -> list[table.Row]:
+    """The distseg-against-peers and scaling rows."""
+    rows = []
+    for measure, a, b, goal in (("distseg 1 rank / Keras fit (samples/s)", "distseg-1", "keras-fit", "vs_keras"),
+                                ("distseg 2 ranks / 1 rank (samples/s)", "distseg-2", "distseg-1", "scaling"),
+                                ("distseg 2 ranks / MultiWorkerMirroredStrategy 2 workers", "distseg-2",
+                                 "mwms-2", "vs_mwms")):
+        value, detail = ratio(results, a, b)
+        rows.append(table.measured_row(measure, GOALS[goal], value, detail))
+    return rows
+
+
+def gemm_peak(results: dict, bf16: bool = False) -> float:
+    """The fastest GEMM rate seen in the run's rounds (FLOP/s)."""
+    key = "gemm_bf16_flops_per_s" if bf16 else "gemm_flops_per_s"
+    return max(g[key] for g in results["training"]["gemm"])
+
+
+def flops_row(results: dict, name: str = "distseg-1") -> table.Row:
+    """Training FLOP/s of the 1-rank run ``name`` over the GEMM peak of its precision."""
+    gemm = results["training"]["gemm"][0]
+    bf16 = "+bf16" in name
+    measure = ("training FLOP/s / fp32 GEMM FLOP/s" if name == "distseg-1"
+               else f"A/B {name}: training FLOP/s / {'bf16' if bf16 else 'fp32'} GEMM FLOP/s")
+    if name not in results["training"]["runs"]:
+        return table.measured_row(measure, GOALS["flops"], None, f"{name} not run")
+    per_sample = gemm["train_flops_per_sample"]
+    train = per_sample * median_of(results["training"]["runs"][name])
+    peak = gemm_peak(results, bf16)
+    detail = (f"{train / 1e9:.1f} vs {peak / 1e9:.1f} GFLOP/s ({per_sample / 1e9:.2f} GFLOP per sample "
+              f"x samples/s; fastest {gemm['gemm_n']}^3 {'bf16' if bf16 else 'fp32'} matmul), "
+              f"{gemm['threads']} thread")
+    return table.measured_row(measure, GOALS["flops"], train / peak, detail)
+
+
+#: How far bf16's validation Dice may be from fp32's for its speed to count.
+BF16_DICE_TOLERANCE = 0.01
+
+
+def precision_rows(results: dict) -> list[table.Row]:
+    """bf16 against fp32 step speed; the goal counts only with validation Dice within
+    ``BF16_DICE_TOLERANCE`` of fp32's (trained side by side, ``--bf16-dice-epochs``)."""
+    p = results.get("precision")
+    if p is None:
+        return [table.measured_row("bf16 / fp32 step speed", GOALS["bf16"], None, "skipped (--skip)")]
+    t, dice = p["step_seconds"], p.get("val_liver_dice") or {}
+    rows = []
+    for fp32, bf16, label in (("float32", "bfloat16", "distseg --precision bfloat16"),
+                              ("float32", "keras_mixed", "Keras mixed_bfloat16, Keras BatchNorm"),
+                              ("float32:fusedbn", "bfloat16", "distseg bfloat16 / fp32 with fused BN")):
+        if fp32 not in t or bf16 not in t:
+            continue
+        row = table.measured_row(f"bf16 / fp32 step speed ({label})", GOALS["bf16"], t[fp32] / t[bf16],
+                                 f"{t[fp32] * 1e3:.0f} vs {t[bf16] * 1e3:.0f} ms per step")
+        if fp32 in dice and bf16 in dice:
+            close = abs(dice[bf16] - dice[fp32]) <= BF16_DICE_TOLERANCE
+            row = dataclasses.replace(
+                row, met=row.met and close,
+                detail=f"{row.detail}; val liver Dice {dice[bf16]:.3f} vs {dice[fp32]:.3f} "
+                       f"after {p['dice_epochs']} epochs (within {BF16_DICE_TOLERANCE}: "
+                       f"{'yes' if close else 'NO'})")
+        else:
+            row = dataclasses.replace(row, met=None, detail=f"{row.detail}; Dice not compared")
+        rows.append(row)
+    return rows
+
+
+def input_rows(results: dict) -> list[table.Row]:
+    runs = results["training"]["runs"]
+    shares = [median_of(runs[n], "data_wait_share") for n in ("distseg-1", "distseg-2") if n in runs]
+    if not shares or "pipeline" not in results or "distseg-1" not in runs:
+        return [table.measured_row("data wait share of step time", GOALS["data_wait"],
+                                   100 * max(shares) if shares else None, fmt="{:.3f}"),
+                table.measured_row("input pipeline alone / training consumption", GOALS["pipeline"],
+                                   None, "skipped (--skip or --trainers)")]
+    share = max(shares)
+    consumed = median_of(runs["distseg-1"])
+    supplied = results["pipeline"]["samples_per_s"]
+    return [
+        table.measured_row("data wait share of step time", GOALS["data_wait"], 100 * share,
+                           "worst of 1 and 2 ranks, epochs after the first", fmt="{:.3f}"),
+        table.measured_row("input pipeline alone / training consumption", GOALS["pipeline"],
+                           supplied / consumed, f"{supplied:.0f} vs {consumed:.1f} samples/s "
+                           "(reader + prefetcher thread alone, 1 rank)"),
+    ]
+
+
+def bandwidth_row(results: dict) -> table.Row:
+    b = results.get("bandwidth")
+    if b is None:
+        return table.measured_row("allreduce / memcpy bandwidth at the gradient size", None, None,
+                                  "skipped (--skip)")
+    return table.measured_row(
+        "allreduce / memcpy bandwidth at the gradient size", None,
+        b["allreduce_bytes_per_s"] / b["memcpy_bytes_per_s"],
+        f"{b['allreduce_bytes_per_s'] / 1e9:.2f} vs {b['memcpy_bytes_per_s'] / 1e9:.1f} GB/s, "
+        f"{b['bytes'] / 1e6:.1f} MB, {b['seconds'] * 1e3:.1f} ms per allreduce "
+        f"({b['controller']}, 2 ranks)", fmt="{:.3f}")
+
+
+def ab_rows(results: dict) -> list[table.Row]:
+    """For every ``--ab`` run: its samples/s over plain distseg's, and over the peer."""
+    rows = []
+    for name in results["training"]["runs"]:
+        if "+" not in name:
+            continue
+        base = name.split("+")[0]
+        value, detail = ratio(results, name, base)
+        rows.append(table.measured_row(f"A/B {name} / {base}", None, value, detail, fmt="{:.3f}"))
+        peer, goal = ("keras-fit", "vs_keras") if base == "distseg-1" else ("mwms-2", "vs_mwms")
+        value, detail = ratio(results, name, peer)
+        rows.append(table.measured_row(f"A/B {name} / {peer}", GOALS[goal], value, detail))
+        if base == "distseg-1":
+            rows.append(flops_row(results, name))
+        if base == "distseg-2" and f"distseg-1+{name.split('+', 1)[1]}" in results["training"]["runs"]:
+            value, detail = ratio(results, name, f"distseg-1+{name.split('+', 1)[1]}")
+            rows.append(table.measured_row(f"A/B {name} / same change on 1 rank", GOALS["scaling"],
+                                           value, detail))
+    return rows
+
+
+def all_rows(results: dict, results_dir: str) -> list[table.Row]:
+    return (speed_rows(results) + [flops_row(results)] + precision_rows(results)
+            + input_rows(results) + [bandwidth_row(results)] + ab_rows(results)
+            + table.stateff_rows(results_dir, STATEFF_MEASURES))
+
+
+# --- the run ----------------------------------------------------------------------
+
+
+def write_results(s: Settings, doc: dict) -> str:
+    os.makedirs(s.results_dir, exist_ok=True)
+    path = os.path.join(s.results_dir, f"bench-{time.strftime('%Y-%m-%d-%H%M')}.json")
+    with open(path + ".partial", "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".partial", path)
+    return path
+
+
+def main(argv=None) -> int:
+    s = parse_args(argv)
+    if not os.path.exists(s.data):
+        sys.exit(f"error: {s.data}: no such data file (make demo builds data/liver117.h5)")
+    start, load_start = time.perf_counter(), machine.load_average()
+    threads = {"intra_op_per_rank": s.threads, "inter_op_per_rank": 1}
+    results = {"settings": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(s).items()
+                            if k not in ("env", "workdir")},
+               "machine": machine.describe(REPO, threads), "load_average_start": load_start}
+    s.workdir = tempfile.mkdtemp(prefix="distseg-bench-")
+    try:
+        results["training"] = interleaved_training(s)
+        for name, measure in MEASUREMENTS.items():
+            if name not in s.skip:
+                results[name] = measure(s)
+                log(f"{name} measured")
+    finally:
+        shutil.rmtree(s.workdir, ignore_errors=True)
+    rows = all_rows(results, s.results_dir)
+    results.update(rows=[r.to_dict() for r in rows], load_average_end=machine.load_average(),
+                   wall_seconds=time.perf_counter() - start,
+                   date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
+    path = write_results(s, results)
+    print(table.format_table(rows))
+    print(f"\n{results['machine']['cpu_model']}, {results['machine']['physical_cores']} cores; "
+          f"load average {load_start[0] if load_start else '?'} at the start, "
+          f"{results['load_average_end'][0] if results['load_average_end'] else '?'} at the end; "
+          f"{results['wall_seconds'] / 60:.1f} min. Results: {os.path.relpath(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""bf16 against fp32: train-step time of the same U-Net in different precisions.
+
+Builds one model per mode in one process and compiles the same bare train step for
+each (forward, backward, Adam: ``benchlib.step_variants.make_bare_train_step``), then
+times them round-robin on the same batches. Modes:
+
+* ``float32``: distseg's model as ``make demo`` trains it;
+* ``bfloat16``: distseg's ``model.precision = "bfloat16"`` (Keras ``mixed_bfloat16``
+  on every layer, BatchNorm through the fused kernel, float32 softmax);
+* ``keras_mixed``: the float32 model built under Keras' global ``mixed_bfloat16``
+  policy, Keras' own (unfused) BatchNorm: what a Keras user gets by setting the policy;
+* ``MODE:fusedbn``: any of these with fused BatchNorm (``benchlib.model_variants``).
+
+Convolutions then run in bf16 with fp32 weights; on CPUs with AVX512_BF16 or AMX
+oneDNN has bf16 kernels for them.
+
+``--grappler-bf16`` instead turns on TensorFlow's graph rewrite
+``auto_mixed_precision_onednn_bfloat16`` for the whole process, so every mode's graph
+is rewritten to bf16 where oneDNN supports it; run it as a separate process and
+compare its float32 time with a plain run's.
+
+``--dice-epochs N`` also trains each mode's model for N epochs of the demo schedule
+and reports its validation liver Dice, to check that bf16 learns as well.
+
+    python -m benchlib.precision --data data/liver117.h5 --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+#: Mode name -> (distseg ``model.precision``, Keras global policy while building).
+MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+         "keras_mixed": ("float32", "mixed_bfloat16")}
+
+
+def build_mode_step(cfg, mode: str):
+    """(model, step) of the config's U-Net in ``mode`` (``NAME`` or ``NAME:VARIANT``)."""
+    import keras
+
+    from benchlib import model_variants
+    from benchlib.step_variants import make_bare_train_step
+    name, _, variant = mode.partition(":")
+    precision, policy = MODES[name]
+    model_cfg = dataclasses.replace(cfg.model, precision=precision)
+    keras.mixed_precision.set_global_policy(policy or "float32")
+    try:
+        keras.utils.set_random_seed(cfg.train.seed)
+        model = model_variants.build(model_cfg, variant=variant or "keras")
+        optimizer = keras.optimizers.Adam(cfg.train.lr)
+        optimizer.build(model.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    shape = (cfg.model.image_size,) * 2
+    return model, make_bare_train_step(model, optimizer, shape, cfg.model.num_classes,
+                                       cfg.train.loss)
+
+
+def time_steps(step, batches, n: int, start: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step over ``n`` steps."""
+    import numpy as np
+    flags = np.zeros(2, np.float32)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(n):
+        images, masks = batches[(start + i) % len(batches)]
+        float(step(images, masks, flags)[0])
+    return (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
+
+
+def val_liver_dice(model, cfg, reader, info) -> float:
+    """Hard liver Dice of ``model`` on the validation split."""
+    import numpy as np
+
+    from distseg import data, model as model_lib
+    counts = 0
+    for ids in data.shard_eval(info.val_indices, 0, 1, cfg.train.batch_size):
+        images, masks = reader.read(ids)
+        probs = model(images, training=False)
+        counts = counts + model_lib.dice_counts(probs, masks, cfg.model.num_classes).numpy()
+    return model_lib.dice_from_counts(np.asarray(counts))[1]
+
+
+def train_for_dice(cfg, mode: str, reader, info, epochs: int) -> float:
+    """Trains a fresh model in ``mode`` for ``epochs`` (one rank, the preset's batch
+    and learning rate, shards as distseg's); returns validation liver Dice."""
+    from distseg import data
+    model, step = build_mode_step(cfg, mode)
+    for epoch in range(epochs):
+        for ids in data.shard_batches(info.train_indices, 0, 1, cfg.train.batch_size,
+                                      epoch, cfg.train.seed):
+            time_steps(step, [reader.read(ids)], 1, 0)
+    return val_liver_dice(model, cfg, reader, info)
+
+
+def run(args) -> dict:
+    """Times every mode (``POLICY`` or ``POLICY:MODEL_VARIANT``) round-robin; with
+    ``--dice-epochs``, also trains each and scores it."""
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if args.grappler_bf16:
+        tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
+    from distseg import config as config_lib, data
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    info = data.inspect(args.data)
+    modes = args.modes.split(",")
+    for m in modes:
+        if m.partition(":")[0] not in MODES:
+            raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)} (optionally :fusedbn)")
+    with data.SliceReader(args.data, cfg.model.image_size) as reader:
+        batches = [reader.read(ids) for ids in data.shard_batches(
+            info.train_indices, 0, 1, cfg.train.batch_size, 0, cfg.train.seed)]
+        steps = {m: build_mode_step(cfg, m)[1] for m in modes}
+        for step in steps.values():
+            time_steps(step, batches, 2, 0)  # trace and warm up
+        wall = {m: [] for m in modes}
+        cpu = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for m, step in steps.items():
+                w, c = time_steps(step, batches, args.steps, r * args.steps)
+                wall[m].append(w)
+                cpu[m].append(c)
+        dice_modes = args.dice_modes.split(",") if args.dice_modes else modes
+        dice = ({m: train_for_dice(cfg, m, reader, info, args.dice_epochs) for m in dice_modes}
+                if args.dice_epochs else {})
+    return {"modes": modes, "grappler_bf16": args.grappler_bf16, "threads": args.threads,
+            "step_seconds": {m: statistics.median(s) for m, s in wall.items()},
+            "step_cpu_seconds": {m: statistics.median(s) for m, s in cpu.items()},
+            "val_liver_dice": dice, "dice_epochs": args.dice_epochs}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/liver117.h5")
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--modes", default="float32,bfloat16,keras_mixed",
+                   help="comma-separated modes: float32, bfloat16, keras_mixed, each optionally :fusedbn")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=3, help="steps per mode per round")
+    p.add_argument("--grappler-bf16", action="store_true")
+    p.add_argument("--dice-epochs", type=int, default=0)
+    p.add_argument("--dice-modes", default="", help="modes to train for Dice (default: all)")
+    print(json.dumps(run(p.parse_args(argv))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

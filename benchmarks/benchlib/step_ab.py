@@ -1,0 +1,139 @@
+"""In-process A/B of train-step variants: the same model, batches and threads.
+
+Builds the demo U-Net once, compiles every variant of ``benchlib.step_variants`` (and
+Keras' own ``train_on_batch`` as ``keras``) on it, then times them round-robin, a few
+steps each per round, so the load of a shared machine hits all of them alike. Prints
+wall and CPU milliseconds per step (median over rounds) and the ratio to distseg's
+step; CPU time is the steadier figure on a busy machine (with one intra-op thread,
+CPU time per step barely moves with other processes' load).
+
+    python -m benchlib.step_ab --data data/liver117.h5 --rounds 8
+    horovodrun -np 2 -H localhost:2 python -m benchlib.step_ab --variants distseg,nocheck
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/liver117.h5")
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
+    p.add_argument("--variants", default="distseg,nocheck,sumcheck,noreduce,bare,keras")
+    p.add_argument("--json", default=None, help="also write the results here (rank 0)")
+    return p.parse_args(argv)
+
+
+def keras_step(model, num_classes: int, loss: str, lr: float):
+    """Keras' own compiled train step on ``model`` (``train_on_batch``), as a callable
+    with the variants' arguments."""
+    import keras
+
+    from peers.keras_fit import keras_loss
+    model.compile(optimizer=keras.optimizers.Adam(lr), loss=keras_loss(num_classes, loss))
+
+    def step(images, masks, flags):
+        return model.train_on_batch(images, masks[..., None])
+    return step
+
+
+def build(args, ctx):
+    """(batches, steps by name, flags) on this rank. A name is a step variant of
+    ``benchlib.step_variants`` (or ``keras``), optionally ``+MODEL`` for a model variant
+    of ``benchlib.model_variants``; each model variant is built once, with its own
+    optimizer, and its steps share it."""
+    import keras
+    import numpy as np
+
+    from benchlib import model_variants
+    from benchlib.step_variants import ONE_RANK_ONLY, VARIANTS
+    from distseg import config as config_lib, data
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    info = data.inspect(args.data)
+    with data.SliceReader(args.data, cfg.model.image_size) as reader:
+        batches = [reader.read(ids) for ids in data.shard_batches(
+            info.train_indices, ctx.rank, ctx.size, args.batch_size, 0, 0)]
+    shape = (cfg.model.image_size,) * 2
+    names = [n for n in args.variants.split(",")
+             if ctx.size == 1 or n.split("+")[0] not in ONE_RANK_ONLY + ("keras",)]
+    built, fns = {}, {}
+    for name in names:
+        step, _, variant = name.partition("+")
+        if step == "keras":
+            keras.utils.set_random_seed(0)
+            fns[name] = keras_step(model_variants.build(cfg.model, variant=variant or "keras"),
+                                   cfg.model.num_classes, cfg.train.loss, cfg.train.lr)
+            continue
+        if variant not in built:
+            keras.utils.set_random_seed(0)
+            model = model_variants.build(cfg.model, variant=variant or "keras")
+            optimizer = keras.optimizers.Adam(cfg.train.lr)
+            optimizer.build(model.trainable_variables)
+            built[variant] = model, optimizer
+        fns[name] = VARIANTS[step](*built[variant], shape, cfg.model.num_classes, cfg.train.loss)
+    return batches, fns, np.zeros(2, np.float32)
+
+
+def time_round(fn, batches, flags, steps: int, start: int) -> tuple[float, float]:
+    """(wall s, CPU s) per step over ``steps`` steps of ``fn``."""
+    import numpy as np
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(steps):
+        images, masks = batches[(start + i) % len(batches)]
+        out = fn(images, masks, flags)
+        np.asarray(out[0] if isinstance(out, (tuple, list)) else out)  # wait for the step
+    return (time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps
+
+
+def run(args) -> dict:
+    """Times every variant round-robin; returns {name: {"wall_ms", "cpu_ms"}} medians."""
+    import tensorflow as tf
+
+    from distseg import distributed as dist
+    ctx = dist.init()
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    batches, fns, flags = build(args, ctx)
+    for fn in fns.values():  # trace and warm up
+        time_round(fn, batches, flags, 2, 0)
+    walls = {n: [] for n in fns}
+    cpus = {n: [] for n in fns}
+    for r in range(args.rounds):
+        for name, fn in fns.items():
+            w, c = time_round(fn, batches, flags, args.steps, r * args.steps)
+            walls[name].append(w)
+            cpus[name].append(c)
+    return {n: {"wall_ms": 1e3 * statistics.median(walls[n]),
+                "cpu_ms": 1e3 * statistics.median(cpus[n])} for n in fns}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = run(args)
+    from distseg import distributed as dist
+    if dist.context().is_root():
+        base = results.get("distseg")
+        print(f"{'variant':10s} {'wall ms':>8s} {'CPU ms':>8s} {'wall x':>7s} {'CPU x':>7s}")
+        for name, r in results.items():
+            wx = base["wall_ms"] / r["wall_ms"] if base else float("nan")
+            cx = base["cpu_ms"] / r["cpu_ms"] if base else float("nan")
+            print(f"{name:10s} {r['wall_ms']:8.1f} {r['cpu_ms']:8.1f} {wx:7.3f} {cx:7.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

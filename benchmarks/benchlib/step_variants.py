@@ -1,0 +1,172 @@
+"""Local copies of distseg's train step with one cost taken out, for A/B timing.
+
+``distseg.steps.make_train_step`` does more than forward, backward and update: it
+copies the BatchNorm statistics before the forward pass (to put them back when a step
+is skipped), checks every gradient for finiteness (the ``--on-nonfinite`` feature)
+and runs a grouped allreduce even on one process. Each builder here has the same
+signature and return value (``local loss, mean loss, mean [failed, stop, nonfinite]
+flags``), so ``benchlib.train_variant`` can put one in place of the original and run
+the real ``distseg-train`` with it. The benchmark never changes distseg itself: a
+variant that wins is reported with its code and its measured gain.
+
+Variants (``VARIANTS``):
+  ``distseg``      the original, untouched;
+  ``nocheck``      no BatchNorm copy, no per-gradient finiteness check (the loss is
+                   still checked, so a NaN loss is still caught);
+  ``sumcheck``     the BatchNorm copy kept, the finiteness check folded into one sum
+                   per gradient (a NaN or Inf anywhere makes the total non-finite);
+  ``noreduce``     no allreduce when there is one rank (the original's semantics);
+  ``bare``         forward, backward, update: what Keras ``fit`` runs.
+
+``compiled_weight_checksum`` is a local copy of ``distseg.steps.weight_checksum`` run
+as one ``tf.function`` instead of ~1,100 eager ops over the weights and optimizer
+state (``check_weights`` calls it at every epoch's end, on every rank).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def _loss_and_grads(model, images, masks, num_classes: int, loss: str):
+    import tensorflow as tf
+
+    from distseg import model as model_lib
+    with tf.GradientTape() as tape:
+        probs = model(images, training=True)
+        local_loss = model_lib.segmentation_loss(probs, masks, num_classes, loss)
+    return local_loss, tape.gradient(local_loss, model.trainable_variables)
+
+
+def _signature(spatial_shape: Sequence[int]):
+    import tensorflow as tf
+
+    from distseg import steps
+    return steps._input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)]
+
+
+def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
+    """Applies the update unless ``flag`` > 0; then puts ``stats`` back to ``before``."""
+    import tensorflow as tf
+
+    def apply():
+        optimizer.apply_gradients(zip(grads, variables))
+        return tf.constant(True)
+
+    def skip():
+        for v, old in zip(stats, before):
+            v.assign(old)
+        return tf.constant(False)
+
+    return tf.cond(flag > 0, skip, apply)
+
+
+def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """distseg's step without the BatchNorm copy and the per-gradient check."""
+    import tensorflow as tf
+
+    from distseg import distributed as dist
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        nonfinite = 1.0 - tf.cast(tf.math.is_finite(local_loss), tf.float32)
+        grads, (mean_loss, mean_flags) = dist.average_gradients(
+            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables)
+        return local_loss, mean_loss, mean_flags
+
+    return train_step
+
+
+def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """distseg's step with the finiteness check as one sum per gradient: any NaN or
+    Inf entry makes the sum non-finite (so does a finite overflow: a safe skip)."""
+    import tensorflow as tf
+
+    from distseg import distributed as dist
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        stats = list(model.non_trainable_weights)
+        before = [tf.identity(v) for v in stats]
+        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        total = tf.add_n([tf.reduce_sum(g) for g in grads]) + local_loss
+        nonfinite = 1.0 - tf.cast(tf.math.is_finite(total), tf.float32)
+        grads, (mean_loss, mean_flags) = dist.average_gradients(
+            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
+        return local_loss, mean_loss, mean_flags
+
+    return train_step
+
+
+def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """distseg's step (BatchNorm copy, finiteness check) without the allreduce: valid
+    for one rank only, where the average over ranks is the rank's own value."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        stats = list(model.non_trainable_weights)
+        before = [tf.identity(v) for v in stats]
+        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
+                                  tf.float32)
+        mean_flags = tf.concat([flags, [nonfinite]], 0)
+        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
+        return local_loss, local_loss, mean_flags
+
+    return train_step
+
+
+def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """Forward, backward, update and nothing else (one rank only): Keras ``fit``'s step."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return local_loss, local_loss, tf.concat([flags, [0.0]], 0)
+
+    return train_step
+
+
+def original(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """distseg's own step, untouched."""
+    from distseg import steps
+    return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss)
+
+
+VARIANTS = {
+    "distseg": original,
+    "nocheck": make_nocheck_train_step,
+    "sumcheck": make_sumcheck_train_step,
+    "noreduce": make_noreduce_train_step,
+    "bare": make_bare_train_step,
+}
+#: Variants valid on one rank only (they skip the allreduce).
+ONE_RANK_ONLY = ("noreduce", "bare")
+
+
+def _checksum_graph(variables):
+    """[sum, sum of squares] of every value in float64, as distseg computes it."""
+    import tensorflow as tf
+    sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
+            for x in (tf.cast(v, tf.float64) for v in variables)]
+    return tf.add_n(sums)
+
+
+_COMPILED: dict = {}
+
+
+def compiled_weight_checksum(variables) -> list[float]:
+    """``distseg.steps.weight_checksum`` as one compiled call. The variables go in as
+    TensorFlow variables (by reference), so a later call reads their new values."""
+    import tensorflow as tf
+    if "checksum" not in _COMPILED:
+        _COMPILED["checksum"] = tf.function(_checksum_graph)
+    handles = [getattr(v, "value", v) for v in variables]
+    return [float(x) for x in _COMPILED["checksum"](handles)]

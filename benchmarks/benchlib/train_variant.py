@@ -1,0 +1,61 @@
+"""The real ``distseg-train`` with local copies of some pieces swapped in, for A/B runs.
+
+``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
+``distseg.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
+``benchlib.model_variants`` (``fusedbn``: fused BatchNorm in float32 too);
+``--reader slices`` reads batches slice by slice (``benchlib.read_variants``);
+``--checksum compiled`` computes the per-epoch weight checksum as one
+``tf.function`` (``step_variants.compiled_weight_checksum``). Everything else (sharding, the
+allreduce, logging, checkpoints) is distseg's own code, so the per-rank logs are timed
+exactly like a plain run's. Arguments after ``--`` go to ``distseg-train``; runs alone
+or under ``horovodrun``:
+
+    python -m benchlib.train_variant --step nocheck -- --preset demo --data d.h5 --run-dir r
+    horovodrun -np 2 -H localhost:2 python -m benchlib.train_variant --model fusedbn -- ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+
+def install(step: str = "distseg", model: str = "keras", reader: str = "distseg",
+            checksum: str = "distseg") -> None:
+    """Swaps the chosen pieces into distseg for the rest of this process."""
+    from benchlib import model_variants, read_variants, step_variants
+    from distseg import data, model as model_lib, steps
+    if step not in step_variants.VARIANTS:
+        raise SystemExit(f"--step must be one of {', '.join(step_variants.VARIANTS)}")
+    if model not in model_variants.VARIANTS:
+        raise SystemExit(f"--model must be one of {', '.join(model_variants.VARIANTS)}")
+    if reader not in read_variants.VARIANTS:
+        raise SystemExit(f"--reader must be one of {', '.join(read_variants.VARIANTS)}")
+    if read_variants.VARIANTS[reader]:
+        data.SliceReader.read = read_variants.VARIANTS[reader]
+    if checksum == "compiled":
+        steps.weight_checksum = step_variants.compiled_weight_checksum
+    if step != "distseg":
+        steps.make_train_step = step_variants.VARIANTS[step]
+    if model != "keras":
+        model_lib.from_config = functools.partial(model_variants.build, variant=model)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--step", default="distseg")
+    p.add_argument("--model", default="keras")
+    p.add_argument("--reader", default="distseg")
+    p.add_argument("--checksum", default="distseg", choices=["distseg", "compiled"])
+    args = p.parse_args(ours)
+    install(args.step, args.model, args.reader, args.checksum)
+    from distseg.cli import train
+    sys.argv = ["distseg-train", *rest]
+    sys.exit(train())
+
+
+if __name__ == "__main__":
+    main()

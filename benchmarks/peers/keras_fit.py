@@ -1,0 +1,113 @@
+"""Peer: the same U-Net trained with Keras ``model.fit`` in one process.
+
+What a Keras user would write for distseg's one-rank run: the model from
+``distseg.model.from_config``, distseg's segmentation loss as a ``keras.losses.Loss``,
+Adam at the preset's learning rate, the training slices in memory as numpy arrays,
+``fit`` with shuffling and the same batch size and thread counts. Prints one JSON line:
+samples/s over the epochs after the first (the first traces the step), and each
+epoch's seconds.
+
+    python -m peers.keras_fit --data data/liver117.h5 --epochs 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402 - after the log level; importing runs no TensorFlow op
+
+from distseg import model as model_lib  # noqa: E402
+
+
+class SegmentationLoss(keras.losses.Loss):
+    """distseg's segmentation loss as a Keras loss. Masks come as (B, H, W, 1), so
+    Keras does not expand them to the rank of the predictions by itself."""
+
+    def __init__(self, num_classes: int, kind: str):
+        super().__init__(name=f"segmentation_{kind}")
+        self.num_classes, self.kind = num_classes, kind
+
+    def call(self, y_true, y_pred):
+        return model_lib.segmentation_loss(y_pred, y_true[..., 0], self.num_classes, self.kind)
+
+
+def keras_loss(num_classes: int, kind: str) -> SegmentationLoss:
+    return SegmentationLoss(num_classes, kind)
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Records each epoch's wall-clock seconds in ``seconds``."""
+
+    def on_train_begin(self, logs=None):
+        self.seconds = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def set_threads(intra: int, inter: int = 1) -> None:
+    """TensorFlow's thread pools, before its first op."""
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def train_arrays(path: str, image_size: int):
+    """(images (N,S,S,1) float32, masks (N,S,S,1) uint8) of the training split."""
+    from distseg import data
+    info = data.inspect(path)
+    with data.SliceReader(path, image_size) as reader:
+        images, masks = reader.read(info.train_indices)
+    return images, masks[..., None]
+
+
+def samples_per_s(seconds: list, samples_per_epoch: int) -> float:
+    """Samples/s over every epoch but the first (tracing, warm-up)."""
+    timed = seconds[1:]
+    return samples_per_epoch * len(timed) / sum(timed)
+
+
+def run(args) -> dict:
+    set_threads(args.threads)
+    from distseg import config as config_lib
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    if args.policy:
+        keras.mixed_precision.set_global_policy(args.policy)
+    keras.utils.set_random_seed(cfg.train.seed)
+    images, masks = train_arrays(args.data, cfg.model.image_size)
+    model = model_lib.from_config(cfg.model)
+    model.compile(optimizer=keras.optimizers.Adam(cfg.train.lr),
+                  loss=keras_loss(cfg.model.num_classes, cfg.train.loss))
+    timer = EpochTimer()
+    model.fit(images, masks, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
+              verbose=0, callbacks=[timer])
+    return {"peer": "keras_fit", "samples_per_s": samples_per_s(timer.seconds, len(images)),
+            "epoch_seconds": timer.seconds, "samples_per_epoch": len(images),
+            "threads": args.threads, "policy": args.policy or "float32"}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/liver117.h5")
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p.add_argument("--policy", default=None, help="Keras dtype policy, e.g. mixed_bfloat16")
+    args = p.parse_args(argv)
+    if args.epochs < 2:
+        sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
+    print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Peer: the same U-Net trained data-parallel with ``tf.distribute.MultiWorkerMirroredStrategy``.
+
+One worker process per rank on localhost, the cluster described by ``TF_CONFIG``, a
+custom training loop: each worker takes distseg's own shards of every epoch
+(``distseg.data.shard_batches``, batch 8 per worker, so the same global batch), from
+the training slices held in memory, and runs the usual MWMS step: forward and
+backward in ``strategy.run``, the loss divided by the number of replicas, and the
+Keras optimizer, which all-reduces the gradients (TensorFlow's collective ops, one
+packed all-reduce) before applying them. The same model (``distseg.model``), loss,
+learning rate scaling (linear) and thread counts as distseg.
+
+``launch`` starts the workers and combines their results; a worker prints one JSON
+line with its epochs' seconds.
+
+    python -m peers.mwms --data data/liver117.h5 --workers 2 --epochs 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports that were free a moment ago on localhost."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+class MwmsStep:
+    """The MWMS train step, ``step(images, masks) -> loss summed over replicas`` (each
+    replica's loss is divided by the number of replicas, as the optimizer sums)."""
+
+    def __init__(self, strategy, model, optimizer, num_classes: int, loss: str):
+        import tensorflow as tf
+        self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.num_classes, self.loss = num_classes, loss
+        self.step = tf.function(self._step)
+
+    def _replica_step(self, images, masks):
+        import tensorflow as tf
+
+        from distseg import model as model_lib
+        with tf.GradientTape() as tape:
+            probs = self.model(images, training=True)
+            local = model_lib.segmentation_loss(probs, masks, self.num_classes, self.loss)
+            scaled = local / self.strategy.num_replicas_in_sync
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        # Under the strategy, the Keras optimizer all-reduces (sums) the gradients.
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return scaled
+
+    def _step(self, images, masks):
+        import tensorflow as tf
+        per_replica = self.strategy.run(self._replica_step, args=(images, masks))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
+def worker(args) -> dict:
+    """One MWMS worker (``TF_CONFIG`` set): trains and returns its epochs' seconds."""
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+
+    from distseg import config as config_lib, data, model as model_lib, steps
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    size = strategy.num_replicas_in_sync
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    keras.utils.set_random_seed(cfg.train.seed)
+    info = data.inspect(args.data)
+    with data.SliceReader(args.data, cfg.model.image_size) as reader:
+        images, masks = reader.read(info.train_indices)
+    row = {int(i): k for k, i in enumerate(info.train_indices)}
+    with strategy.scope():
+        model = model_lib.from_config(cfg.model)
+        optimizer = keras.optimizers.Adam(steps.scaled_lr(cfg.train.lr, size, cfg.train.lr_scaling))
+        step = MwmsStep(strategy, model, optimizer, cfg.model.num_classes, cfg.train.loss).step
+    seconds, samples = [], []
+    for epoch in range(args.epochs):
+        batches = data.shard_batches(info.train_indices, index, size, args.batch_size,
+                                     epoch, cfg.train.seed)
+        start = time.perf_counter()
+        for ids in batches:
+            rows = [row[int(i)] for i in ids]
+            loss = step(tf.constant(images[rows]), tf.constant(masks[rows]))
+        float(loss)
+        seconds.append(time.perf_counter() - start)
+        samples.append(sum(len(b) for b in batches))
+    return {"worker": index, "epoch_seconds": seconds, "samples": samples,
+            "last_loss": float(loss), "weight_checksum": steps.weight_checksum(model.trainable_weights)}
+
+
+def combine(results: list[dict]) -> dict:
+    """Global samples/s over the epochs after the first (an epoch lasts as long as its
+    slowest worker), after checking that the workers hold the same weights."""
+    sums = [r["weight_checksum"][0] for r in results]
+    if max(sums) - min(sums) > 1e-4 * max(1.0, abs(sums[0])):
+        raise SystemExit(f"mwms workers ended with different weights (checksums {sums})")
+    epochs = range(1, len(results[0]["epoch_seconds"]))
+    samples = sum(r["samples"][e] for r in results for e in epochs)
+    seconds = sum(max(r["epoch_seconds"][e] for r in results) for e in epochs)
+    return {"peer": "mwms", "workers": len(results), "samples_per_s": samples / seconds,
+            "per_worker": results}
+
+
+def launch(args) -> dict:
+    """Starts ``args.workers`` worker processes on localhost and combines them."""
+    ports = free_ports(args.workers)
+    cmd = [sys.executable, "-m", "peers.mwms", "--worker", "--data", args.data,
+           "--preset", args.preset, "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+    procs = [subprocess.Popen(cmd, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(args.workers)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=args.timeout)
+        if p.returncode:
+            for q in procs:
+                q.kill()
+            raise SystemExit(f"mwms worker failed ({p.returncode}):\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return combine(sorted(results, key=lambda r: r["worker"]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/liver117.h5")
+    p.add_argument("--preset", default="demo")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8, help="per worker")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.epochs < 2:
+        sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
+    print(json.dumps(worker(args) if args.worker else launch(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The pieces of ``make bench`` (benchmarks/bench_table.py) that must be right for its
+table to mean anything: the FLOP counter against hand counts, the table printer
+(goal beside measured), the reader of the statistical-efficiency results, and the
+local copies whose speed the benchmark reports as proposed changes (fused BatchNorm
+in float32, the slice-by-slice reader, the compiled weight checksum) against
+distseg's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from support import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from benchlib import table  # noqa: E402
+from benchlib.table import Goal, Row  # noqa: E402
+
+
+# --- FLOPs ---------------------------------------------------------------------------
+
+
+def test_flops_of_conv_transposed_conv_and_dense_match_a_hand_count():
+    import keras
+
+    from benchlib.flops import count_training_flops
+    x = keras.Input((8, 8, 2))
+    y = keras.layers.Conv2D(4, 3, padding="same", name="c")(x)
+    y = keras.layers.Conv2DTranspose(3, 2, strides=2, name="t")(y)
+    y = keras.layers.Dense(5, name="d")(y)  # on the last axis of (16, 16, 3)
+    y = keras.layers.Flatten()(y)
+    y = keras.layers.Dense(7, name="f")(y)
+    counted = count_training_flops(keras.Model(x, y))
+    conv = 2 * 3 * 3 * 2 * 4 * 8 * 8        # output pixels x kernel x C_in x C_out
+    transposed = 2 * 2 * 2 * 4 * 3 * 8 * 8  # input pixels x kernel x C_in x C_out
+    dense = 2 * 3 * 5 * 16 * 16
+    flat = 2 * (16 * 16 * 5) * 7
+    assert counted["layers"] == {"c": conv, "t": transposed, "d": dense, "f": flat}
+    assert counted["forward"] == conv + transposed + dense + flat == 40_960
+    # The input layer's gradient w.r.t. its input is never computed.
+    assert counted["train"] == 3 * counted["forward"] - conv == 113_664
+
+
+def test_flops_of_a_depth_1_unet_match_a_hand_count():
+    from benchlib.flops import count_training_flops
+    from distseg import model as model_lib
+    counted = count_training_flops(model_lib.build_unet(16, depth=1, base_filters=2, num_classes=2))
+    by_hand = {
+        "down0_conv1": 2 * 9 * 1 * 2 * 16 * 16, "down0_conv2": 2 * 9 * 2 * 2 * 16 * 16,
+        "bottleneck_conv1": 2 * 9 * 2 * 4 * 8 * 8, "bottleneck_conv2": 2 * 9 * 4 * 4 * 8 * 8,
+        "up0": 2 * 4 * 4 * 2 * 8 * 8,
+        "dec0_conv1": 2 * 9 * 4 * 2 * 16 * 16, "dec0_conv2": 2 * 9 * 2 * 2 * 16 * 16,
+        "probs": 2 * 1 * 2 * 2 * 16 * 16,
+    }
+    assert counted["layers"] == by_hand
+    assert counted["forward"] == 116_736
+    assert counted["train"] == 3 * 116_736 - by_hand["down0_conv1"]
+
+
+# --- the table ---------------------------------------------------------------------
+
+
+def test_table_puts_goal_and_measured_side_by_side():
+    rows = [table.measured_row("2 ranks / 1 rank", Goal(">=", 1.9), 1.84, "31 vs 16.9 samples/s"),
+            table.measured_row("data wait share", Goal("<", 2.0, "%", "{:g}"), 0.004, fmt="{:.3f}"),
+            table.measured_row("allreduce / memcpy", None, 0.031, fmt="{:.3f}"),
+            table.measured_row("bf16 / fp32", Goal(">=", 1.3), None)]
+    lines = table.format_table(rows).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert cells[0] == ["measure", "goal", "measured", "met", "detail"]
+    assert set(lines[1]) == {"|", "-"}
+    assert cells[2] == ["2 ranks / 1 rank", ">= 1.90", "1.84", "NO", "31 vs 16.9 samples/s"]
+    assert cells[3][:4] == ["data wait share", "< 2%", "0.004%", "yes"]
+    assert cells[4][:4] == ["allreduce / memcpy", "-", "0.031", ""]
+    assert cells[5][:4] == ["bf16 / fp32", ">= 1.30", "not measured", ""]
+    assert len({len(line) for line in lines}) == 1  # columns aligned
+    assert rows[0].met is False and rows[1].met is True and rows[2].met is None
+
+
+def test_goal_operators():
+    assert Goal(">=", 1.0).met(1.0) and not Goal(">=", 1.0).met(0.99)
+    assert Goal("<", 2.0).met(1.99) and not Goal("<", 2.0).met(2.0)
+    assert Goal("<=", 2.0).met(2.0) and Goal(">", 0.5).met(0.51)
+
+
+# --- the statistical-efficiency rows ------------------------------------------------
+
+
+def test_stateff_rows_without_a_file_say_how_to_measure_them(tmp_path):
+    rows = table.stateff_rows(str(tmp_path), ("a", "b"))
+    assert [(r.measure, r.measured) for r in rows] == [
+        ("a", "not measured (run make bench-stateff)"), ("b", "not measured (run make bench-stateff)")]
+
+
+def test_stateff_rows_come_from_the_newest_file_with_its_date(tmp_path):
+    old = tmp_path / "stateff-2026-01-01.json"
+    old.write_text(json.dumps({"rows": [{"measure": "old", "goal": ">= 1", "measured": 0.5}]}))
+    os.utime(old, (1e9, 1e9))
+    new = tmp_path / "stateff-2026-02-03.json"
+    new.write_text(json.dumps({"date": "2026-02-03 10:00", "extra": {"ignored": True}, "rows": [
+        {"measure": "time to target 2 vs 1", "goal": ">= 1.8", "measured": 1.75, "met": False},
+        {"measure": "Dice drops", "goal": "<= 0.1", "measured": {"value": 0.04, "unit": ""}}]}))
+    rows = table.stateff_rows(str(tmp_path))
+    assert [(r.measure, r.goal, r.measured, r.met) for r in rows] == [
+        ("time to target 2 vs 1", ">= 1.8", "1.75", False), ("Dice drops", "<= 0.1", "0.04", None)]
+    assert all("stateff-2026-02-03.json, measured 2026-02-03 10:00" in r.detail for r in rows)
+    assert rows[0].value == 1.75
+
+
+def test_an_unreadable_stateff_file_is_named(tmp_path):
+    (tmp_path / "stateff-x.json").write_text('{"rows": 3}')
+    rows = table.stateff_rows(str(tmp_path))
+    assert len(rows) == 1 and rows[0].measured.startswith("unreadable: stateff-x.json (expected")
+    (tmp_path / "stateff-x.json").write_text("{not json")
+    assert table.stateff_rows(str(tmp_path))[0].measured.startswith("unreadable: stateff-x.json")
+
+
+# --- the local copies the benchmark times against distseg's own --------------------
+
+
+def test_slice_by_slice_reader_returns_what_distseg_reads(tiny):
+    from benchlib.read_variants import read_by_slices
+    from distseg import data
+    with data.SliceReader(tiny, 32) as reader:
+        for ids in ([5, 3, 3, 90], list(range(8)), [127, 0]):
+            want, got = reader.read(ids), read_by_slices(reader, ids)
+            for w, g in zip(want, got):
+                assert w.dtype == g.dtype and w.shape == g.shape and np.array_equal(w, g)
+
+
+def test_fusedbn_variant_is_distsegs_model_with_fused_batchnorm_only():
+    import keras
+
+    from benchlib import model_variants
+    from distseg import config as config_lib, model as model_lib
+    cfg = config_lib.PRESETS["smoke"]().model
+    plain = model_variants.build(cfg)
+    fused = model_variants.build(cfg, variant="fusedbn")
+    kinds = {type(layer) for layer in fused.layers if "_bn" in layer.name}
+    assert kinds == {model_lib.FusedBatchNorm}
+    assert {type(layer) for layer in plain.layers if "_bn" in layer.name} == {keras.layers.BatchNormalization}
+    assert [w.path for w in plain.weights] == [w.path for w in fused.weights]
+    assert model_lib.layers is keras.layers  # the swap is undone
+
+
+def test_compiled_weight_checksum_matches_distseg_and_follows_updates():
+    import keras
+
+    from benchlib.step_variants import compiled_weight_checksum
+    from distseg import model as model_lib, steps
+    model = model_lib.build_unet(16, depth=1, base_filters=2, num_classes=2)
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    synced = model.weights + optimizer.variables
+    for _ in range(2):
+        np.testing.assert_allclose(compiled_weight_checksum(synced), steps.weight_checksum(synced),
+                                   rtol=1e-12)
+        synced[0].assign(synced[0] + 1.0)  # a compiled call must read the new values
