@@ -184,7 +184,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
-    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (less memory; slower on most CPUs, docs/memory.md)."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16: less memory; measured here 1.35x faster on the 2D demo U-Net, 0.61x on the 3D U-Net (docs/memory.md)."),
 }
 
 
