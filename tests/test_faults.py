@@ -31,8 +31,11 @@ def horovodrun(*args, controller="mpi"):
 
 
 def records(run_dir: str, rank: int) -> list[dict]:
+    """Rank ``rank``'s whole records: a line still being written (no newline yet, as
+    while the run goes on, or cut by a kill) is not one."""
     path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
-    return [json.loads(line) for line in open(path) if line.strip()]
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
 
 def _alive(pid: int) -> bool:
