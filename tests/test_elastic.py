@@ -68,8 +68,11 @@ def test_a_host_leaves_and_the_run_finishes_on_the_rest(tiny, tmp_path):
     runs = [r for r in rank0 if r["type"] == "run"]
     assert [(r["size"], r["lr_scaled"], r["steps_per_epoch"]) for r in runs] == [
         (2, 0.01, 16), (1, 0.005, 32)]
+    # The host left during epoch 1; how many epochs later the driver notices depends on
+    # its discovery polling and on the machine's load (CI saw epoch 4), so only the
+    # order is asserted: after the removal, before the end.
     first_at_one = resumes[0]["from_epoch"]
-    assert 1 <= first_at_one <= 3
+    assert 1 <= first_at_one < EPOCHS
 
     # Every epoch logged, each exactly covered by the ranks of the launch that finished it.
     train_ids = data.inspect(tiny).train_indices
@@ -85,7 +88,6 @@ def test_a_host_leaves_and_the_run_finishes_on_the_rest(tiny, tmp_path):
         assert len(recs) == want, (epoch, recs)
         assert sum(r["samples"] for r in recs) == len(train_ids)
         assert schema.combine_digests([r["sample_digest"] for r in recs]) == train
-
 
     # The report reads it like a resumed run: per epoch, the size of the launch that
     # logged it decides which ranks must have logged it.
