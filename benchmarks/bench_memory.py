@@ -22,7 +22,7 @@ Prints one table, goal beside measured, and writes ``bench/results/memory-<date>
 
 Usage::
 
-    python benchmarks/bench_memory.py                 # about 20 minutes on 2 cores
+    python benchmarks/bench_memory.py                 # about 15 minutes on 2 cores
     python benchmarks/bench_memory.py --quick         # 32^3/48^3/64^3, one round, fewer steps
 """
 
@@ -43,20 +43,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distseg import memory  # noqa: E402
 
-#: glibc returns a freed block of this size or more to the system at once (mmap), so
-#: RSS follows the live tensors instead of keeping freed heap (docs/memory.md).
-MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
-         "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"},
-         "plain, mmap": {"env": MMAP}, "recompute, mmap": {"recompute": True, "env": MMAP}}
+         "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
 
 
-def run(size: int, batch: int, steps: int, env: dict | None = None, **options) -> dict:
+def run(size: int, batch: int, steps: int, **options) -> dict:
     """One measured run beside its estimate (MiB, seconds)."""
     spec = memory.UNetSpec((size,) * 3, **options)
-    got = memory.measure(spec, batch, steps=steps, env=env)
+    got = memory.measure(spec, batch, steps=steps)
     est = memory.estimate(spec, batch)
-    return {"size": size, "batch": batch, **options, "env": env or {}, "measured_mib": got.peak_rss / 2 ** 20,
+    return {"size": size, "batch": batch, **options, "measured_mib": got.peak_rss / 2 ** 20,
             "estimate_mib": est.total / 2 ** 20, "tf_peak_mib": got.tf_peak / 2 ** 20,
             "error_pct": 100.0 * (est.total - got.peak_rss) / got.peak_rss,
             "step_s": statistics.median(got.step_seconds),
@@ -85,14 +81,12 @@ def options_round_robin(size: int, batch: int, steps: int, rounds: int) -> dict:
 
 
 def ratios(runs: dict) -> dict:
-    """Per mode: median peak and step time, and their ratios to the plain model's under
-    the same allocator setting."""
+    """Per mode: median peak and step time, and their ratios to the plain model's."""
+    plain_peak = statistics.median(r["measured_mib"] for r in runs["plain"])
+    plain_step = statistics.median(r["step_s"] for r in runs["plain"])
+    plain_cpu = statistics.median(r["step_cpu_s"] for r in runs["plain"])
     out = {}
     for mode, rs in runs.items():
-        base = runs["plain, mmap" if mode.endswith("mmap") else "plain"]
-        plain_peak = statistics.median(r["measured_mib"] for r in base)
-        plain_step = statistics.median(r["step_s"] for r in base)
-        plain_cpu = statistics.median(r["step_cpu_s"] for r in base)
         peak = statistics.median(r["measured_mib"] for r in rs)
         step = statistics.median(r["step_s"] for r in rs)
         cpu = statistics.median(r["step_cpu_s"] for r in rs)
@@ -202,15 +196,14 @@ def table(acc: list[dict], opts: dict, size: int, dice: dict) -> list[tuple[str,
          f"{bf['step_time_ratio']:.2f}x (wall {bf['step_wall_ratio']:.2f}x)", True),
         (f"bfloat16+recompute: peak cut, {size}^3", "(measured)",
          f"{opts['bfloat16+recompute']['peak_cut_pct']:.1f} %", True),
-        (f"recompute: peak cut, {size}^3, MALLOC_MMAP_THRESHOLD_=131072", ">= 40 %",
-         f"{opts['recompute, mmap']['peak_cut_pct']:.1f} % (step {opts['recompute, mmap']['step_time_ratio']:.2f}x)",
-         opts["recompute, mmap"]["peak_cut_pct"] >= 40),
     ]
     rows += [(f"estimate vs measured, {m}, {size}^3", "within 15 %", f"{opts[m]['estimate_error_pct']:+.1f} %",
               abs(opts[m]["estimate_error_pct"]) <= 15) for m in ("recompute", "bfloat16", "bfloat16+recompute")]
     gap = abs(dice["mean"]["bfloat16"] - dice["mean"]["float32"])
+    per_seed = [b["dice_mean"] - f["dice_mean"] for f, b in zip(dice["runs"][::2], dice["runs"][1::2])]
     rows.append((f"Dice after {dice['steps']} steps, bfloat16 vs float32 (mean of {len(dice['runs']) // 2} seeds)",
-                 "within 0.02", f"{gap:.3f} ({dice['mean']['bfloat16']:.3f} vs {dice['mean']['float32']:.3f})",
+                 "within 0.02", f"{gap:.3f} ({dice['mean']['bfloat16']:.3f} vs {dice['mean']['float32']:.3f}; "
+                 f"per seed {', '.join(f'{g:+.3f}' for g in per_seed)})",
                  gap <= 0.02))
     return rows
 

@@ -65,13 +65,14 @@ RUNTIME_BYTES = 180 * 2 ** 20
 """Peak RSS beyond TensorFlow's tensor allocations at small inputs (calibrated,
 docs/memory.md)."""
 
+
 def level_precision(precision: str, spatial: tuple[int, ...], level: int) -> str:
     """The precision U-Net level ``level`` computes in: ``precision``, except that a
     bfloat16 3D level with an extent of 2 or less computes in float32. oneDNN's bfloat16
     3D convolution filter gradient (TensorFlow 2.18.1, AVX512_BF16) intermittently
-    returns non-finite values when an extent is 2 (about 1 call in 5 measured here),
-    which made bfloat16 runs diverge to NaN within tens of steps; such levels hold a
-    negligible share of the activations."""
+    returns non-finite values when an extent is 2 (5 to 14 of 30 random calls on
+    2x2x2, 2x4x4 and 2x8x8 inputs here), which made bfloat16 runs diverge to NaN within
+    tens of steps; such levels hold a negligible share of the activations."""
     if precision == "bfloat16" and len(spatial) == 3 and min(s // 2 ** level for s in spatial) <= 2:
         return "float32"
     return precision
@@ -360,14 +361,13 @@ class Measured:
 
 
 def measure(spec: UNetSpec, batch: int, steps: int = 3, threads: int = 1,
-            timeout: float = 1800.0, env: dict | None = None) -> Measured:
+            timeout: float = 1800.0) -> Measured:
     """Runs ``steps`` train steps of ``spec`` at ``batch`` in a fresh Python process
-    (``python -m distseg.memory``, with ``env`` added to this one's environment) and
-    returns what it measured. A fresh process, so the baseline is TensorFlow alone and
-    no earlier allocation hides the peak."""
+    (``python -m distseg.memory``) and returns what it measured. A fresh process, so the
+    baseline is TensorFlow alone and no earlier allocation hides the peak."""
     request = {"spec": {**dataclasses.asdict(spec), "spatial": list(spec.spatial)},
                "batch": batch, "steps": steps, "threads": threads}
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), **(env or {})}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     try:
         done = subprocess.run([sys.executable, "-m", "distseg.memory", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout, env=env)

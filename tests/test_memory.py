@@ -174,7 +174,7 @@ def test_cli_answers_the_reference_rows():
         assert "parameters: 5,649,363 (5,646,419 trainable)" in out
         assert f"budget {memory.human(memory.parse_bytes(budget))}: fits" in out
         bottom = "x".join(str(int(e) // 16) for e in size.split(",") * (3 if "," not in size else 1))
-        assert f"\nbottom {bottom} " in out and f"largest batch at" in out
+        assert f"\nbottom {bottom} " in out and "largest batch at" in out
     est = memory.estimate(memory.UNetSpec((240, 240, 144)), 16)
     assert 150 * 2 ** 30 < est.total < 250 * 2 ** 30  # ~1.2 KB per voxel per sample
     small = _cli("--model", "unet3d", "--input", "240,240,144", "--batch", "16", "--budget", "64GB")
