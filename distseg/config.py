@@ -67,7 +67,8 @@ class ModelConfig:
     """2: a U-Net on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
     whose input shape is ``data.slab`` (``image_size`` is then unused)."""
     recompute: bool = False
-    """Gradient checkpointing per U-Net level: less memory, more time (docs/memory.md)."""
+    """Gradient checkpointing of every convolution unit of every U-Net level: less
+    memory, more time (docs/memory.md)."""
     precision: str = "float32"
     """``float32`` or ``bfloat16`` (Keras mixed precision; float32 softmax output)."""
 
