@@ -9,7 +9,9 @@ interleaved (A B A B, ``--rounds`` times) so the load of a shared machine hits b
   (``benchmarks/peers/mwms.py``: same model, data, global batch and threads);
 * training FLOP/s (FLOPs counted from the model, ``benchlib.flops``, times the 1-rank
   samples/s) against dense fp32 ``tf.matmul`` FLOP/s at the same thread count;
-* bf16 (Keras ``mixed_bfloat16``) against fp32 train-step time (``benchlib.precision``);
+* bf16 against fp32 train-step time (``benchlib.precision``): distseg's
+  ``--precision bfloat16`` and a plain Keras ``mixed_bfloat16`` policy, with the
+  validation Dice of both precisions trained side by side (``--bf16-dice-epochs``);
 * the input pipeline alone against what training consumes, and the share of step
   time spent waiting for data (from the runs' step records);
 * allreduce bandwidth at the gradient size against memory-copy bandwidth
@@ -22,22 +24,26 @@ configuration, one intra-op thread per rank; throughput counts the epochs after 
 first. Results, with the machine description, go to
 ``bench/results/bench-<date>-<time>.json``.
 
-``--ab NAME,...`` adds distseg runs with a local copy of one piece changed
-(``benchlib.train_variant``), e.g. ``distseg-1+fusedbn`` or ``distseg-2+slices+cycle1``,
-each with its ratio to plain distseg in the same run.
+``--ab NAME,...`` adds distseg runs with local copies of some pieces changed
+(``benchlib.train_variant``; changes in ``MODIFIERS``), e.g. ``distseg-1+kerasbn`` or
+``distseg-2+slices+checksum+cycle1``, each with its ratio to plain distseg and to the
+peer in the same run. ``--trainers`` and ``--skip`` leave parts out for a quick A/B.
 
     python benchmarks/bench_table.py --data data/liver117.h5
-    python benchmarks/bench_table.py --rounds 1 --epochs 3 --ab distseg-1+fusedbn
+    python benchmarks/bench_table.py --trainers distseg-1,distseg-2 --skip precision,pipeline,bandwidth \
+        --ab distseg-2+slices,distseg-2+cycle1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,7 +67,8 @@ BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")
 #: Changes ``--ab`` can add to a distseg run: (benchlib.train_variant arguments, env,
 #: distseg-train flags). ``cycleMS`` sets HOROVOD_CYCLE_TIME to MS.
 MODIFIERS = {
-    "fusedbn": (["--model", "fusedbn"], {}, []),
+    "kerasbn": (["--model", "kerasbn"], {}, []),
+    "kerasgn": (["--model", "kerasgn"], {}, []),
     "bf16": ([], {}, ["--precision", "bfloat16"]),
     "slices": (["--reader", "slices"], {}, []),
     "checksum": (["--checksum", "compiled"], {}, []),
@@ -98,6 +105,7 @@ class Settings:
     results_dir: str
     ab: list[str]
     bf16_dice_epochs: int
+    bf16_dice_seeds: str = "0"
     trainers: list[str] = field(default_factory=lambda: list(BASE_TRAINERS))
     skip: set = field(default_factory=set)
     workdir: str = ""
@@ -113,12 +121,13 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
     p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
-    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+fusedbn,distseg-2+slices")
+    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+slices")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
     p.add_argument("--skip", default="", help="measurements to leave out: precision, pipeline, bandwidth")
     p.add_argument("--bf16-dice-epochs", type=int, default=8,
                    help="train fp32 and bf16 this many epochs and compare validation Dice (0: no)")
+    p.add_argument("--bf16-dice-seeds", default="0", help="seeds to train each with (Dice: the mean)")
     a = p.parse_args(argv)
     if a.epochs < 2:
         p.error("--epochs must be >= 2 (the first epoch is not timed)")
@@ -133,7 +142,8 @@ def parse_args(argv=None) -> Settings:
                PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     return Settings(data=a.data, preset=a.preset, epochs=a.epochs, rounds=a.rounds,
                     batch_size=a.batch_size, threads=a.threads, results_dir=a.results_dir,
-                    ab=ab, bf16_dice_epochs=a.bf16_dice_epochs, trainers=trainers, skip=skip, env=env)
+                    ab=ab, bf16_dice_epochs=a.bf16_dice_epochs, bf16_dice_seeds=a.bf16_dice_seeds,
+                    trainers=trainers, skip=skip, env=env)
 
 
 def check_trainer_name(name: str, error) -> None:
@@ -148,15 +158,30 @@ def check_trainer_name(name: str, error) -> None:
 # --- running things --------------------------------------------------------------
 
 
-def run_json(cmd: list[str], s: Settings, env: dict | None = None, timeout: float = 600) -> dict:
+def run_command(cmd: list[str], s: Settings, env: dict | None = None,
+                timeout: float = 900) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``cmd``, run in its own process group so that
+    everything it started (horovodrun's mpirun and ranks) ends with it: on a timeout,
+    Ctrl-C or SIGTERM, the whole group is killed before the error goes on."""
+    proc = subprocess.Popen(cmd, env={**s.env, **(env or {})}, cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out, err
+
+
+def run_json(cmd: list[str], s: Settings, env: dict | None = None, timeout: float = 900) -> dict:
     """Runs ``cmd`` and returns the last JSON line it printed (any rank prefix cut)."""
-    done = subprocess.run(cmd, env={**s.env, **(env or {})}, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
-    lines = [re.sub(r"^\[\d+,\d+\]<stdout>:", "", line) for line in done.stdout.splitlines()]
+    code, out, err = run_command(cmd, s, env, timeout)
+    lines = [re.sub(r"^\[\d+,\d+\]<stdout>:", "", line) for line in out.splitlines()]
     found = [line for line in lines if line.startswith("{")]
-    if done.returncode or not found:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}):\n"
-                           f"{(done.stderr or done.stdout)[-2000:]}")
+    if code or not found:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({code}):\n{(err or out)[-2000:]}")
     return json.loads(found[-1])
 
 
@@ -200,10 +225,9 @@ def run_distseg(name: str, s: Settings) -> dict:
     run_dir = tempfile.mkdtemp(dir=s.workdir, prefix=name.replace("+", "_") + "-")
     os.rmdir(run_dir)  # distseg-train wants a new directory
     cmd, env, ranks = distseg_command(name, s, run_dir)
-    done = subprocess.run(cmd, env={**s.env, **env}, cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
-    if done.returncode:
-        raise RuntimeError(f"{name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    code, _, err = run_command(cmd, s, env)
+    if code:
+        raise RuntimeError(f"{name} failed ({code}):\n{err[-2000:]}")
     return {"samples_per_s": throughput(run_dir, ranks),
             "data_wait_share": data_wait_share(run_dir, ranks)}
 
@@ -228,11 +252,13 @@ def measure_gemm(s: Settings) -> dict:
 
 def measure_precision(s: Settings) -> dict:
     modes = ["float32", "bfloat16", "keras_mixed"]
-    if any("fusedbn" in n for n in s.ab):
-        modes += ["float32:fusedbn"]
+    for variant in ("kerasbn", "kerasgn"):
+        if any(variant in n for n in s.ab):
+            modes += [f"float32:{variant}", f"bfloat16:{variant}"]
     return run_json([sys.executable, "-m", "benchlib.precision", "--data", s.data,
                      "--preset", s.preset, "--threads", str(s.threads), "--modes", ",".join(modes),
-                     "--dice-epochs", str(s.bf16_dice_epochs), "--dice-modes", "float32,bfloat16"],
+                     "--dice-epochs", str(s.bf16_dice_epochs), "--dice-modes", "float32,bfloat16",
+                     "--dice-seeds", s.bf16_dice_seeds],
                     s, timeout=1200)
 
 
@@ -261,13 +287,15 @@ def log(message: str) -> None:
 
 
 def interleaved_training(s: Settings) -> dict:
-    """Every training run, ``s.rounds`` times, interleaved; and the GEMM rate once per
-    round, so it sees the same machine as the runs."""
+    """Every training run, ``s.rounds`` times, interleaved (every other round in
+    reverse order); and the GEMM rate once per round, so it sees the same machine as
+    the runs."""
     names = list(s.trainers) + s.ab
     runs = {n: [] for n in names}
     gemm = []
     for r in range(s.rounds):
-        for name in names:
+        # A B C D, then D C B A: a load that grows or fades during the run biases no side.
+        for name in names if r % 2 == 0 else reversed(names):
             runs[name].append(run_trainer(name, s))
             log(f"round {r + 1}/{s.rounds} {name:24s} {runs[name][-1]['samples_per_s']:7.2f} samples/s")
         gemm.append(measure_gemm(s))
@@ -341,8 +369,9 @@ def precision_rows(results: dict) -> list[table.Row]:
     t, dice = p["step_seconds"], p.get("val_liver_dice") or {}
     rows = []
     for fp32, bf16, label in (("float32", "bfloat16", "distseg --precision bfloat16"),
-                              ("float32", "keras_mixed", "Keras mixed_bfloat16, Keras BatchNorm"),
-                              ("float32:fusedbn", "bfloat16", "distseg bfloat16 / fp32 with fused BN")):
+                              ("float32", "keras_mixed", "Keras mixed_bfloat16 policy"),
+                              ("float32:kerasbn", "bfloat16:kerasbn", "both with Keras' BatchNormalization"),
+                              ("float32:kerasgn", "bfloat16:kerasgn", "both with Keras' GroupNormalization")):
         if fp32 not in t or bf16 not in t:
             continue
         row = table.measured_row(f"bf16 / fp32 step speed ({label})", GOALS["bf16"], t[fp32] / t[bf16],
@@ -352,8 +381,8 @@ def precision_rows(results: dict) -> list[table.Row]:
             row = dataclasses.replace(
                 row, met=row.met and close,
                 detail=f"{row.detail}; val liver Dice {dice[bf16]:.3f} vs {dice[fp32]:.3f} "
-                       f"after {p['dice_epochs']} epochs (within {BF16_DICE_TOLERANCE}: "
-                       f"{'yes' if close else 'NO'})")
+                       f"after {p['dice_epochs']} epochs, mean of {len(p.get('dice_seeds', [0]))} "
+                       f"seed(s) (within {BF16_DICE_TOLERANCE}: {'yes' if close else 'NO'})")
         else:
             row = dataclasses.replace(row, met=None, detail=f"{row.detail}; Dice not compared")
         rows.append(row)
@@ -432,8 +461,15 @@ def write_results(s: Settings, doc: dict) -> str:
     return path
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM ends the benchmark like Ctrl-C: the running command's process group is
+    killed and the work directory removed."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     s = parse_args(argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     if not os.path.exists(s.data):
         sys.exit(f"error: {s.data}: no such data file (make demo builds data/liver117.h5)")
     start, load_start = time.perf_counter(), machine.load_average()
@@ -441,7 +477,7 @@ def main(argv=None) -> int:
     results = {"settings": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(s).items()
                             if k not in ("env", "workdir")},
                "machine": machine.describe(REPO, threads), "load_average_start": load_start}
-    s.workdir = tempfile.mkdtemp(prefix="distseg-bench-")
+    s.workdir = tempfile.mkdtemp(prefix="distseg-bench-")  # under $TMPDIR
     try:
         results["training"] = interleaved_training(s)
         for name, measure in MEASUREMENTS.items():

@@ -51,14 +51,16 @@ def norm_groups(filters: int) -> int:
 class FusedBatchNorm(layers.BatchNormalization):
     """``keras.layers.BatchNormalization`` whose training pass runs TensorFlow's fused
     kernel (``FusedBatchNormV3``, oneDNN's on x86), with the same weights, names and
-    moving-statistics rule (momentum, biased batch variance).
+    moving-statistics rule (momentum, biased batch variance). distseg's BatchNorm.
 
-    Used by the bfloat16 and recompute paths. Keras' own layer casts a bfloat16 input
-    to float32 and keeps that float32 copy of every convolution output for the backward
-    pass, which undoes half of what bfloat16 saves; the fused kernel keeps its input in
-    bfloat16. ``update_stats=False`` normalises with the batch moments without moving
-    the statistics: a recomputation in the backward pass must not count the batch twice.
-    Inference uses the Keras path unchanged.
+    Keras 3's own layer computes the batch moments and the normalisation as a dozen
+    separate element-wise ops, each a pass over the activations, forward and backward:
+    the fused kernel made the demo U-Net's training step 1.2x faster in float32 here
+    (docs/performance.md). In bfloat16, Keras' layer also keeps a float32 copy of every
+    convolution output for the backward pass, which undoes half of what bfloat16 saves;
+    the fused kernel keeps its input in bfloat16. ``update_stats=False`` normalises with
+    the batch moments without moving the statistics: a recomputation in the backward
+    pass must not count the batch twice. Inference uses the Keras path unchanged.
     """
 
     def call(self, inputs, training=None, mask=None, update_stats=True):
@@ -76,6 +78,71 @@ class FusedBatchNorm(layers.BatchNormalization):
             self.moving_mean.assign(self.moving_mean * m + mean * (1.0 - m))
             self.moving_variance.assign(self.moving_variance * m + variance * (1.0 - m))
         return tf.cast(y, self.compute_dtype)
+
+
+class GroupNorm(layers.GroupNormalization):
+    """``keras.layers.GroupNormalization`` (channels last, with scale and offset: how
+    the U-Net uses it) with its gradient written out. distseg's GroupNorm.
+
+    Keras reduces a (batch, positions, groups, channels per group) view over two strided
+    axes and leaves the backward pass to automatic differentiation, a dozen more passes
+    over every activation: GroupNorm took 28% of the demo U-Net's training step here.
+    Here every reduction runs over the positions of a (batch, positions, channels) view
+    with the channels contiguous, the few per-channel sums are then added up per group,
+    and the backward pass needs two reductions and one pass over the activations. Same
+    weights, names, groups, epsilon and results (to float32 rounding) as Keras' layer;
+    statistics and arithmetic in float32 whatever the input's dtype, as Keras does.
+    Other configurations fall back to Keras' own code.
+    """
+
+    def call(self, inputs):
+        if not (self.scale and self.center) or self.axis not in (-1, len(inputs.shape) - 1):
+            return super().call(inputs)
+        y = tf.custom_gradient(self._normalise)(inputs, tf.convert_to_tensor(self.gamma),
+                                                tf.convert_to_tensor(self.beta))
+        return tf.cast(y, self.compute_dtype)
+
+    def _per_group(self, per_channel):
+        """(batch, 1, channels) sums -> the same shape, each channel holding the total of
+        its group."""
+        shape = tf.shape(per_channel)
+        grouped = tf.reshape(per_channel, [shape[0], self.groups, -1])
+        total = tf.reduce_sum(grouped, axis=2, keepdims=True) + tf.zeros_like(grouped)
+        return tf.reshape(total, shape)
+
+    def _normalise(self, x, gamma, beta):
+        channels = x.shape[-1]
+        xf = tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1, channels])
+        count = tf.cast(tf.shape(xf)[1] * (channels // self.groups), tf.float32)
+        mean = self._per_group(tf.reduce_sum(xf, axis=1, keepdims=True)) / count
+        mean_sq = self._per_group(tf.reduce_sum(tf.square(xf), axis=1, keepdims=True)) / count
+        rstd = tf.math.rsqrt(tf.maximum(mean_sq - tf.square(mean), 0.0) + self.epsilon)
+        g = tf.cast(gamma, tf.float32)
+        scale = rstd * g
+        shift = tf.cast(beta, tf.float32) - mean * scale
+        y = tf.reshape(xf * scale + shift, tf.shape(x))
+        # A bound partial, not a closure: tf.custom_gradient calls it with dy.
+        return tf.cast(y, x.dtype), functools.partial(self._gradients, x, xf, mean, rstd, g, count)
+
+    def _gradients(self, x, xf, mean, rstd, g, count, dy):
+        """d/dx, d/dgamma, d/dbeta of y = (x - mean) * rstd * gamma + beta, per group."""
+        df = tf.reshape(tf.cast(dy, tf.float32), tf.shape(xf))
+        sum_dy = tf.reduce_sum(df, axis=1, keepdims=True)
+        sum_dy_xhat = rstd * (tf.reduce_sum(df * xf, axis=1, keepdims=True) - mean * sum_dy)
+        mean_dxhat = self._per_group(g * sum_dy) / count
+        mean_dxhat_xhat = self._per_group(g * sum_dy_xhat) / count
+        # dx = rstd (gamma dy - mean(dxhat) - xhat mean(dxhat xhat)), xhat = (x - mean) rstd,
+        # with the terms in x gathered into one scale and one offset per channel.
+        coef_x = -rstd * rstd * mean_dxhat_xhat
+        const = rstd * (mean * rstd * mean_dxhat_xhat - mean_dxhat)
+        dx = df * (rstd * g) + (xf * coef_x + const)
+        return (tf.cast(tf.reshape(dx, tf.shape(x)), x.dtype),
+                tf.reduce_sum(sum_dy_xhat, axis=[0, 1]), tf.reduce_sum(sum_dy, axis=[0, 1]))
+
+
+#: The layer of each ``model.norm`` (``none``: no layer). A benchmark swaps entries to
+#: time Keras' own layers against these (``benchmarks/benchlib/model_variants.py``).
+NORM_LAYERS = {"batch": FusedBatchNorm, "group": GroupNorm}
 
 
 class ConvUnit(layers.Layer):
@@ -100,7 +167,7 @@ class ConvUnit(layers.Layer):
         self.conv = conv(filters, 3, padding="same", use_bias=norm == "none",
                          kernel_initializer="he_normal", name=f"{name}_conv{index}", dtype=dtype)
         self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{_NORM_SUFFIX.get(norm, '')}{index}",
-                                fused=True, dtype=dtype)
+                                dtype=dtype)
 
     def call(self, inputs, training=False):
         xs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
@@ -114,7 +181,7 @@ class ConvUnit(layers.Layer):
         xs = [tf.cast(x, self.conv.compute_dtype) for x in xs]
         x = xs[0] if len(xs) == 1 else tf.concat(xs, axis=-1)
         x = self.conv(x)
-        if isinstance(self.norm, FusedBatchNorm):
+        if isinstance(self.norm, FusedBatchNorm):  # not with a benchmark's Keras BatchNorm
             x = self.norm(x, training=training, update_stats=update_stats)
         elif self.norm is not None:
             x = self.norm(x, training=training)
@@ -152,13 +219,12 @@ class ConvUnit(layers.Layer):
 _NORM_SUFFIX = {"batch": "bn", "group": "gn"}
 
 
-def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, fused: bool, dtype):
+def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype):
     """The normalisation after a convolution, or None for ``norm="none"``."""
     if norm == "batch":
-        kind = FusedBatchNorm if fused else layers.BatchNormalization
-        return kind(momentum=bn_momentum, name=name, dtype=dtype)
+        return NORM_LAYERS["batch"](momentum=bn_momentum, name=name, dtype=dtype)
     if norm == "group":
-        return layers.GroupNormalization(norm_groups(filters), name=name, dtype=dtype)
+        return NORM_LAYERS["group"](norm_groups(filters), name=name, dtype=dtype)
     return None
 
 
@@ -207,8 +273,7 @@ class _Parts:
             x = conv(filters, 3, padding="same", use_bias=self.norm == "none",
                      kernel_initializer="he_normal", name=f"{name}_conv{i}", dtype=dtype)(x)
             norm = _norm_layer(self.norm, filters, self.bn_momentum,
-                               f"{name}_{_NORM_SUFFIX.get(self.norm, '')}{i}",
-                               fused=self.precision != "float32", dtype=dtype)
+                               f"{name}_{_NORM_SUFFIX.get(self.norm, '')}{i}", dtype=dtype)
             if norm is not None:
                 x = norm(x)
             x = layers.Activation("relu", name=f"{name}_relu{i}", dtype=dtype)(x)

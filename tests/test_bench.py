@@ -1,9 +1,8 @@
 """The pieces of ``make bench`` (benchmarks/bench_table.py) that must be right for its
 table to mean anything: the FLOP counter against hand counts, the table printer
 (goal beside measured), the reader of the statistical-efficiency results, and the
-local copies whose speed the benchmark reports as proposed changes (fused BatchNorm
-in float32, the slice-by-slice reader, the compiled weight checksum) against
-distseg's own."""
+local copies whose speed the benchmark compares with distseg's own (Keras' own
+normalisation layers, the slice-by-slice reader, the compiled weight checksum)."""
 
 from __future__ import annotations
 
@@ -133,19 +132,23 @@ def test_slice_by_slice_reader_returns_what_distseg_reads(tiny):
                 assert w.dtype == g.dtype and w.shape == g.shape and np.array_equal(w, g)
 
 
-def test_fusedbn_variant_is_distsegs_model_with_fused_batchnorm_only():
+@pytest.mark.parametrize("norm,variant,suffix", [("batch", "kerasbn", "_bn"), ("group", "kerasgn", "_gn")])
+def test_model_variant_is_distsegs_model_with_one_layer_type_swapped(norm, variant, suffix):
+    import dataclasses
+
     import keras
 
     from benchlib import model_variants
     from distseg import config as config_lib, model as model_lib
-    cfg = config_lib.PRESETS["smoke"]().model
+    cfg = dataclasses.replace(config_lib.PRESETS["smoke"]().model, norm=norm)
     plain = model_variants.build(cfg)
-    fused = model_variants.build(cfg, variant="fusedbn")
-    kinds = {type(layer) for layer in fused.layers if "_bn" in layer.name}
-    assert kinds == {model_lib.FusedBatchNorm}
-    assert {type(layer) for layer in plain.layers if "_bn" in layer.name} == {keras.layers.BatchNormalization}
-    assert [w.path for w in plain.weights] == [w.path for w in fused.weights]
-    assert model_lib.layers is keras.layers  # the swap is undone
+    swapped = model_variants.build(cfg, variant=variant)
+    ours, theirs = model_lib.NORM_LAYERS[norm], model_variants.KERAS_NORMS[variant][norm]
+    assert theirs in (keras.layers.BatchNormalization, keras.layers.GroupNormalization)
+    assert {type(layer) for layer in swapped.layers if suffix in layer.name} == {theirs}
+    assert {type(layer) for layer in plain.layers if suffix in layer.name} == {ours}
+    assert [w.path for w in plain.weights] == [w.path for w in swapped.weights]
+    assert model_lib.NORM_LAYERS[norm] is ours  # the swap is undone
 
 
 def test_compiled_weight_checksum_matches_distseg_and_follows_updates():

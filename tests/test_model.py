@@ -208,6 +208,34 @@ def test_fused_batchnorm_follows_keras_rule():
         np.testing.assert_array_equal(np.array(fused.moving_mean), before)
 
 
+@pytest.mark.parametrize("shape,groups,dtype,mean", [
+    ((3, 5, 4, 16), 8, "float32", 1.0), ((3, 5, 4, 6), 2, "float32", 1.0),
+    ((2, 3, 4, 5, 8), 4, "float32", 1.0), ((3, 5, 4, 8), 4, "mixed_bfloat16", 1.0),
+    ((3, 5, 4, 8), 4, "float32", 50.0)])
+def test_groupnorm_matches_keras_groupnorm_forward_and_backward(shape, groups, dtype, mean):
+    # distseg's GroupNorm writes its gradient out; it must agree with Keras' layer (and
+    # its automatic gradient) in 2D and 3D, in bfloat16, and far from zero mean.
+    import keras
+    rng = np.random.default_rng(shape[-1])
+    x = tf.constant(rng.normal(mean, 3.0, shape).astype(np.float32))
+    up = tf.constant(rng.normal(size=shape).astype(np.float32))
+    outs = []
+    for kind in (keras.layers.GroupNormalization, model_lib.GroupNorm):
+        layer = kind(groups, dtype=dtype)
+        layer.build(x.shape)
+        layer.gamma.assign(np.linspace(0.5, 2.0, shape[-1]))
+        layer.beta.assign(np.linspace(-1.0, 1.0, shape[-1]))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * up)
+        grads = tape.gradient(loss, [x, layer.gamma, layer.beta])
+        outs.append([tf.cast(v, tf.float32).numpy() for v in (y, *grads)])
+    tol = {("float32", 1.0): 1e-5, ("float32", 50.0): 1e-3}.get((dtype, mean), 2e-2)
+    for keras_value, ours in zip(*outs):
+        np.testing.assert_allclose(ours, keras_value, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_bfloat16_computes_in_bfloat16_and_outputs_float32(recompute):
     m = model_lib.build_unet(input_shape=(8, 16, 16), spatial_dims=3, depth=2, base_filters=4,

@@ -9,7 +9,8 @@ times them round-robin on the same batches. Modes:
   on every layer, BatchNorm through the fused kernel, float32 softmax);
 * ``keras_mixed``: the float32 model built under Keras' global ``mixed_bfloat16``
   policy, Keras' own (unfused) BatchNorm: what a Keras user gets by setting the policy;
-* ``MODE:fusedbn``: any of these with fused BatchNorm (``benchlib.model_variants``).
+* ``MODE:VARIANT``: any of these built as a model variant of ``benchlib.model_variants``
+  (``kerasbn``, ``kerasgn``: with Keras' own normalisation layer).
 
 Convolutions then run in bf16 with fp32 weights; on CPUs with AVX512_BF16 or AMX
 oneDNN has bf16 kernels for them.
@@ -20,7 +21,8 @@ is rewritten to bf16 where oneDNN supports it; run it as a separate process and
 compare its float32 time with a plain run's.
 
 ``--dice-epochs N`` also trains each mode's model for N epochs of the demo schedule
-and reports its validation liver Dice, to check that bf16 learns as well.
+(``--dice-seeds``: once per seed) and reports its validation liver Dice (the mean over
+seeds), to check that bf16 learns as well.
 
     python -m benchlib.precision --data data/liver117.h5 --rounds 6
 """
@@ -87,6 +89,11 @@ def val_liver_dice(model, cfg, reader, info) -> float:
     return model_lib.dice_from_counts(np.asarray(counts))[1]
 
 
+def seeded(cfg, seed: int):
+    """``cfg`` with the global seed (initial weights, data order) set to ``seed``."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
+
+
 def train_for_dice(cfg, mode: str, reader, info, epochs: int) -> float:
     """Trains a fresh model in ``mode`` for ``epochs`` (one rank, the preset's batch
     and learning rate, shards as distseg's); returns validation liver Dice."""
@@ -108,12 +115,13 @@ def run(args) -> dict:
     if args.grappler_bf16:
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     from distseg import config as config_lib, data
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    overrides = {"data.path": args.data, "run_dir": "-", **({"model.norm": args.norm} if args.norm else {})}
+    cfg = config_lib.resolve(args.preset, overrides=overrides)
     info = data.inspect(args.data)
     modes = args.modes.split(",")
     for m in modes:
         if m.partition(":")[0] not in MODES:
-            raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)} (optionally :fusedbn)")
+            raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)} (optionally :kerasbn or :kerasgn)")
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
         batches = [reader.read(ids) for ids in data.shard_batches(
             info.train_indices, 0, 1, cfg.train.batch_size, 0, cfg.train.seed)]
@@ -128,12 +136,14 @@ def run(args) -> dict:
                 wall[m].append(w)
                 cpu[m].append(c)
         dice_modes = args.dice_modes.split(",") if args.dice_modes else modes
-        dice = ({m: train_for_dice(cfg, m, reader, info, args.dice_epochs) for m in dice_modes}
-                if args.dice_epochs else {})
-    return {"modes": modes, "grappler_bf16": args.grappler_bf16, "threads": args.threads,
+        seeds = [int(x) for x in args.dice_seeds.split(",")]
+        per_seed = ({m: [train_for_dice(seeded(cfg, seed), m, reader, info, args.dice_epochs)
+                         for seed in seeds] for m in dice_modes} if args.dice_epochs else {})
+    return {"modes": modes, "norm": cfg.model.norm, "grappler_bf16": args.grappler_bf16, "threads": args.threads,
             "step_seconds": {m: statistics.median(s) for m, s in wall.items()},
             "step_cpu_seconds": {m: statistics.median(s) for m, s in cpu.items()},
-            "val_liver_dice": dice, "dice_epochs": args.dice_epochs}
+            "val_liver_dice": {m: statistics.mean(d) for m, d in per_seed.items()},
+            "val_liver_dice_per_seed": per_seed, "dice_seeds": seeds, "dice_epochs": args.dice_epochs}
 
 
 def main(argv=None):
@@ -141,13 +151,15 @@ def main(argv=None):
     p.add_argument("--data", default="data/liver117.h5")
     p.add_argument("--preset", default="demo")
     p.add_argument("--modes", default="float32,bfloat16,keras_mixed",
-                   help="comma-separated modes: float32, bfloat16, keras_mixed, each optionally :fusedbn")
+                   help="comma-separated modes: float32, bfloat16, keras_mixed, each optionally :kerasbn or :kerasgn")
+    p.add_argument("--norm", default="", help="the preset's model.norm replaced: batch, group, none")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=3, help="steps per mode per round")
     p.add_argument("--grappler-bf16", action="store_true")
     p.add_argument("--dice-epochs", type=int, default=0)
     p.add_argument("--dice-modes", default="", help="modes to train for Dice (default: all)")
+    p.add_argument("--dice-seeds", default="0", help="seeds (init and data order) to train each with")
     print(json.dumps(run(p.parse_args(argv))), flush=True)
 
 

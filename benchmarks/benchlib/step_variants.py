@@ -16,6 +16,7 @@ Variants (``VARIANTS``):
   ``sumcheck``     the BatchNorm copy kept, the finiteness check folded into one sum
                    per gradient (a NaN or Inf anywhere makes the total non-finite);
   ``noreduce``     no allreduce when there is one rank (the original's semantics);
+  ``nocond``       the original with the update always applied (no ``tf.cond``);
   ``bare``         forward, backward, update: what Keras ``fit`` runs.
 
 ``compiled_weight_checksum`` is a local copy of ``distseg.steps.weight_checksum`` run
@@ -121,6 +122,30 @@ def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, 
     return train_step
 
 
+def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+    """distseg's step (BatchNorm copy, finiteness check, allreduce) that always applies
+    the update: what the ``tf.cond`` around the update costs (not a valid change)."""
+    import tensorflow as tf
+
+    from distseg import distributed as dist
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        stats = list(model.non_trainable_weights)
+        before = [tf.identity(v) for v in stats]
+        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
+                                  tf.float32)
+        grads, (mean_loss, mean_flags) = dist.average_gradients(
+            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        with tf.control_dependencies(before):
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return local_loss, mean_loss, mean_flags
+
+    return train_step
+
+
 def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
     """Forward, backward, update and nothing else (one rank only): Keras ``fit``'s step."""
     import tensorflow as tf
@@ -145,6 +170,7 @@ VARIANTS = {
     "nocheck": make_nocheck_train_step,
     "sumcheck": make_sumcheck_train_step,
     "noreduce": make_noreduce_train_step,
+    "nocond": make_nocond_train_step,
     "bare": make_bare_train_step,
 }
 #: Variants valid on one rank only (they skip the allreduce).

@@ -2,7 +2,7 @@
 
 ``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
 ``distseg.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
-``benchlib.model_variants`` (``fusedbn``: fused BatchNorm in float32 too);
+``benchlib.model_variants`` (``kerasbn``, ``kerasgn``: Keras' own normalisation layers);
 ``--reader slices`` reads batches slice by slice (``benchlib.read_variants``);
 ``--checksum compiled`` computes the per-epoch weight checksum as one
 ``tf.function`` (``step_variants.compiled_weight_checksum``). Everything else (sharding, the
@@ -11,7 +11,7 @@ exactly like a plain run's. Arguments after ``--`` go to ``distseg-train``; runs
 or under ``horovodrun``:
 
     python -m benchlib.train_variant --step nocheck -- --preset demo --data d.h5 --run-dir r
-    horovodrun -np 2 -H localhost:2 python -m benchlib.train_variant --model fusedbn -- ...
+    horovodrun -np 2 -H localhost:2 python -m benchlib.train_variant --model kerasbn -- ...
 """
 
 from __future__ import annotations
