@@ -164,3 +164,43 @@ def test_compiled_weight_checksum_matches_distseg_and_follows_updates():
         np.testing.assert_allclose(compiled_weight_checksum(synced), steps.weight_checksum(synced),
                                    rtol=1e-12)
         synced[0].assign(synced[0] + 1.0)  # a compiled call must read the new values
+
+
+_STEP_VARIANTS_SCRIPT = """
+import json, sys
+import keras, numpy as np
+from benchlib import step_variants
+from distseg import distributed as dist, model as model_lib, steps
+dist.init()
+rng = np.random.default_rng(0)
+images = rng.random((2, 16, 16, 1)).astype(np.float32)
+masks = rng.integers(0, 3, (2, 16, 16)).astype(np.uint8)
+flags = np.zeros(2, np.float32)
+out = {}
+for name in ["distseg", *step_variants.VARIANTS]:
+    keras.utils.set_random_seed(1)
+    model = model_lib.build_unet(16, depth=1, base_filters=2, num_classes=3)
+    optimizer = keras.optimizers.Adam(1e-2)
+    build = steps.make_train_step if name == "distseg" else step_variants.VARIANTS[name]
+    step = build(model, optimizer, (16, 16), 3, "dice")
+    loss = float(step(images, masks, flags)[1])
+    out[name] = [loss, *[float(np.abs(np.asarray(w)).sum()) for w in model.weights]]
+print(json.dumps(out))
+"""
+
+
+def test_every_step_variant_makes_distsegs_update_on_one_rank(tmp_path):
+    # The variants take a cost out of distseg's step (a check, a copy, the allreduce of
+    # one rank); on finite data and one rank each must make the very same update, or
+    # the A/B would time a different computation.
+    import subprocess
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "benchmarks"), REPO]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-c", _STEP_VARIANTS_SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    want = got.pop("distseg")
+    assert len(got) >= 5
+    for name, values in got.items():
+        np.testing.assert_allclose(values, want, rtol=1e-5, err_msg=name)

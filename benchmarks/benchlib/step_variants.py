@@ -39,6 +39,18 @@ def _loss_and_grads(model, images, masks, num_classes: int, loss: str):
     return local_loss, tape.gradient(local_loss, model.trainable_variables)
 
 
+def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
+    """distseg's step up to the allreduce: (BatchNorm statistics, their values before
+    the step, local loss, gradients, 1.0 if a gradient or the loss is not finite)."""
+    import tensorflow as tf
+    stats = list(model.non_trainable_weights)
+    before = [tf.identity(v) for v in stats]
+    local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)), tf.float32)
+    return stats, before, local_loss, grads, nonfinite
+
+
 def _signature(spatial_shape: Sequence[int]):
     import tensorflow as tf
 
@@ -109,12 +121,8 @@ def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, 
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        stats = list(model.non_trainable_weights)
-        before = [tf.identity(v) for v in stats]
-        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
-                                  tf.float32)
+        stats, before, local_loss, grads, nonfinite = _checked_loss_and_grads(
+            model, images, masks, num_classes, loss)
         mean_flags = tf.concat([flags, [nonfinite]], 0)
         _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
         return local_loss, local_loss, mean_flags
@@ -131,12 +139,8 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        stats = list(model.non_trainable_weights)
-        before = [tf.identity(v) for v in stats]
-        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
-                                  tf.float32)
+        _, before, local_loss, grads, nonfinite = _checked_loss_and_grads(
+            model, images, masks, num_classes, loss)
         grads, (mean_loss, mean_flags) = dist.average_gradients(
             grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
         with tf.control_dependencies(before):
