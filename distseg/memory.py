@@ -54,14 +54,14 @@ from distseg.errors import InputError, RunError
 ACT_BYTES = {"float32": 4, "bfloat16": 2}
 """Bytes per activation value of each precision (weights stay float32)."""
 
-WORKSPACE_TENSORS = {("float32", False): 5.5, ("float32", True): 4.8,
+WORKSPACE_TENSORS = {("float32", False): 3.3, ("float32", True): 4.8,
                      ("bfloat16", False): 3.3, ("bfloat16", True): 4.7}
 """(precision, recompute) -> how many full-resolution ``base_filters``-channel
 float32-sized tensors the backward pass holds at its peak on top of the kept
 activations (calibrated, docs/memory.md; in bfloat16 the measured workspace does not
 halve, so it is counted in float32 sizes for both precisions)."""
 
-RUNTIME_BYTES = 180 * 2 ** 20
+RUNTIME_BYTES = 165 * 2 ** 20
 """Peak RSS beyond TensorFlow's tensor allocations at small inputs (calibrated,
 docs/memory.md)."""
 
@@ -268,13 +268,13 @@ def estimate(spec: UNetSpec, batch: int) -> Estimate:
     params, trainable = count_params(spec)
     voxels = _voxels(spec, 0)
     data = batch * voxels * (4 * spec.in_channels + 1)
-    full_resolution = batch * voxels * spec.base_filters * 4
+    full_resolution = voxels * spec.base_filters * 4  # one sample's, float32
     terms = {
         "parameters": 4 * params,
         "gradients": 4 * trainable,
         "optimizer": 8 * trainable + (2 * trainable if spec.precision == "bfloat16" else 0),
         "activations": batch * sum(t.nbytes for t in tensors if t.kept) + data,
-        "workspace": int(WORKSPACE_TENSORS[(spec.precision, spec.recompute)] * full_resolution),
+        "workspace": batch * int(WORKSPACE_TENSORS[(spec.precision, spec.recompute)] * full_resolution),
         "runtime": RUNTIME_BYTES,
     }
     return Estimate(spec, batch, params, trainable, terms, _levels(spec, tensors))

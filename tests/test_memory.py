@@ -176,14 +176,14 @@ def test_cli_answers_the_reference_rows():
         bottom = "x".join(str(int(e) // 16) for e in size.split(",") * (3 if "," not in size else 1))
         assert f"\nbottom {bottom} " in out and "largest batch at" in out
     est = memory.estimate(memory.UNetSpec((240, 240, 144)), 16)
-    assert 150 * 2 ** 30 < est.total < 250 * 2 ** 30  # ~1.2 KB per voxel per sample
+    assert 110 * 2 ** 30 < est.total < 200 * 2 ** 30  # ~1.1 KB per voxel per sample
     small = _cli("--model", "unet3d", "--input", "240,240,144", "--batch", "16", "--budget", "64GB")
     assert "does not fit: needs" in small.stdout
 
 
 def test_measure_tiny_input_is_within_tolerance():
     # A 16^3 input with 4 base filters: its peak is mostly the runtime term. Measured here
-    # (docs/memory.md) the estimate was +8.3 to +8.8 % over it in three runs.
+    # (docs/memory.md) the estimate was +10.7 % over it in two runs.
     done = _cli("--model", "unet3d", "--input", "16", "--base-filters", "4", "--batch", "1",
                 "--budget", "4GB", "--measure", timeout=300)
     assert done.returncode == 0, done.stderr
