@@ -61,6 +61,9 @@ def _job_options(fn):
                      help="distseg-train --config JSON."),
         click.option("--resize/--no-resize", default=None, help="distseg-train --resize."),
         click.option("--validate/--no-validate", default=None, help="distseg-train --validate."),
+        click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
+                     help="distseg-train --model (unet3d needs a volume file, e.g. --preset liver3d)."),
+        click.option("--recompute/--no-recompute", default=None, help="distseg-train --recompute."),
     ]
     for name, (_, kind, text) in _PASSED_ON.items():
         options.append(click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
@@ -75,7 +78,9 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
     overrides = {path: p[name] for name, (path, _, _) in _PASSED_ON.items()}
     # The run directory itself is checked by jobs.resolve; any non-empty value passes here.
     overrides.update({"data.path": p["data_path"], "run_dir": run_dir or p["runs_dir"] or ".",
-                      "data.resize": p["resize"], "train.validate": p["validate"]})
+                      "data.resize": p["resize"], "train.validate": p["validate"],
+                      "model.recompute": p["recompute"],
+                      "model.spatial_dims": config_lib.MODELS.get(p["model_name"])})
     try:
         cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
     except ValueError as e:
@@ -83,7 +88,9 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
     args = ["--preset", p["preset"]]
     if p["config_file"]:
         args += ["--config", os.path.abspath(p["config_file"])]
-    for flag in ("resize", "validate"):
+    if p["model_name"]:
+        args += ["--model", p["model_name"]]
+    for flag in ("resize", "validate", "recompute"):
         if p[flag] is not None:
             args.append(f"--{'' if p[flag] else 'no-'}{flag}")
     for name in _PASSED_ON:

@@ -245,6 +245,23 @@ def test_render_refuses_missing_data_and_an_existing_run(tmp_path, tiny):
     assert out.exit_code == 2 and "already holds a run (logs exists)" in _err(out)
 
 
+def test_render_passes_the_3d_model_and_recompute_on_and_checks_the_file(tiny, tmp_path):
+    # --model unet3d with the smoke (2D) preset and --recompute reach distseg-train as
+    # flags; the volume file is checked with the 3D feed first, and a slice file given
+    # to the 3D model is refused before anything is queued.
+    vols = str(tmp_path / "vols.h5")
+    synth.make_volumes(vols, cases=4, size=32, seed=0, slices_per_case=16)
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", vols, "--preset", "smoke",
+              "--model", "unet3d", "--slab", "16,32,32", "--recompute", "--runs-dir", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    train_args = next(l for l in out.stdout.splitlines() if l.startswith("TRAIN_ARGS="))
+    assert "--model unet3d --recompute --slab 16,32,32" in train_args, train_args
+    refused = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
+                  "--model", "unet3d", "--slab", "16,32,32", "--runs-dir", str(tmp_path / "other"))
+    assert refused.exit_code == 2, refused.output
+    assert _err(refused).startswith("error: ") and len(refused.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("flag", ["--data=x.h5", "--run-dir", "--intra-op-threads"])
 def test_job_refuses_training_options_the_script_sets(flag, tiny):
     spec = jobs_lib.JobSpec(partition="generic", nodes=1, data=tiny, train_args=(flag, "1"))
