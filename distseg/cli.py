@@ -184,7 +184,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
-    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (Keras mixed precision): less memory, and faster where the CPU has AVX512_BF16 or AMX; measured here, step time 0.63x float32's on the 3D U-Net at 96^3 (docs/memory.md), 0.5-0.75x on the 2D demo U-Net (docs/performance.md)."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (Keras mixed precision): less memory, and faster where the CPU has AVX512_BF16 or AMX; measured here, step time 0.61x float32's on the 3D U-Net at 96^3 (docs/memory.md), 0.60x on the 2D demo U-Net (docs/performance.md)."),
 }
 
 
