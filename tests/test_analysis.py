@@ -22,22 +22,9 @@ from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
 from distseg import schema
 from support import BIN, command_env
-from tests.analysis_fixtures.runs import Launch, RunSpec, shards, write_run
+from tests.analysis_fixtures.runs import Launch, RunSpec, note_lines, one_row, shards, write_run
 
 H = 3600.0
-
-
-def _row(frame, **where):
-    mask = np.ones(len(frame), bool)
-    for key, value in where.items():
-        mask &= (frame[key] == value).to_numpy()
-    rows = frame[mask]
-    assert len(rows) == 1, (where, frame)
-    return rows.iloc[0]
-
-
-def _notes(report, level=None):
-    return [n.line() for n in report.notes if level is None or n.level == level]
 
 
 def _log(run_dir, rank):
@@ -70,13 +57,13 @@ def slow_run(tmp_path):
 def test_loss_crosses_target_at_exactly_3_5_hours(slow_run):
     rep = build([slow_run], ReportOptions(target_loss=(-0.75, -0.76, -0.9)))
     hours = rep.tables.hours_to_target
-    first = _row(hours, target=-0.75)
+    first = one_row(hours, target=-0.75)
     assert first["reached"] and first["hours"] == pytest.approx(3.5, abs=1e-12)
     assert first["global_step"] == 209 and first["epoch"] == 209 // 4
     assert first["result"] == "3.500 h"
     # -0.76 first at k = 218 (0.26 x 209 / 0.25 = 217.4): (218 + 1) x 60 s.
-    assert _row(hours, target=-0.76)["hours"] == pytest.approx(219 * 60 / H)
-    never = _row(hours, target=-0.9)
+    assert one_row(hours, target=-0.76)["hours"] == pytest.approx(219 * 60 / H)
+    never = one_row(hours, target=-0.9)
     assert not never["reached"] and math.isnan(never["hours"])
     assert never["result"] == "not reached"
 
@@ -84,7 +71,7 @@ def test_loss_crosses_target_at_exactly_3_5_hours(slow_run):
 def test_smoothing_delays_the_crossing_by_the_trailing_window(slow_run):
     # The trailing mean of 3 steps of a linear curve is its value one step earlier.
     rep = build([slow_run], ReportOptions(target_loss=(-0.75,), smooth=3))
-    row = _row(rep.tables.hours_to_target, target=-0.75)
+    row = one_row(rep.tables.hours_to_target, target=-0.75)
     assert row["global_step"] == 210 and row["hours"] == pytest.approx(211 * 60 / H)
     assert "smoothed 3" in row["metric"]
     curve = rep.tables.loss_vs_time
@@ -102,10 +89,10 @@ def test_dice_target_is_reached_at_the_first_epoch_whose_global_dice_is_high_eno
     run = write_run(str(tmp_path / "np2"), RunSpec(epochs=5))
     rep = build([run], ReportOptions(target_dice=(0.8, 0.99)))
     hours = rep.tables.hours_to_target
-    hit = _row(hours, target=0.8)
+    hit = one_row(hours, target=0.8)
     assert hit["reached"] and hit["epoch"] == 3 and hit["hours"] == pytest.approx(16 / H)
     assert hit["metric"] == "val_dice (mean liver+lesion)"
-    assert not _row(hours, target=0.99)["reached"]
+    assert not one_row(hours, target=0.99)["reached"]
 
 
 # ----------------------------------------------------------------------------- scaling
@@ -129,7 +116,7 @@ def test_time_per_epoch_uses_training_time_and_skips_the_warmup_epoch(study):
     # steps per epoch: 8, 4, 2 (16 samples, batch 2 per rank)
     for run, ranks, nodes, steps, step_s in (("np1", 1, 1, 8, 1.0), ("np2", 2, 1, 4, 1.1),
                                              ("np4", 4, 2, 2, 1.25)):
-        row = _row(tpe, run=run)
+        row = one_row(tpe, run=run)
         assert (row["ranks"], row["nodes"], row["epochs"], row["steady_epochs"]) == (
             ranks, nodes, 4, 3)
         assert row["warmup_train_s"] == pytest.approx(steps * 3.0)
@@ -146,7 +133,7 @@ def test_time_per_epoch_uses_training_time_and_skips_the_warmup_epoch(study):
 
 def test_scaling_against_the_smallest_run(study):
     sc = build(study).tables.scaling
-    np2, np4 = _row(sc, run="np2"), _row(sc, run="np4")
+    np2, np4 = one_row(sc, run="np2"), one_row(sc, run="np4")
     assert set(sc["base"]) == {"np1"}
     assert np2["speedup"] == pytest.approx(8.0 / 4.4)
     assert np2["efficiency"] == pytest.approx(8.0 / 4.4 / 2)
@@ -154,7 +141,7 @@ def test_scaling_against_the_smallest_run(study):
     assert np4["efficiency"] == pytest.approx(8.0 / 2.5 / 4)
     assert np4["throughput_speedup"] == pytest.approx(6.4 / 2.0)
     assert np4["throughput_efficiency"] == pytest.approx(0.8)
-    assert _row(sc, run="np1")["efficiency"] == 1.0
+    assert one_row(sc, run="np1")["efficiency"] == 1.0
 
 
 def test_epoch_time_is_the_fallback_when_train_time_is_not_logged(tmp_path):
@@ -162,7 +149,7 @@ def test_epoch_time_is_the_fallback_when_train_time_is_not_logged(tmp_path):
     _rewrite(_log(run, 0), lambda lines: [
         json.dumps({k: v for k, v in json.loads(l).items() if k != "train_time"}) + "\n"
         for l in lines])
-    row = _row(build([run]).tables.time_per_epoch, run="old")
+    row = one_row(build([run]).tables.time_per_epoch, run="old")
     assert row["median_train_s"] == pytest.approx(8 + 2.0)
     assert row["time"] == tables.EPOCH_TIME_FALLBACK
 
@@ -172,21 +159,21 @@ def test_rank_balance_names_the_slowest_rank(tmp_path):
                                                    data_wait=[0.1, 0.3]))
     rep = build([run])
     bal = rep.tables.rank_balance
-    r0, r1 = _row(bal, rank=0), _row(bal, rank=1)
+    r0, r1 = one_row(bal, rank=0), one_row(bal, rank=1)
     assert r0["mean_step_s"] == pytest.approx(1.0) and r1["mean_step_s"] == pytest.approx(1.5)
     assert r1["mean_data_wait_s"] == pytest.approx(0.3)
     assert r1["data_wait_share"] == pytest.approx(0.2)
     assert r0["steps"] == 8  # 3 epochs x 4 steps, the warm-up epoch left out
     assert list(bal["slowest"]) == [False, True] and set(bal["slowest_rank"]) == {1}
     assert list(bal["imbalance_ratio"]) == pytest.approx([1.5 / 1.25] * 2)
-    summary = _row(rep.tables.rank_balance_summary, run="np2")
+    summary = one_row(rep.tables.rank_balance_summary, run="np2")
     assert summary["slowest_rank"] == 1 and summary["most_waiting_rank"] == 1
 
 
 def test_val_dice_spread_over_ranks(tmp_path):
     run = write_run(str(tmp_path / "np4"), RunSpec(size=4, epochs=2))
     spread = build([run]).tables.val_dice_spread
-    row = _row(spread, epoch=1, **{"class": "liver"})
+    row = one_row(spread, epoch=1, **{"class": "liver"})
     # 0.5 + 0.1 x 1 + 0.01 x rank for ranks 0..3
     assert (row["ranks"], row["min"], row["max"]) == (4, pytest.approx(0.6), pytest.approx(0.63))
     assert row["median"] == pytest.approx(0.615) and row["global"] == pytest.approx(0.615)
@@ -208,7 +195,7 @@ def test_coverage_true_against_the_data_file(tmp_path):
     data = _h5_split(tmp_path / "d.h5", 16, 4)
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=1, data_path=data))
     cov = build([run]).tables.coverage
-    row = _row(cov, epoch=0)
+    row = one_row(cov, epoch=0)
     assert row["covered"] == True and row["digest_matches"] == True  # noqa: E712
     assert row["reference"] == "train split of the data file"
     assert row["reference_digest"] == schema.sample_digest(range(16))
@@ -245,7 +232,7 @@ def test_coverage_detects_an_overlap_from_the_digests_alone(tmp_path):
     assert list(cov["covered"]) == [True, False, True]
     assert list(cov["samples"]) == [16, 16, 16]
     assert "2 of 3 complete epochs" in cov["reference"].iloc[0]
-    summary = _row(rep.tables.coverage_summary, run="np2")
+    summary = one_row(rep.tables.coverage_summary, run="np2")
     assert (summary["covered"], summary["not_covered"]) == (2, 1)
     assert summary["first_problem"].startswith("epoch 1: NOT covered")
 
@@ -280,14 +267,14 @@ def test_killed_run_truncated_last_line(tmp_path):
     run = write_run(str(tmp_path / "killed"), RunSpec(
         size=2, epochs=3, launches=[Launch(0, 2, killed_after=3)]))
     rep = build([run], ReportOptions(target_loss=(-5.0,)))
-    lines = _notes(rep)
+    lines = note_lines(rep)
     assert sum("truncated last line" in n for n in lines) == 2, lines
-    tpe = _row(rep.tables.time_per_epoch, run="killed")
+    tpe = one_row(rep.tables.time_per_epoch, run="killed")
     assert tpe["epochs"] == 2 and tpe["status"].startswith("no end record")
     # the 3 steps of the unfinished epoch count in the curve and the balance
     train = rep.tables.loss_vs_time.query("series == 'train'")
     assert len(train) == 11
-    assert _row(rep.tables.hours_to_target, target=-5.0)["result"] == (
+    assert one_row(rep.tables.hours_to_target, target=-5.0)["result"] == (
         "not reached (run not finished)")
 
 
@@ -295,8 +282,8 @@ def test_missing_rank_log(tmp_path):
     run = write_run(str(tmp_path / "np4"), RunSpec(size=4, epochs=3))
     os.remove(_log(run, 2))
     rep = build([run])
-    assert any("log of rank(s) 2 missing (1 of 4)" in n for n in _notes(rep, "skipped"))
-    tpe = _row(rep.tables.time_per_epoch, run="np4")
+    assert any("log of rank(s) 2 missing (1 of 4)" in n for n in note_lines(rep, "skipped"))
+    tpe = one_row(rep.tables.time_per_epoch, run="np4")
     assert tpe["ranks"] == 4 and tpe["samples_per_epoch"] == 16  # 3 ranks' 12, scaled up
     cov = rep.tables.coverage
     assert cov["covered"].isna().all() and cov["status"].str.contains("3 of 4 ranks").all()
@@ -311,8 +298,8 @@ def test_run_still_in_progress(tmp_path):
     rep = build([run])
     assert not rep.runs[0].finished
     assert rep.runs[0].status == "no end record (still running, or killed)"
-    assert _row(rep.tables.time_per_epoch, run="live")["epochs"] == 2
-    assert not _notes(rep, "skipped")
+    assert one_row(rep.tables.time_per_epoch, run="live")["epochs"] == 2
+    assert not note_lines(rep, "skipped")
 
 
 def test_resumed_run_continues_its_logs(tmp_path):
@@ -325,14 +312,14 @@ def test_resumed_run_continues_its_logs(tmp_path):
     assert len(data.segments) == 2 and data.finished
     assert list(data.segments["duration_s"]) == [11.0, 8.0]
     assert sorted(data.epochs.query("rank == 0")["epoch"]) == [0, 1, 2, 3]
-    lines = _notes(rep)
+    lines = note_lines(rep)
     assert any("resumed run: 2 launches" in n for n in lines)
     assert sum("truncated record followed by another" in n for n in lines) == 2
     # loss -1.15 is first reached at global step 12: epoch 3's first step, the 5th step
     # of the second launch, so 11 s + 5 s of wall-clock time.
-    row = _row(rep.tables.hours_to_target, target=-1.15)
+    row = one_row(rep.tables.hours_to_target, target=-1.15)
     assert row["global_step"] == 12 and row["hours"] == pytest.approx(16 / H)
-    tpe = _row(rep.tables.time_per_epoch, run="resumed")
+    tpe = one_row(rep.tables.time_per_epoch, run="resumed")
     # epochs 0 and 2 each open a launch: both are warm-up
     assert (tpe["epochs"], tpe["steady_epochs"]) == (4, 2)
 
@@ -345,10 +332,10 @@ def test_unknown_fields_and_records_are_ignored_with_a_note(tmp_path):
     with open(_log(extra, 0), "a") as f:
         f.write(json.dumps({"type": "profile", "rank": 0, "time": 1.0}) + "\n")
     rep = build([plain, extra])
-    lines = _notes(rep, "skipped")
+    lines = note_lines(rep, "skipped")
     assert any("step.gpu_mem (2 of 2 logs)" in n and "step.io" in n and "epoch.power_w" in n
                for n in lines), lines
-    assert any("unknown type 'profile'" in n for n in _notes(rep))
+    assert any("unknown type 'profile'" in n for n in note_lines(rep))
     tpe = rep.tables.time_per_epoch.set_index("run")
     cols = ["median_train_s", "throughput_samples_s", "epochs"]
     pd.testing.assert_series_equal(tpe.loc["plain", cols], tpe.loc["extra", cols],
@@ -360,7 +347,7 @@ def test_corrupt_line_in_the_middle_is_skipped(tmp_path):
     _rewrite(_log(run, 0), lambda lines: lines[:3] + ['{"type":"step","rank":0,"ep\n']
              + lines[3:])
     rep = build([run])
-    assert any("1 line(s) that are not log records" in n for n in _notes(rep, "skipped"))
+    assert any("1 line(s) that are not log records" in n for n in note_lines(rep, "skipped"))
     assert len(rep.tables.loss_vs_time.query("series == 'train'")) == 16
 
 
@@ -368,23 +355,23 @@ def test_config_mismatch_is_flagged(tmp_path):
     a = write_run(str(tmp_path / "a"), RunSpec(size=1, seed=0))
     b = write_run(str(tmp_path / "b"), RunSpec(size=2, seed=1, image_size=64))
     rep = build([a, b])
-    warnings = _notes(rep, "warning")
+    warnings = note_lines(rep, "warning")
     assert any("differ in global seed: 0 vs 1" in n for n in warnings), warnings
     assert any("differ in model" in n and "image_size 32 vs 64" in n for n in warnings)
     same = build([a, write_run(str(tmp_path / "c"), RunSpec(size=2))])
-    assert not _notes(same, "warning")
+    assert not note_lines(same, "warning")
 
 
 def test_empty_log_and_log_without_run_record(tmp_path):
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2))
     open(_log(run, 1), "w").close()
     rep = build([run])
-    assert _row(rep.tables.time_per_epoch, run="np2")["epochs"] == 3
+    assert one_row(rep.tables.time_per_epoch, run="np2")["epochs"] == 3
     bare = tmp_path / "bare" / "logs"
     bare.mkdir(parents=True)
     (bare / "rank-00000.jsonl").write_text('{"type":"step","rank":0,"t":1}\n')
     rep = build([str(tmp_path / "bare")])
-    assert any("no run record" in n for n in _notes(rep))
+    assert any("no run record" in n for n in note_lines(rep))
     write(rep, str(tmp_path / "out"))  # renders with nothing to show
 
 
@@ -405,14 +392,14 @@ def test_projection_matches_a_hand_computation(tmp_path):
     base = 32 * compute                         # the model's epoch at 1 rank
     # 2 ranks per node (as measured in np2)
     for nodes, ranks, steps in ((2, 4, 8), (8, 16, 2), (64, 128, 1)):
-        row = _row(proj, kind="projection", nodes=nodes)
+        row = one_row(proj, kind="projection", nodes=nodes)
         comm = 2 * (ranks - 1) / ranks * g / bw + lat * 2 * (ranks - 1)
         assert row["ranks"] == ranks and row["steps_per_epoch"] == steps
         assert row["allreduce_s"] == pytest.approx(comm)
         assert row["epoch_s"] == pytest.approx(steps * (compute + comm))
         assert row["efficiency"] == pytest.approx(base / (steps * (compute + comm) * ranks))
-    assert "infeasible" in _row(proj, kind="projection", nodes=64)["note"]
-    measured = _row(proj, kind="measured", run="np2")
+    assert "infeasible" in one_row(proj, kind="projection", nodes=64)["note"]
+    measured = one_row(proj, kind="measured", run="np2")
     assert measured["epoch_s"] == pytest.approx(17.6)
     assert measured["residual_s"] == pytest.approx(17.6 - 16 * (compute + a2))
     assert rep.projection.assumptions[0].startswith("PROJECTION")
@@ -420,7 +407,7 @@ def test_projection_matches_a_hand_computation(tmp_path):
     log_term = build(runs, ReportOptions(project_nodes=(8,), fabric=Fabric(
         bandwidth_gbps=10, latency_us=50, latency_term="log"))).projection.table
     comm16 = 2 * 15 / 16 * g / (10e9 / 8) + 50e-6 * 2 * math.log2(16)
-    assert _row(log_term, kind="projection")["allreduce_s"] == pytest.approx(comm16)
+    assert one_row(log_term, kind="projection")["allreduce_s"] == pytest.approx(comm16)
 
 
 def test_projection_without_gradient_size_explains_itself(tmp_path):

@@ -18,23 +18,10 @@ from analysis import outline, progress, reduce, stateff
 from analysis.model import Role
 from analysis.report import ReportOptions, build, write
 from distseg import schema
-from tests.analysis_fixtures.runs import (Launch, RunSpec, end_record, epoch_record,
-                                          run_record, step, write_log, write_run)
+from tests.analysis_fixtures.runs import (Launch, RunSpec, end_record, epoch_record, note_lines,
+                                          one_row, run_record, step, write_log, write_run)
 
 H = 3600.0
-
-
-def _row(frame, **where):
-    mask = np.ones(len(frame), bool)
-    for key, value in where.items():
-        mask &= (frame[key] == value).to_numpy()
-    rows = frame[mask]
-    assert len(rows) == 1, (where, frame)
-    return rows.iloc[0]
-
-
-def _notes(report):
-    return [n.line() for n in report.notes]
 
 
 # ----------------------------------------------------------------------------- the trajectory
@@ -128,21 +115,21 @@ def test_a_killed_and_resumed_run_counts_samples_along_its_trajectory(tmp_path):
     hours = rep.tables.hours_to_target
     # -0.95 at global step 10 (epoch 2, step 2), crossed before the kill, once:
     # epochs 0 and 1 (2 x 14) + 4 + 4 + 4 = 40 samples in 11 steps.
-    before = _row(hours, target=-0.95)
+    before = one_row(hours, target=-0.95)
     assert (before["global_step"], before["steps"], before["samples"]) == (10, 11, 40.0)
     assert before["hours"] == pytest.approx(11 / H)  # step 10 of launch 0 ends at 11 s
     # -1.15 at global step 12 (epoch 3, step 0) of the second launch: epoch 2, whose
     # first 3 steps ran twice, counts once: 3 x 14 + 4 = 46 (a double count reads 58).
-    after = _row(hours, target=-1.15)
+    after = one_row(hours, target=-1.15)
     assert (after["global_step"], after["steps"], after["samples"]) == (12, 13, 46.0)
     # Not reached: no number, but what the run trained on in all: 4 x 14 samples.
-    never = _row(hours, target=-5.0)
+    never = one_row(hours, target=-5.0)
     assert not never["reached"] and pd.isna(never["steps"]) and math.isnan(never["samples"])
     assert never["samples_lower_bound"] == 56.0
     # Dice (mean over ranks 0.505 + 0.1 epoch) >= 0.7 first at epoch 2: 3 epochs.
-    dice = _row(hours, target=0.7)
+    dice = one_row(hours, target=0.7)
     assert (dice["epoch"], dice["steps"], dice["samples"]) == (2, 12, 42.0)
-    dice_never = _row(hours, target=0.95)
+    dice_never = one_row(hours, target=0.95)
     assert not dice_never["reached"] and dice_never["samples_lower_bound"] == 56.0
     assert rep.runs[0].trained.steps == 16 and rep.runs[0].trained.samples == 56.0
 
@@ -179,15 +166,15 @@ def test_resume_records_and_a_target_crossed_before_the_kill(tmp_path):
     hours = rep.tables.hours_to_target
     # -0.45: first at step 5 of launch a (6 s), before the kill; the redone step 5
     # (-0.3) does not cross again and nothing counts twice: 6 steps x 3 samples.
-    first = _row(hours, target=-0.45)
+    first = one_row(hours, target=-0.45)
     assert (first["global_step"], first["steps"], first["samples"]) == (5, 6, 18.0)
     assert first["hours"] == pytest.approx(6 / H)
     # -0.55: at step 7 of launch b: 8 steps (4 and 5 counted once) x 3 = 24, at
     # 6 s (launch a's duration) + 4 s.
-    later = _row(hours, target=-0.55)
+    later = one_row(hours, target=-0.55)
     assert (later["global_step"], later["steps"], later["samples"]) == (7, 8, 24.0)
     assert later["hours"] == pytest.approx(10 / H)
-    assert not any("resume" in n and "unknown type" in n for n in _notes(rep))
+    assert not any("resume" in n and "unknown type" in n for n in note_lines(rep))
 
 
 def test_lost_records_and_missing_ranks_are_made_up_and_said(tmp_path):
@@ -195,14 +182,14 @@ def test_lost_records_and_missing_ranks_are_made_up_and_said(tmp_path):
     # step counts rank 0's 2 samples x 2 ranks / 1 logged = 4 instead of 3: 25, not 24.
     run = _hand_resumed(str(tmp_path / "lost"), drop_rank1_step=6)
     rep = build([run], ReportOptions(target_loss=(-0.55,)))
-    assert _row(rep.tables.hours_to_target, target=-0.55)["samples"] == 25.0
+    assert one_row(rep.tables.hours_to_target, target=-0.55)["samples"] == 25.0
     assert any("steps of launch(es) 1 logged by fewer ranks than ran them are scaled up"
-               in n for n in _notes(rep))
+               in n for n in note_lines(rep))
     # Without rank 1's log: rank 0's 8 x 2 samples stand for both ranks (x 2).
     os.remove(os.path.join(run, schema.LOG_DIR, schema.log_name(1)))
     rep = build([run], ReportOptions(target_loss=(-0.55,)))
-    assert _row(rep.tables.hours_to_target, target=-0.55)["samples"] == 32.0
-    assert any("launch(es) 0, 1 logged by fewer ranks" in n for n in _notes(rep))
+    assert one_row(rep.tables.hours_to_target, target=-0.55)["samples"] == 32.0
+    assert any("launch(es) 0, 1 logged by fewer ranks" in n for n in note_lines(rep))
 
 
 def test_a_run_that_continues_on_fewer_ranks_counts_each_launchs_own_batches(tmp_path):
@@ -227,12 +214,12 @@ def test_a_run_that_continues_on_fewer_ranks_counts_each_launchs_own_batches(tmp
             lines += [end_record(0, 17.0)]
         write_log(run_dir, rank, lines)
     rep = build([run_dir], ReportOptions(target_loss=(-0.45, -2.0)))
-    hit = _row(rep.tables.hours_to_target, target=-0.45)
+    hit = one_row(rep.tables.hours_to_target, target=-0.45)
     assert (hit["epoch"], hit["global_step"], hit["steps"], hit["samples"]) == (2, 18, 15, 38.0)
-    never = _row(rep.tables.hours_to_target, target=-2.0)
+    never = one_row(rep.tables.hours_to_target, target=-2.0)
     assert never["samples_lower_bound"] == 16.0 + 16.0 + 16.0  # epochs 0, 1 and 2
     assert rep.runs[0].trained == progress.Trained(20, 48.0)
-    assert not any("scaled up" in n for n in _notes(rep))
+    assert not any("scaled up" in n for n in note_lines(rep))
 
 
 # ----------------------------------------------------------------------------- across runs
@@ -272,12 +259,12 @@ def test_statistical_efficiency_and_the_decomposition_by_hand(study):
                                          "train_loss <= -1 in 16.0 s after 32 samples "
                                          "(16 steps).")
     # np4 never reaches -1.5: its 8 steps x 8 samples bound it; no made-up number.
-    miss = _row(eff, run="np4", target=-1.5)
+    miss = one_row(eff, run="np4", target=-1.5)
     assert not miss["reached"] and math.isnan(miss["statistical_efficiency"])
     assert (miss["samples_text"], miss["statistical_efficiency_text"]) == ("> 64", "< 0.75")
     assert miss["summary"] == ("np4 (4 ranks, 1 node) does not reach train_loss <= -1.5 "
                                "(> 64 samples; np1: 48): statistical efficiency < 0.75.")
-    assert _row(eff, run="np2", target=-1.5)["statistical_efficiency"] == pytest.approx(0.8)
+    assert one_row(eff, run="np2", target=-1.5)["statistical_efficiency"] == pytest.approx(0.8)
 
 
 def test_bounds_and_the_limiting_factor():
@@ -300,20 +287,20 @@ def test_projection_fits_a_trend_only_with_two_rank_counts_beyond_the_base(study
     # -1: measured at 2 and 4 ranks besides the base. Least squares of 1, 0.8, 2/3 on
     # log2 ranks 0, 1, 2: slope -1/6, intercept 89/90; at 8 ranks 89/90 - 3/6 = 44/90,
     # at 64 ranks 89/90 - 1 < 0: nothing projected.
-    at8 = _row(proj, target=-1.0, ranks=8)
+    at8 = one_row(proj, target=-1.0, ranks=8)
     assert at8["statistical_efficiency"] == pytest.approx(44 / 90)
     assert at8["statistical_efficiency_basis"] == "trend"
     assert at8["time_speedup"] == pytest.approx(at8["throughput_speedup"] * 44 / 90)
     assert at8["hours"] == pytest.approx(16 / H / at8["time_speedup"])  # np1: 16 s
-    at64 = _row(proj, target=-1.0, ranks=64)
+    at64 = one_row(proj, target=-1.0, ranks=64)
     assert at64["statistical_efficiency_basis"] == "trend <= 0"
     assert math.isnan(at64["hours"])
     # measured rows keep the measurement beside the model's product
-    np4 = _row(proj, target=-1.0, run="np4")
+    np4 = one_row(proj, target=-1.0, run="np4")
     assert np4["measured_hours"] == pytest.approx(6 / H)
     assert np4["statistical_efficiency"] == pytest.approx(2 / 3)
     # -1.5: only 2 ranks reached it besides the base: assumed 1, flagged as a warning.
-    flat = _row(proj, target=-1.5, ranks=8)
+    flat = one_row(proj, target=-1.5, ranks=8)
     assert (flat["statistical_efficiency"], flat["statistical_efficiency_basis"]) == (
         1.0, "assumed 1")
     assert flat["time_speedup"] == flat["throughput_speedup"]

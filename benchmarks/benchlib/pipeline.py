@@ -11,9 +11,10 @@ time spent waiting for data, read from the training logs, says whether it kept u
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+
+from benchlib.args import workload_parser
 
 
 def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: int,
@@ -33,11 +34,7 @@ def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/liver117.h5")
-    p.add_argument("--preset", default="demo")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=8)
+    p = workload_parser(__doc__, epochs=4, threads=False)
     args = p.parse_args(argv)
     from distseg import config as config_lib
     cfg = config_lib.PRESETS[args.preset]()

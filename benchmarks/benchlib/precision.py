@@ -29,12 +29,13 @@ seeds), to check that bf16 learns as well.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import statistics
 import time
+
+from benchlib.args import workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -147,13 +148,10 @@ def run(args) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/liver117.h5")
-    p.add_argument("--preset", default="demo")
+    p = workload_parser(__doc__, batch_size=False)
     p.add_argument("--modes", default="float32,bfloat16,keras_mixed",
                    help="comma-separated modes: float32, bfloat16, keras_mixed, each optionally :kerasbn or :kerasgn")
     p.add_argument("--norm", default="", help="the preset's model.norm replaced: batch, group, none")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=3, help="steps per mode per round")
     p.add_argument("--grappler-bf16", action="store_true")

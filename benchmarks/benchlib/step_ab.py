@@ -13,21 +13,18 @@ CPU time per step barely moves with other processes' load).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
 
+from benchlib.args import workload_parser
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/liver117.h5")
-    p.add_argument("--preset", default="demo")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p = workload_parser(__doc__)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     p.add_argument("--variants", default="distseg,nocheck,sumcheck,noreduce,bare,keras")

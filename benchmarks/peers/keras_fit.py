@@ -12,11 +12,12 @@ epoch's seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+
+from benchlib.args import workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -96,12 +97,7 @@ def run(args) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/liver117.h5")
-    p.add_argument("--preset", default="demo")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
+    p = workload_parser(__doc__, epochs=4)
     p.add_argument("--policy", default=None, help="Keras dtype policy, e.g. mixed_bfloat16")
     args = p.parse_args(argv)
     if args.epochs < 2:

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from benchlib.args import workload_parser
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -144,13 +146,8 @@ def launch(args) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/liver117.h5")
-    p.add_argument("--preset", default="demo")
+    p = workload_parser(__doc__, epochs=4, batch_help="per worker")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=8, help="per worker")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -241,3 +241,18 @@ def write_log(run_dir: str, rank: int, lines: Sequence[dict | str]) -> str:
         for rec in lines:
             f.write(rec if isinstance(rec, str) else json.dumps(rec, separators=(",", ":")) + "\n")
     return path
+
+
+def one_row(frame, **where):
+    """The one row of a report table (a pandas frame) whose columns equal ``where``."""
+    mask = np.ones(len(frame), bool)
+    for key, value in where.items():
+        mask &= (frame[key] == value).to_numpy()
+    rows = frame[mask]
+    assert len(rows) == 1, (where, frame)
+    return rows.iloc[0]
+
+
+def note_lines(report, level=None) -> list[str]:
+    """The report's notes as printed lines, optionally of one level only."""
+    return [n.line() for n in report.notes if level is None or n.level == level]
