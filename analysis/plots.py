@@ -91,14 +91,19 @@ def loss_figure(curves: pd.DataFrame, targets: Sequence[float] = (), smooth: int
     return fig
 
 
+def _written(fig, path: str) -> str:
+    """Saves ``fig`` to ``path``, closes it and returns ``path``."""
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def loss_vs_time(curves: pd.DataFrame, path: str, targets: Sequence[float] = (),
                  smooth: int = 0, unit: TimeUnit = HOURS) -> str:
     """Training loss (line) and validation loss (markers) against wall-clock time in
     ``unit``, written to ``path`` (``loss_figure``)."""
     fig = loss_figure(curves, targets, smooth, unit)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _written(fig, path)
 
 
 def val_dice_spread(spread: pd.DataFrame, path: str, classes: Sequence[str]) -> str:
@@ -132,9 +137,7 @@ def val_dice_spread(spread: pd.DataFrame, path: str, classes: Sequence[str]) -> 
                         transform=axes[0][0].transAxes)
     fig.suptitle("Validation Dice across ranks (dotted: global Dice)")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _written(fig, path)
 
 
 def _rank_axis(ax, table: pd.DataFrame) -> None:
@@ -197,9 +200,7 @@ def efficiency_figure(table: pd.DataFrame):
 def statistical_efficiency(table: pd.DataFrame, path: str) -> str:
     """``efficiency_figure`` of ``stateff.efficiency_table``, written to ``path``."""
     fig = efficiency_figure(table)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _written(fig, path)
 
 
 def _size_axis(ax, table: pd.DataFrame) -> None:
@@ -242,6 +243,4 @@ def size_figure(table: pd.DataFrame):
 def throughput_vs_size(table: pd.DataFrame, path: str) -> str:
     """``size_figure`` of ``tables.throughput_vs_size``, written to ``path``."""
     fig = size_figure(table)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _written(fig, path)
