@@ -35,8 +35,10 @@ def log_records(run_dir: str, rank: int) -> list[dict]:
     return recs
 
 
-def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 120.0) -> None:
-    """Waits until rank ``rank``'s log holds ``needle`` (e.g. ``'"global_step":3,'``).
+def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 120.0,
+                 poll: float = 0.2) -> None:
+    """Waits until rank ``rank``'s log holds ``needle`` (e.g. ``'"global_step":3,'``),
+    looking every ``poll`` seconds.
 
     If ``proc`` (a ``Popen`` started with ``start_new_session=True``) ends first or the
     time runs out, its process group is killed and the test fails with the tail of its
@@ -54,7 +56,7 @@ def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 12
             with open(path, encoding="utf-8") as f:
                 if needle in f.read():
                     return
-        time.sleep(0.2)
+        time.sleep(poll)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

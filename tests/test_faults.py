@@ -59,7 +59,9 @@ class Launch:
             start_new_session=True)
 
     def wait_for_step(self, global_step: int, timeout: float = 120) -> list[int]:
-        wait_for_log(self.run_dir, 1, f'"global_step":{global_step},', self.proc, timeout)
+        # Polled often: a smoke step takes tens of milliseconds, and a test that signals
+        # "in the middle of an epoch" must not find the ranks an epoch further on.
+        wait_for_log(self.run_dir, 1, f'"global_step":{global_step},', self.proc, timeout, poll=0.01)
         return [records(self.run_dir, r)[0]["pid"] for r in (0, 1)]
 
     def seconds_until_gone(self, pids: list[int], limit: float) -> float:
@@ -159,12 +161,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny, tmp_path):
                      "--no-validate")
     assert out.returncode == 0, out.stdout[-3000:]
     run = Launch(cut, tiny, "mpi")
-    pids = run.wait_for_step(21)
+    pids = run.wait_for_step(18)  # epoch 1 is global steps 16-31
     for pid in pids:  # Slurm at the time limit: every rank gets SIGTERM
         os.kill(pid, signal.SIGTERM)
     run.seconds_until_gone(pids, 10)
     cp = json.load(open(os.path.join(cut, "checkpoints", "latest.json")))
-    assert cp["epoch"] == 1 and cp["step"] > 0, cp  # inside epoch 1
+    # Inside an epoch (mid-epoch resume is the point), before the full run's end. CI under
+    # load once saw the ranks reach the end of epoch 1 before the signal arrived.
+    assert cp["epoch"] in (1, 2) and cp["step"] > 0, cp
     again = horovodrun("--run-dir", cut, "--resume", "--epochs", "3")
     assert again.returncode == 0, again.stdout[-3000:]
     for rank in (0, 1):
