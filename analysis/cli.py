@@ -9,8 +9,8 @@ def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
     """``--project-nodes`` through the one node-list parser (a bad list: exit 2)."""
     if not value:
         return ()
-    from distseg.errors import InputError
-    from distseg.schema import parse_node_counts
+    from distseg.core.errors import InputError
+    from distseg.core.schema import parse_node_counts
 
     try:
         return parse_node_counts(value, "--project-nodes")
@@ -60,7 +60,7 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     """
     from analysis.project import Fabric
     from analysis.report import ReportOptions, main
-    from distseg.errors import DistsegError, fail
+    from distseg.core.errors import DistsegError, fail
 
     try:
         options = ReportOptions(

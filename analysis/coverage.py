@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.logs import RunData
-from distseg import schema
-from distseg.errors import InputError, refuse_newer
+from distseg.core import schema
+from distseg.core.errors import InputError, refuse_newer
 
 
 class Basis(enum.Enum):
@@ -95,7 +95,7 @@ def _read_split(path: str) -> np.ndarray:
     """
     import h5py  # a plain HDF5 reader, imported only when a data file is checked
 
-    from distseg.data import FORMAT_VERSION
+    from distseg.data.slices import FORMAT_VERSION
 
     # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
     with h5py.File(path, "r", locking=False) as f:

@@ -48,10 +48,9 @@ import pyarrow.json as pa_json
 from analysis import workers
 from analysis.model import Note
 from analysis.progress import SampleSum, Trained, at_crossings, at_epochs, progress_notes
-from analysis.reduce import (STAT_COLUMNS, CurveSpec, RankCurve, crossing_table,
-                             reduce_curve, sample_runs, step_stats)
-from distseg import schema
-from distseg.errors import InputError, refuse_newer
+from analysis.reduce import STAT_COLUMNS, CurveSpec, RankCurve, crossing_table, reduce_curve, sample_runs, step_stats
+from distseg.core import schema
+from distseg.core.errors import InputError, refuse_newer
 
 #: Step-record fields read into the step frames. All are parsed as float64 so that a
 #: producer writing ``1`` or ``1.0`` for an integer field does not break the fast path;

@@ -36,7 +36,7 @@ from analysis import stateff
 from analysis.logs import RunData, dict_field
 from analysis.model import Projection
 from analysis.stateff import Scaled
-from distseg.schema import steps_per_epoch
+from distseg.core.schema import steps_per_epoch
 
 LATENCY_TERMS = ("ring", "log")
 

@@ -18,8 +18,7 @@ import pandas as pd
 
 from analysis import checks, coverage, logs, outline, render, stateff, tables
 from analysis.logs import RunData
-from analysis.model import (HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files,
-                            time_unit)
+from analysis.model import HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files, time_unit
 from analysis.project import Fabric, project
 from analysis.reduce import CurveSpec
 

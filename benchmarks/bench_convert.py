@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from distseg import data
-from distseg.convert import samples
+from distseg.data import slices as data
+from distseg.data.convert import samples
 
 BIN = os.path.dirname(sys.executable)
 

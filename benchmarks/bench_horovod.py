@@ -28,7 +28,7 @@ import tempfile
 
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from distseg import schema  # noqa: E402
+from distseg.core import schema  # noqa: E402
 
 
 def throughput(run_dir: str, ranks: int) -> float:

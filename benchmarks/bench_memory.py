@@ -41,7 +41,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distseg import memory  # noqa: E402
+from distseg.networks import memory  # noqa: E402
 
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
          "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
@@ -124,12 +124,12 @@ def dice_ce_step(model, optimizer):
     term makes the small lesion class learn within a short run."""
     import tensorflow as tf
 
-    from distseg import model as model_lib
+    from distseg.networks import losses
 
     @tf.function
     def step(images, masks):
         with tf.GradientTape() as tape:
-            loss = model_lib.segmentation_loss(model(images, training=True), masks, 3, "dice_ce")
+            loss = losses.segmentation_loss(model(images, training=True), masks, 3, "dice_ce")
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
@@ -142,7 +142,8 @@ def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0)
     import keras
     import tensorflow as tf
 
-    from distseg import model as model_lib
+    from distseg.networks import losses
+    from distseg.networks import unet as model_lib
     (train_x, train_y), (val_x, val_y) = data
     keras.utils.set_random_seed(seed)
     model = model_lib.build_unet(input_shape=train_x.shape[1:4], spatial_dims=3, depth=4,
@@ -153,9 +154,9 @@ def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0)
     for ids in order:
         step(train_x[ids], train_y[ids])
     seconds = time.perf_counter() - started
-    counts = sum(model_lib.dice_counts(model(val_x[i:i + 1], training=False), tf.constant(val_y[i:i + 1]), 3).numpy()
+    counts = sum(losses.dice_counts(model(val_x[i:i + 1], training=False), tf.constant(val_y[i:i + 1]), 3).numpy()
                  for i in range(len(val_x)))
-    dice = model_lib.dice_from_counts(counts)
+    dice = losses.dice_from_counts(counts)
     return {"precision": precision, "dice_organ": dice[1], "dice_lesion": dice[2],
             "dice_mean": (dice[1] + dice[2]) / 2, "train_seconds": seconds}
 

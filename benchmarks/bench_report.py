@@ -47,7 +47,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from distseg import schema
+from distseg.core import schema
 
 PRESETS = {"target": dict(ranks=64, steps=100_000, limit_s=60.0),
            "allocation": dict(ranks=256, steps=350_000, limit_s=600.0)}

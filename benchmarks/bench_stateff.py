@@ -58,7 +58,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, ROOT)
-from distseg import schema  # noqa: E402
+from distseg.core import schema  # noqa: E402
 
 SAMPLES_PER_EVAL = 512
 """Training samples between two validations, at every rank count."""
@@ -199,7 +199,7 @@ def dataset_path(name: str) -> str:
 
 
 def train_samples(path: str) -> int:
-    from distseg import data
+    from distseg.data import slices as data
     return len(data.inspect(path).train_indices)
 
 
@@ -224,7 +224,7 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
 
 def resolved(cfg_over: dict, data_path: str, run_dir: str):
     """The full ``distseg.config.Config`` that ``distseg-train --preset demo`` would use."""
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     path = os.path.join(os.path.dirname(run_dir), os.path.basename(run_dir) + ".json")
     with open(path, "w") as f:
         json.dump(cfg_over, f)
@@ -278,7 +278,7 @@ class SimRanks:
         import keras
         import tensorflow as tf
 
-        from distseg import model as model_lib
+        from distseg.networks import unet as model_lib
         keras.utils.set_random_seed(cfg.train.seed)  # rank 0's initial state, broadcast
         self.cfg, self.ranks = cfg, ranks
         self.model = model_lib.from_config(cfg.model)
@@ -295,10 +295,10 @@ class SimRanks:
     def _grads(self, images, masks):
         import tensorflow as tf
 
-        from distseg import model as model_lib
+        from distseg.networks import losses
         with tf.GradientTape() as tape:
             probs = self.model(images, training=True)
-            loss = model_lib.segmentation_loss(probs, masks, self.cfg.model.num_classes,
+            loss = losses.segmentation_loss(probs, masks, self.cfg.model.num_classes,
                                                self.cfg.train.loss)
         return loss, tape.gradient(loss, self.model.trainable_variables)
 
@@ -306,9 +306,9 @@ class SimRanks:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
     def _eval(self, images, masks):
-        from distseg import model as model_lib
+        from distseg.networks import losses
         probs = self.model(images, training=False)
-        return model_lib.dice_counts(probs, masks, self.cfg.model.num_classes)
+        return losses.dice_counts(probs, masks, self.cfg.model.num_classes)
 
     def step(self, batches: list, lr: float) -> float:
         """One synchronous step: ``batches[r]`` = rank r's (images, masks)."""
@@ -333,16 +333,17 @@ class SimRanks:
     def validate(self, images, masks) -> dict:
         import numpy as np
 
-        from distseg import config as config_lib, model as model_lib
+        from distseg.core import config as config_lib
+        from distseg.networks import losses
         counts = sum(self.eval_step(images[i:i + 64], masks[i:i + 64]).numpy()
                      for i in range(0, len(images), 64))
-        dice = model_lib.dice_from_counts(np.asarray(counts))
+        dice = losses.dice_from_counts(np.asarray(counts))
         return dict(zip(config_lib.CLASS_NAMES, dice))
 
 
 def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int) -> tuple[list, int]:
     """One benchmark epoch of ``sim``; returns (step losses, global step after it)."""
-    from distseg import data
+    from distseg.data import slices as data
     t = sim.cfg.train
     images, masks, train_ids = loaded
     shards = [data.shard_batches(train_ids, r, sim.ranks, t.batch_size, epoch, t.seed)
@@ -361,8 +362,8 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
     ``distseg-train``'s (one list per rank, the global numbers on each)."""
     import numpy as np
 
-    from distseg import data
-    from distseg.train import Schedule
+    from distseg.data import slices as data
+    from distseg.training.loop import Schedule
     info = data.inspect(cfg.data.path)
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         everything = np.arange(info.samples)

@@ -57,9 +57,11 @@ BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
 from bench_horovod import throughput  # noqa: E402
+
+from distseg.core import schema  # noqa: E402
+
 from benchlib import machine, table  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
-from distseg import schema  # noqa: E402
 
 #: The runs every round trains, in this order.
 BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distseg import synth
+from distseg.data import synth
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from distseg import schema
+from distseg.core import schema
 
 #: The installed console scripts (distseg-train, horovodrun, ...) of this interpreter.
 BIN = os.path.dirname(sys.executable)

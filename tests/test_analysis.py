@@ -20,9 +20,10 @@ from analysis import logs, tables
 from analysis.cli import report as report_cmd
 from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
-from distseg import schema
-from support import BIN, command_env
+from distseg.core import schema
 from tests.analysis_fixtures.runs import Launch, RunSpec, note_lines, one_row, shards, write_run
+
+from support import BIN, command_env
 
 H = 3600.0
 

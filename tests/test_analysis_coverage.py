@@ -14,10 +14,12 @@ import pytest
 
 from analysis import coverage, logs
 from analysis.coverage import Basis, EpochShards, Expected
-from distseg import data, schema
-from distseg.errors import InputError
-from support import BIN, command_env
+from distseg.core import schema
+from distseg.core.errors import InputError
+from distseg.data import slices as data
 from tests.analysis_fixtures.runs import RunSpec, run_record, write_log, write_run
+
+from support import BIN, command_env
 
 ALL16 = Expected(16.0, Basis.ALL, "all train samples")
 

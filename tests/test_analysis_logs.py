@@ -15,11 +15,20 @@ import pandas as pd
 import pytest
 
 from analysis import logs
-from distseg import schema
-from distseg.errors import InputError
+from distseg.core import schema
+from distseg.core.errors import InputError
+from tests.analysis_fixtures.runs import (
+    Launch,
+    RunSpec,
+    end_record,
+    epoch_record,
+    run_record,
+    step,
+    write_log,
+    write_run,
+)
+
 from support import BIN, command_env
-from tests.analysis_fixtures.runs import (Launch, RunSpec, end_record, epoch_record,
-                                          run_record, step, write_log, write_run)
 
 
 @pytest.fixture

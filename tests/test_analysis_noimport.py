@@ -45,8 +45,8 @@ try:
     report.main(sys.argv[1:], prog_name="distseg-report", standalone_mode=True)
 finally:
     heavy = sorted(m for m in sys.modules
-                   if m.split(".")[0] in BLOCKED or m in (
-                       "distseg.train", "distseg.distributed", "distseg.model", "distseg.cli"))
+                   if m.split(".")[0] in BLOCKED or m.startswith(
+                       ("distseg.training", "distseg.networks", "distseg.inference", "distseg.cli.train")))
     print("HEAVY=" + ",".join(heavy), file=sys.stderr)
 """
 

@@ -12,11 +12,23 @@ import pandas as pd
 import pytest
 
 from analysis import outline, plots, render, tables
-from analysis.model import (HOURS, MINUTES, SECONDS, Document, Note, Projection, Role, Section,
-                            Tables, csv_files, time_unit)
+from analysis.model import (
+    HOURS,
+    MINUTES,
+    SECONDS,
+    Document,
+    Note,
+    Projection,
+    Role,
+    Section,
+    Tables,
+    csv_files,
+    time_unit,
+)
 from analysis.report import ReportOptions, build, write
-from support import REPO
 from tests.analysis_fixtures.runs import RunSpec, write_run
+
+from support import REPO
 
 ANALYSIS = os.path.join(REPO, "analysis")
 

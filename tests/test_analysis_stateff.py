@@ -17,9 +17,19 @@ import pytest
 from analysis import outline, progress, reduce, stateff
 from analysis.model import Role
 from analysis.report import ReportOptions, build, write
-from distseg import schema
-from tests.analysis_fixtures.runs import (Launch, RunSpec, end_record, epoch_record, note_lines,
-                                          one_row, run_record, step, write_log, write_run)
+from distseg.core import schema
+from tests.analysis_fixtures.runs import (
+    Launch,
+    RunSpec,
+    end_record,
+    epoch_record,
+    note_lines,
+    one_row,
+    run_record,
+    step,
+    write_log,
+    write_run,
+)
 
 H = 3600.0
 

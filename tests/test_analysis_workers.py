@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from analysis import logs, workers
 from analysis.cli import report as report_cmd
 from analysis.report import ReportOptions, build
-from distseg.errors import InputError
+from distseg.core.errors import InputError
 from tests.analysis_fixtures.runs import Launch, RunSpec, run_record, step, write_log, write_run
 
 

@@ -23,10 +23,13 @@ import os
 import h5py
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from distseg import config, data, errors
+from distseg.core import config, errors
+from distseg.data import slices as data
+
 from proc_group import run_group
 from support import BIN, command_env
 

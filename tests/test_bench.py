@@ -18,8 +18,7 @@ from support import REPO
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 from benchlib import table  # noqa: E402
-from benchlib.table import Goal, Row  # noqa: E402
-
+from benchlib.table import Goal  # noqa: E402
 
 # --- FLOPs ---------------------------------------------------------------------------
 
@@ -46,8 +45,9 @@ def test_flops_of_conv_transposed_conv_and_dense_match_a_hand_count():
 
 
 def test_flops_of_a_depth_1_unet_match_a_hand_count():
+    from distseg.networks import unet as model_lib
+
     from benchlib.flops import count_training_flops
-    from distseg import model as model_lib
     counted = count_training_flops(model_lib.build_unet(16, depth=1, base_filters=2, num_classes=2))
     by_hand = {
         "down0_conv1": 2 * 9 * 1 * 2 * 16 * 16, "down0_conv2": 2 * 9 * 2 * 2 * 16 * 16,
@@ -123,8 +123,9 @@ def test_an_unreadable_stateff_file_is_named(tmp_path):
 
 
 def test_slice_by_slice_reader_returns_what_distseg_reads(tiny):
+    from distseg.data import slices as data
+
     from benchlib.read_variants import read_by_slices
-    from distseg import data
     with data.SliceReader(tiny, 32) as reader:
         for ids in ([5, 3, 3, 90], list(range(8)), [127, 0]):
             want, got = reader.read(ids), read_by_slices(reader, ids)
@@ -138,8 +139,10 @@ def test_model_variant_is_distsegs_model_with_one_layer_type_swapped(norm, varia
 
     import keras
 
+    from distseg.core import config as config_lib
+    from distseg.networks import unet as model_lib
+
     from benchlib import model_variants
-    from distseg import config as config_lib, model as model_lib
     cfg = dataclasses.replace(config_lib.PRESETS["smoke"]().model, norm=norm)
     plain = model_variants.build(cfg)
     swapped = model_variants.build(cfg, variant=variant)
@@ -154,8 +157,10 @@ def test_model_variant_is_distsegs_model_with_one_layer_type_swapped(norm, varia
 def test_compiled_weight_checksum_matches_distseg_and_follows_updates():
     import keras
 
+    from distseg.networks import unet as model_lib
+    from distseg.training import steps
+
     from benchlib.step_variants import compiled_weight_checksum
-    from distseg import model as model_lib, steps
     model = model_lib.build_unet(16, depth=1, base_filters=2, num_classes=2)
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
@@ -170,7 +175,9 @@ _STEP_VARIANTS_SCRIPT = """
 import json, sys
 import keras, numpy as np
 from benchlib import step_variants
-from distseg import distributed as dist, model as model_lib, steps
+from distseg.training import distributed as dist
+from distseg.networks import unet as model_lib
+from distseg.training import steps
 dist.init()
 rng = np.random.default_rng(0)
 images = rng.random((2, 16, 16, 1)).astype(np.float32)

@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from distseg import schema
+from distseg.core import schema
+
 from support import REPO
 
 _spec = importlib.util.spec_from_file_location(

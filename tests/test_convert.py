@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from distseg import data, lits, synth, volumes
-from distseg.cli import data as data_cli
-from distseg.convert import geometry, samples, sources, splits
-from distseg.convert.pipeline import peak_rss_mib
+from distseg.cli.data import data as data_cli
+from distseg.data import lits, synth, volumes
+from distseg.data import slices as data
+from distseg.data.convert import geometry, samples, sources, splits
+from distseg.data.convert.pipeline import peak_rss_mib
+
 from proc_group import run_group
 from support import BIN, command_env
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from distseg import data, errors, schema, synth
-from distseg.cli import data as data_cli
-
+from distseg.cli.data import data as data_cli
+from distseg.core import errors, schema
+from distseg.data import slices as data
+from distseg.data import synth
 
 # ---------------------------------------------------------------- sharding
 
@@ -101,7 +102,7 @@ def phantom(tmp_path_factory):
 
 
 def test_config_hash_ignores_run_dir_only():
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     a = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np1"}).to_dict()
     b = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np16"}).to_dict()
     c = config_lib.resolve("demo", None, {"data.path": "x.h5", "run_dir": "runs/np1",
@@ -116,7 +117,7 @@ def test_config_hash_ignores_run_dir_only():
     ("loss", 3, "config field train.loss must be str, got 3"),
 ])
 def test_config_file_values_of_the_wrong_type_are_refused(tmp_path, field, value, expected):
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"train": {field: value}}))
     with pytest.raises(ValueError) as err:

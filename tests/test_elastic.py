@@ -15,7 +15,9 @@ import pytest
 
 from analysis.coverage import coverage
 from analysis.logs import load_run
-from distseg import data, schema
+from distseg.core import schema
+from distseg.data import slices as data
+
 from support import BIN, command_env, wait_for_log
 from support import log_records as records
 

@@ -14,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from distseg import data, schema
+from distseg.core import schema
+from distseg.data import slices as data
+
 from proc_group import run_group
 from support import BIN, command_env, wait_for_log
 
@@ -232,7 +234,7 @@ def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):
     on both ranks (counted); the run finishes with finite weights."""
     import h5py
 
-    from distseg import synth
+    from distseg.data import synth
     path = str(tmp_path / "one-nan.h5")
     synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)
     with h5py.File(path, "r+") as f:

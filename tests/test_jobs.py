@@ -20,10 +20,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from distseg import distributed, errors
-from distseg import jobs as jobs_lib
-from distseg import schema, synth
-from distseg.jobs_cli import jobs as jobs_cli
+from distseg.cli.jobs import jobs as jobs_cli
+from distseg.cluster import jobs as jobs_lib
+from distseg.core import errors, schema
+from distseg.data import synth
+from distseg.training import distributed
+
 from proc_group import run_group
 from support import BIN, REPO, command_env
 

@@ -12,10 +12,11 @@ import subprocess
 import time
 
 import pytest
-
-from distseg import schema
-from support import BIN, wait_for_log
 from test_jobs import _slurm_env, cli
+
+from distseg.core import schema
+
+from support import BIN, wait_for_log
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -19,8 +19,9 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from distseg import jobs as jobs_lib
-from distseg.jobs_cli import jobs as jobs_cli
+from distseg.cli.jobs import jobs as jobs_cli
+from distseg.cluster import jobs as jobs_lib
+
 from support import REPO
 
 #: Scripts kept in the repository and run as they are.

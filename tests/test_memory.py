@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from distseg import memory
-from distseg.errors import InputError
+from distseg.core.errors import InputError
+from distseg.networks import memory
 
 BIN = os.path.dirname(sys.executable)
 MIB = 2 ** 20
@@ -85,7 +85,7 @@ def test_layer_list_matches_the_keras_model():
     # One architecture, two descriptions: every named tensor of the estimator has the
     # shape of the Keras layer of that name, and the parameter counts agree.
     pytest.importorskip("tensorflow")
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
     for spec in [memory.UNetSpec((16, 32, 16), depth=2, base_filters=2),
                  memory.UNetSpec((32, 64), depth=3, base_filters=3, norm="none", precision="bfloat16"),
                  memory.UNetSpec((16, 16), depth=2, base_filters=2, norm="group", num_classes=4),

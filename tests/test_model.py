@@ -5,7 +5,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from distseg import model as model_lib  # noqa: E402
+from distseg.networks import losses
+from distseg.networks import unet as model_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("size,depth,filters,classes", [
@@ -52,39 +53,40 @@ def test_soft_dice_loss_matches_hand_computation():
     s = 1e-5
     d1 = (3.0 + s) / (3.8 + s)
     d0 = (3.4 + s) / (4.2 + s)
-    loss = model_lib.segmentation_loss(tf.constant(probs), tf.constant(masks), 2, "dice")
+    loss = losses.segmentation_loss(tf.constant(probs), tf.constant(masks), 2, "dice")
     assert float(loss) == pytest.approx(-(d0 + d1) / 2, rel=1e-6)
     ce = -np.mean(np.log([0.9, 0.6, 0.8, 0.9]))
-    loss_ce = model_lib.segmentation_loss(tf.constant(probs), tf.constant(masks), 2, "dice_ce")
+    loss_ce = losses.segmentation_loss(tf.constant(probs), tf.constant(masks), 2, "dice_ce")
     assert float(loss_ce) == pytest.approx(-(d0 + d1) / 2 + ce, rel=1e-5)
 
 
 def test_perfect_prediction_scores_minus_one():
     masks = np.random.default_rng(0).integers(0, 3, size=(2, 8, 8)).astype(np.uint8)
     probs = tf.one_hot(masks, 3)
-    assert float(model_lib.segmentation_loss(probs, tf.constant(masks), 3)) == pytest.approx(-1.0)
+    assert float(losses.segmentation_loss(probs, tf.constant(masks), 3)) == pytest.approx(-1.0)
 
 
 def test_dice_counts_combine_like_one_batch():
     rng = np.random.default_rng(1)
     masks = rng.integers(0, 3, size=(4, 8, 8)).astype(np.uint8)
     probs = tf.nn.softmax(rng.normal(size=(4, 8, 8, 3)).astype(np.float32))
-    whole = model_lib.dice_counts(probs, tf.constant(masks), 3).numpy()
-    parts = sum(model_lib.dice_counts(probs[i:i + 1], tf.constant(masks[i:i + 1]), 3).numpy()
+    whole = losses.dice_counts(probs, tf.constant(masks), 3).numpy()
+    parts = sum(losses.dice_counts(probs[i:i + 1], tf.constant(masks[i:i + 1]), 3).numpy()
                 for i in range(4))
     np.testing.assert_allclose(whole, parts)
     pred = np.argmax(probs.numpy(), -1)
-    for c, d in enumerate(model_lib.dice_from_counts(whole)):
+    for c, d in enumerate(losses.dice_from_counts(whole)):
         inter = np.sum((pred == c) & (masks == c))
         assert d == pytest.approx(2 * inter / (np.sum(pred == c) + np.sum(masks == c)))
-    assert model_lib.dice_from_counts(np.zeros((3, 2))) == [None, None]
+    assert losses.dice_from_counts(np.zeros((3, 2))) == [None, None]
 
 
 def test_batchnorm_statistics_follow_the_configured_momentum():
     # Validation uses BatchNorm's moving statistics; with too slow a momentum they stay
     # near their initial values through a short run and validation Dice collapses.
     import keras
-    from distseg.config import ModelConfig
+
+    from distseg.core.config import ModelConfig
     model = model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, bn_momentum=0.5))
     bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert bns and all(layer.momentum == 0.5 for layer in bns)
@@ -165,7 +167,7 @@ def _loss_and_grads(model, x, y):
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = model_lib.segmentation_loss(model(x, training=True), y, 3)
+            loss = losses.segmentation_loss(model(x, training=True), y, 3)
         return loss, tape.gradient(loss, model.trainable_variables)
     return step(x, y)
 
@@ -244,7 +246,7 @@ def test_bfloat16_computes_in_bfloat16_and_outputs_float32(recompute):
     y = np.zeros((1, 8, 16, 16), np.uint8)
     with tf.GradientTape() as tape:
         probs = m(x, training=True)
-        loss = model_lib.segmentation_loss(probs, y, 3)
+        loss = losses.segmentation_loss(probs, y, 3)
     assert probs.dtype == tf.float32
     np.testing.assert_allclose(probs.numpy().sum(-1), 1.0, rtol=1e-5)
     assert m.get_layer("logits").compute_dtype == "bfloat16"
@@ -260,7 +262,7 @@ def test_bfloat16_computes_in_bfloat16_and_outputs_float32(recompute):
 
 
 def test_from_config_reads_the_3d_fields():
-    from distseg.config import ModelConfig
+    from distseg.core.config import ModelConfig
     cfg = ModelConfig(depth=2, base_filters=2, spatial_dims=3, recompute=True, precision="bfloat16")
     m = model_lib.from_config(cfg, (8, 16, 32))
     assert m.input_shape == (None, 8, 16, 32, 1)

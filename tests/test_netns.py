@@ -25,7 +25,9 @@ import time
 
 import pytest
 
-from distseg import schema, synth
+from distseg.core import schema
+from distseg.data import synth
+
 from proc_group import run_group
 from support import BIN, command_env
 

@@ -15,10 +15,12 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from distseg import data, metrics, predict
-from distseg.convert import geometry, samples, sources
-from distseg.convert.intensity import Intensity
-from distseg.errors import InputError
+from distseg.core.errors import InputError
+from distseg.data import slices as data
+from distseg.data.convert import geometry, samples, sources
+from distseg.data.convert.intensity import Intensity
+from distseg.inference import metrics, predict
+
 from proc_group import run_group
 from support import BIN, command_env
 
@@ -234,7 +236,7 @@ def test_a_checkpoint_of_another_model_or_class_count_is_one_line(trained):
     cfg["model"]["base_filters"] = 8
     with open(bad / "config.json", "w") as f:
         json.dump(cfg, f)
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     with pytest.raises(InputError) as e:
         predict.build_model(config_lib.resolve("liver2d", file=str(bad / "config.json")), str(bad))
     assert "weights.h5: cannot be loaded into this model" in str(e.value)

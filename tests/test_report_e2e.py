@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distseg import schema
+from distseg.core import schema
+
 from proc_group import run_group
 
 BIN = os.path.dirname(sys.executable)

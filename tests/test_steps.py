@@ -9,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from distseg import checkpoint, steps
-from distseg.config import smoke
-from distseg.errors import InputError
-from distseg.train import Schedule
+from distseg.core.config import smoke
+from distseg.core.errors import InputError
+from distseg.training import checkpoint, steps
+from distseg.training.loop import Schedule
 
 keras = pytest.importorskip("keras")
 
@@ -41,7 +41,7 @@ def test_schedule_from_the_config():
 
 
 def _tiny_state(seed):
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
     keras.utils.set_random_seed(seed)
     model = model_lib.build_unet(16, depth=1, base_filters=2)
     opt = keras.optimizers.Adam(learning_rate=1e-3)
@@ -104,7 +104,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_one_line(tmp_path):
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
     model, opt = _tiny_state(1)
     _save(str(tmp_path), model, opt, 1)
     bigger = model_lib.build_unet(16, depth=1, base_filters=4)

@@ -15,8 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from distseg import schema, synth
-from distseg.distributed import physical_cores
+from distseg.core import schema
+from distseg.data import synth
+from distseg.training.distributed import physical_cores
+
 from proc_group import run_group
 from support import BIN, command_env, wait_for_log
 from support import log_records as records

@@ -8,7 +8,9 @@ import pytest
 
 from analysis.coverage import coverage
 from analysis.logs import load_run
-from distseg import schema, synth, volumes
+from distseg.core import schema
+from distseg.data import synth, volumes
+
 from proc_group import run_group
 from support import BIN, command_env
 from support import log_records as records

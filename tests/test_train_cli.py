@@ -9,7 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from distseg import schema, synth
+from distseg.core import schema
+from distseg.data import synth
+
 from proc_group import run_group
 from support import BIN, command_env
 from support import log_records as records

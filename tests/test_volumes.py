@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from distseg import data, lits, schema, synth, volumes
-from distseg.cli import data as data_cli
+from distseg.cli.data import data as data_cli
+from distseg.core import schema
+from distseg.data import lits, synth, volumes
+from distseg.data import slices as data
 
 SLAB = (8, 16, 16)
 #: Shapes of the hand-made file: one case shorter than SLAB on every axis, one on one

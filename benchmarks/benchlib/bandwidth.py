@@ -26,7 +26,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def gradient_shapes(preset: str) -> list[tuple]:
     """Shapes of the trainable variables (so of the gradients) of the preset's U-Net."""
-    from distseg import config as config_lib, model as model_lib
+    from distseg.core import config as config_lib
+    from distseg.networks import unet as model_lib
     model = model_lib.from_config(config_lib.PRESETS[preset]().model)
     return [tuple(v.shape) for v in model.trainable_variables]
 
@@ -49,7 +50,7 @@ def allreduce_seconds(shapes: list[tuple], repeats: int = 30) -> tuple[float, in
     """(median seconds per grouped allreduce of float32 tensors of ``shapes``, bytes)."""
     import tensorflow as tf
 
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
     tensors = [tf.ones(s, tf.float32) for s in shapes]
     reduce = tf.function(dist.average_gradients)
     for _ in range(3):
@@ -77,7 +78,7 @@ def main(argv=None):
         nbytes = args.bytes or 4 * sum(math.prod(s) for s in gradient_shapes(args.preset))
         print(json.dumps({"bytes": nbytes, "memcpy_bytes_per_s": memcpy_bytes_per_s(nbytes)}), flush=True)
         return
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
     ctx = dist.init()
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)

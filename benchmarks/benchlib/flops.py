@@ -106,7 +106,8 @@ def main(argv=None):
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from distseg import config as config_lib, model as model_lib
+    from distseg.core import config as config_lib
+    from distseg.networks import unet as model_lib
     cfg = config_lib.PRESETS[args.preset]()
     counted = count_training_flops(model_lib.from_config(cfg.model))
     print(json.dumps({"forward_flops_per_sample": counted["forward"],

@@ -23,10 +23,11 @@ import contextlib
 
 import keras
 
-from distseg import model as model_lib
+from distseg.networks import unet as model_lib
+
 # Bound at import, so a caller that replaces ``model_lib.from_config`` by ``build``
 # (``benchlib.train_variant``) still reaches distseg's own builder here.
-from distseg.model import from_config as distseg_from_config
+from distseg.networks.unet import from_config as distseg_from_config
 
 VARIANTS = ("keras", "kerasbn", "kerasgn")
 #: variant -> the ``NORM_LAYERS`` entries it replaces.

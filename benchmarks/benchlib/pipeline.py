@@ -20,7 +20,7 @@ from benchlib.args import workload_parser
 def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: int,
                            seed: int = 0, depth: int = 2) -> dict:
     """Samples/s of the reader and prefetcher over ``epochs`` one-rank epochs."""
-    from distseg import data
+    from distseg.data import slices as data
     info = data.inspect(path, check_labels=False)
     batches = [ids for e in range(epochs)
                for ids in data.shard_batches(info.train_indices, 0, 1, batch_size, e, seed)]
@@ -36,7 +36,7 @@ def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: 
 def main(argv=None):
     p = workload_parser(__doc__, epochs=4, threads=False)
     args = p.parse_args(argv)
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     cfg = config_lib.PRESETS[args.preset]()
     print(json.dumps(pipeline_samples_per_s(args.data, cfg.model.image_size, args.batch_size,
                                             args.epochs, cfg.train.seed, cfg.data.prefetch)),

@@ -81,13 +81,14 @@ def val_liver_dice(model, cfg, reader, info) -> float:
     """Hard liver Dice of ``model`` on the validation split."""
     import numpy as np
 
-    from distseg import data, model as model_lib
+    from distseg.data import slices as data
+    from distseg.networks import losses
     counts = 0
     for ids in data.shard_eval(info.val_indices, 0, 1, cfg.train.batch_size):
         images, masks = reader.read(ids)
         probs = model(images, training=False)
-        counts = counts + model_lib.dice_counts(probs, masks, cfg.model.num_classes).numpy()
-    return model_lib.dice_from_counts(np.asarray(counts))[1]
+        counts = counts + losses.dice_counts(probs, masks, cfg.model.num_classes).numpy()
+    return losses.dice_from_counts(np.asarray(counts))[1]
 
 
 def seeded(cfg, seed: int):
@@ -98,7 +99,7 @@ def seeded(cfg, seed: int):
 def train_for_dice(cfg, mode: str, reader, info, epochs: int) -> float:
     """Trains a fresh model in ``mode`` for ``epochs`` (one rank, the preset's batch
     and learning rate, shards as distseg's); returns validation liver Dice."""
-    from distseg import data
+    from distseg.data import slices as data
     model, step = build_mode_step(cfg, mode)
     for epoch in range(epochs):
         for ids in data.shard_batches(info.train_indices, 0, 1, cfg.train.batch_size,
@@ -115,7 +116,8 @@ def run(args) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     if args.grappler_bf16:
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
-    from distseg import config as config_lib, data
+    from distseg.core import config as config_lib
+    from distseg.data import slices as data
     overrides = {"data.path": args.data, "run_dir": "-", **({"model.norm": args.norm} if args.norm else {})}
     cfg = config_lib.resolve(args.preset, overrides=overrides)
     info = data.inspect(args.data)

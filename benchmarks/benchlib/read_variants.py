@@ -19,7 +19,7 @@ import numpy as np
 def read_by_slices(self, indices: Sequence[int], epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``SliceReader.read`` reading each unique slice with a plain slice selection
     (``epoch`` is ignored, as the original ignores it)."""
-    from distseg.data import DatasetError
+    from distseg.data.slices import DatasetError
     uniq, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
     try:
         images = np.stack([self._images[i] for i in uniq])[inverse].astype(np.float32, copy=False)
@@ -29,7 +29,7 @@ def read_by_slices(self, indices: Sequence[int], epoch: int | None = None) -> tu
         raise DatasetError(f"{self.path}: slices {shown} of 'images'/'masks' cannot be read "
                            f"({str(e).splitlines()[0]})") from e
     if self._resize:
-        from distseg.data import resize_bilinear, resize_nearest
+        from distseg.data.slices import resize_bilinear, resize_nearest
         images = resize_bilinear(images, self.image_size)
         masks = resize_nearest(masks, self.image_size)
     return images, masks

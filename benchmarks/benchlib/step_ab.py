@@ -36,7 +36,6 @@ def keras_step(model, num_classes: int, loss: str, lr: float):
     """Keras' own compiled train step on ``model`` (``train_on_batch``), as a callable
     with the variants' arguments."""
     import keras
-
     from peers.keras_fit import keras_loss
     model.compile(optimizer=keras.optimizers.Adam(lr), loss=keras_loss(num_classes, loss))
 
@@ -53,9 +52,11 @@ def build(args, ctx):
     import keras
     import numpy as np
 
+    from distseg.core import config as config_lib
+    from distseg.data import slices as data
+
     from benchlib import model_variants
     from benchlib.step_variants import ONE_RANK_ONLY, VARIANTS
-    from distseg import config as config_lib, data
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
     info = data.inspect(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
@@ -97,7 +98,7 @@ def run(args) -> dict:
     """Times every variant round-robin; returns {name: {"wall_ms", "cpu_ms"}} medians."""
     import tensorflow as tf
 
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
     ctx = dist.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -118,7 +119,7 @@ def run(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     results = run(args)
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
     if dist.context().is_root():
         base = results.get("distseg")
         print(f"{'variant':10s} {'wall ms':>8s} {'CPU ms':>8s} {'wall x':>7s} {'CPU x':>7s}")

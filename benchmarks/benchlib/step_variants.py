@@ -32,10 +32,10 @@ from typing import Sequence
 def _loss_and_grads(model, images, masks, num_classes: int, loss: str):
     import tensorflow as tf
 
-    from distseg import model as model_lib
+    from distseg.networks import losses
     with tf.GradientTape() as tape:
         probs = model(images, training=True)
-        local_loss = model_lib.segmentation_loss(probs, masks, num_classes, loss)
+        local_loss = losses.segmentation_loss(probs, masks, num_classes, loss)
     return local_loss, tape.gradient(local_loss, model.trainable_variables)
 
 
@@ -54,7 +54,7 @@ def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
 def _signature(spatial_shape: Sequence[int]):
     import tensorflow as tf
 
-    from distseg import steps
+    from distseg.training import steps
     return steps._input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)]
 
 
@@ -78,7 +78,7 @@ def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, l
     """distseg's step without the BatchNorm copy and the per-gradient check."""
     import tensorflow as tf
 
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
@@ -97,7 +97,7 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
     Inf entry makes the sum non-finite (so does a finite overflow: a safe skip)."""
     import tensorflow as tf
 
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
@@ -135,7 +135,7 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
     the update: what the ``tf.cond`` around the update costs (not a valid change)."""
     import tensorflow as tf
 
-    from distseg import distributed as dist
+    from distseg.training import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
@@ -165,7 +165,7 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
 
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str):
     """distseg's own step, untouched."""
-    from distseg import steps
+    from distseg.training import steps
     return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss)
 
 

@@ -24,8 +24,11 @@ import sys
 def install(step: str = "distseg", model: str = "keras", reader: str = "distseg",
             checksum: str = "distseg") -> None:
     """Swaps the chosen pieces into distseg for the rest of this process."""
+    from distseg.data import slices as data
+    from distseg.networks import unet as model_lib
+    from distseg.training import steps
+
     from benchlib import model_variants, read_variants, step_variants
-    from distseg import data, model as model_lib, steps
     if step not in step_variants.VARIANTS:
         raise SystemExit(f"--step must be one of {', '.join(step_variants.VARIANTS)}")
     if model not in model_variants.VARIANTS:
@@ -52,7 +55,7 @@ def main(argv=None):
     p.add_argument("--checksum", default="distseg", choices=["distseg", "compiled"])
     args = p.parse_args(ours)
     install(args.step, args.model, args.reader, args.checksum)
-    from distseg.cli import train
+    from distseg.cli.train import train
     sys.argv = ["distseg-train", *rest]
     sys.exit(train())
 

@@ -23,7 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402 - after the log level; importing runs no TensorFlow op
 
-from distseg import model as model_lib  # noqa: E402
+from distseg.networks import losses
+from distseg.networks import unet as model_lib  # noqa: E402
 
 
 class SegmentationLoss(keras.losses.Loss):
@@ -35,7 +36,7 @@ class SegmentationLoss(keras.losses.Loss):
         self.num_classes, self.kind = num_classes, kind
 
     def call(self, y_true, y_pred):
-        return model_lib.segmentation_loss(y_pred, y_true[..., 0], self.num_classes, self.kind)
+        return losses.segmentation_loss(y_pred, y_true[..., 0], self.num_classes, self.kind)
 
 
 def keras_loss(num_classes: int, kind: str) -> SegmentationLoss:
@@ -64,7 +65,7 @@ def set_threads(intra: int, inter: int = 1) -> None:
 
 def train_arrays(path: str, image_size: int):
     """(images (N,S,S,1) float32, masks (N,S,S,1) uint8) of the training split."""
-    from distseg import data
+    from distseg.data import slices as data
     info = data.inspect(path)
     with data.SliceReader(path, image_size) as reader:
         images, masks = reader.read(info.train_indices)
@@ -79,7 +80,7 @@ def samples_per_s(seconds: list, samples_per_epoch: int) -> float:
 
 def run(args) -> dict:
     set_threads(args.threads)
-    from distseg import config as config_lib
+    from distseg.core import config as config_lib
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
     if args.policy:
         keras.mixed_precision.set_global_policy(args.policy)

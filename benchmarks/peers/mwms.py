@@ -60,10 +60,10 @@ class MwmsStep:
     def _replica_step(self, images, masks):
         import tensorflow as tf
 
-        from distseg import model as model_lib
+        from distseg.networks import losses
         with tf.GradientTape() as tape:
             probs = self.model(images, training=True)
-            local = model_lib.segmentation_loss(probs, masks, self.num_classes, self.loss)
+            local = losses.segmentation_loss(probs, masks, self.num_classes, self.loss)
             scaled = local / self.strategy.num_replicas_in_sync
         grads = tape.gradient(scaled, self.model.trainable_variables)
         # Under the strategy, the Keras optimizer all-reduces (sums) the gradients.
@@ -83,7 +83,10 @@ def worker(args) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
-    from distseg import config as config_lib, data, model as model_lib, steps
+    from distseg.core import config as config_lib
+    from distseg.data import slices as data
+    from distseg.networks import unet as model_lib
+    from distseg.training import steps
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     size = strategy.num_replicas_in_sync

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from distseg import schema
+from distseg.core import schema
 
 CLASSES = ("background", "liver", "lesion")
 

@@ -11,9 +11,13 @@ import os
 import numpy as np
 import pytest
 
-from distseg import config as config_lib
-from distseg import data, distributed as dist, schema, steps, synth
-from distseg.errors import RunError
+from distseg.core import config as config_lib
+from distseg.core import schema
+from distseg.core.errors import RunError
+from distseg.data import slices as data
+from distseg.data import synth
+from distseg.training import distributed as dist
+from distseg.training import steps
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,7 +85,7 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     starts from different weights and trains on different data."""
     import keras
 
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
 
     keras.utils.set_random_seed(100 + ctx.rank)  # different initial weights per rank
     model = model_lib.build_unet(16, depth=2, base_filters=2)
@@ -117,7 +121,7 @@ def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
     the same step, and no rank applies that step's update."""
     import keras
 
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
 
     keras.utils.set_random_seed(7)
     model = model_lib.build_unet(16, depth=1, base_filters=2)
@@ -142,9 +146,9 @@ def local_step(model, opt, images, masks):
     """One optimizer step on this rank's gradients, without Horovod (the control)."""
     import tensorflow as tf
 
-    from distseg import model as model_lib
+    from distseg.networks import losses
     with tf.GradientTape() as tape:
-        loss = model_lib.segmentation_loss(model(images, training=True), masks, 3)
+        loss = losses.segmentation_loss(model(images, training=True), masks, 3)
     grads = tape.gradient(loss, model.trainable_variables)
     opt.apply_gradients(zip(grads, model.trainable_variables))
 
@@ -152,7 +156,7 @@ def local_step(model, opt, images, masks):
 def test_batchnorm_statistics_are_averaged(ctx):
     import keras
 
-    from distseg import model as model_lib
+    from distseg.networks import unet as model_lib
 
     model = model_lib.build_unet(16, depth=1, base_filters=2)
     stats = list(model.non_trainable_weights)
@@ -168,7 +172,7 @@ def test_batchnorm_statistics_are_averaged(ctx):
 def _train_in_own_cwd(ctx, shared_dir, path):
     """Runs the trainer with each rank in its own working directory and a relative
     --run-dir, so the files each rank wrote can be told apart."""
-    from distseg import train
+    from distseg.training import loop as train
 
     own = os.path.join(shared_dir, f"cwd-rank{ctx.rank}")
     os.makedirs(own)
@@ -258,7 +262,7 @@ def _agreed_error(fn, *args):
 
 
 def test_bad_input_same_decision_on_every_rank(ctx, shared_dir):
-    from distseg import train
+    from distseg.training import loop as train
 
     path = os.path.join(shared_dir, "few.h5")
     if ctx.is_root():
@@ -301,7 +305,7 @@ def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
     file, instead of the others waiting forever in the next allreduce; logs and the
     epoch-0 checkpoint stay intact.
     """
-    from distseg import train
+    from distseg.training import loop as train
 
     good = os.path.join(shared_dir, "tiny.h5")
     if ctx.is_root():

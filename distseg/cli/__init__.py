@@ -1,0 +1,1 @@
+"""The console entry points, one thin module per command."""

@@ -1,0 +1,157 @@
+"""``distseg-data``: build, convert and check distseg HDF5 files (a thin click group;
+the work is in ``distseg.data``)."""
+
+from __future__ import annotations
+
+import click
+
+from distseg.core.errors import DistsegError, Interrupted, fail
+
+
+@click.group(help="Build distseg HDF5 datasets: 2D slices (masks, case ids, by-case splits) "
+                  "or, with --ndim 3, whole 3D volumes per case.")
+def data():
+    pass
+
+
+NDIM = click.option("--ndim", default=2, show_default=True, type=click.IntRange(2, 3),
+                    help="2: slices (2D U-Net); 3: whole volumes per case (3D U-Net, "
+                         "docs/data.md#volumes).")
+
+
+def _wrote(out: str, info, cases: int | None = None) -> str:
+    """The closing line of a data command, for a slice or a volume file."""
+    if hasattr(info, "shapes"):
+        lo, hi = ("x".join(map(str, v)) for v in (info.shapes.min(axis=0), info.shapes.max(axis=0)))
+        return (f"wrote {out}: {info.cases} volumes of {lo}" + (f" to {hi}" if lo != hi else "")
+                + f" ({len(info.train_cases)} train, {len(info.val_cases)} val cases)")
+    return (f"wrote {out}: {info.samples} slices {info.height}x{info.width} "
+            + (f"from {cases} cases " if cases else "")
+            + f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
+
+
+@data.command("synth")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="HDF5 file to write.")
+@NDIM
+@click.option("--cases", default=8, show_default=True, type=click.IntRange(1), help="Phantom volumes.")
+@click.option("--size", default=128, show_default=True, type=click.IntRange(8), help="Slice height/width in pixels.")
+@click.option("--slices-per-case", default=None, type=click.IntRange(1),
+              help="Axial slices per volume [default: 16; 64 with --ndim 3].")
+@click.option("--jitter", default=None, type=click.FloatRange(0, 1, max_open=True),
+              help="--ndim 3: each volume's D, H and W scaled by its own factor in "
+                   "[1-j, 1+j] [default: 0.25; 0: one shape, for --slab full].")
+@click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1), help="Share of cases (not slices) held out for validation.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
+@click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same file.")
+def synth(out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, seed):
+    """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks)."""
+    from distseg.data import synth as synth_lib
+    try:
+        info = synth_lib.make(out, ndim=ndim, cases=cases, size=size, seed=seed,
+                              slices_per_case=slices_per_case, val_fraction=val_fraction,
+                              dtype=dtype, jitter=jitter)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo(_wrote(out, info, cases))
+
+
+@data.command("lits-sample")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="HDF5 file to write.")
+@NDIM
+@click.option("--source-dir", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Folder holding img_117.mrc and lab_117.mrc (default: the installed "
+                   "liver-ct-segmentation-package).")
+def lits_sample(out, ndim, source_dir):
+    """Convert the real LiTS case 117 (128^3 CT, liver and tumour labels) to HDF5.
+
+    2D: the volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5
+    train, slab 6 is a buffer, slab 7 validates. 3D: slices 0-79 train, 80-95 are the
+    buffer, 96-127 validate, each part one volume (see distseg/lits.py for why).
+    """
+    from distseg.data import lits
+    try:
+        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo(_wrote(out, info))
+
+
+@data.command("info")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--slab", default=None, metavar="D,H,W|full",
+              help="Volume files: also count the training slabs of this shape and list "
+                   "the cases shorter than it (zero-padded when read).")
+def info(path, slab):
+    """Check a dataset file (slices or volumes) and print what it holds."""
+    import json
+
+    from distseg.data import volumes
+    try:
+        summary = volumes.describe(path, slab)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    except ValueError as e:  # a malformed --slab
+        fail(str(e))
+    click.echo(json.dumps(summary, indent=2, default=str))
+
+
+def parse_window(ctx, param, value):
+    """``LOW,HIGH`` in HU -> (low, high); shared with distseg-predict."""
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected LOW,HIGH in HU, e.g. -100,400") from None
+    if not high > low:
+        raise click.BadParameter(f"{value!r}: HIGH must be above LOW")
+    return low, high
+
+
+@data.command("convert", context_settings={"max_content_width": 100})
+@click.argument("source", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@NDIM
+@click.option("--size", default=None, type=click.IntRange(8),
+              help="In-plane slice size (linear resampling for images, nearest for labels) "
+                   "[default: 240]; not with --ndim 3, which keeps each scan's own grid.")
+@click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
+              help="CT window in HU (default -150,250, the window of every distseg dataset).")
+@click.option("--modality", default="auto", show_default=True, type=click.Choice(["auto", "ct", "mr"]),
+              help="auto: from dataset.json (pairs: CT); ct: HU window; mr: per-volume percentiles.")
+@click.option("--channel", default=None, type=click.IntRange(0),
+              help="Channel of 4-D multi-channel MSD images (required for them).")
+@click.option("--roi-margin", default=None, type=click.IntRange(0),
+              help="Keep only slices within the labelled region plus this many on each side (default: all).")
+@click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of cases (not slices) that validate; ignored with --folds.")
+@click.option("--folds", default=0, show_default=True, type=click.IntRange(0),
+              help="K-fold cross-validation by case (0: off); --fold picks the validating fold.")
+@click.option("--fold", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the case split.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1),
+              help="Processes reading cases (memory: about one volume each).")
+@click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
+              help="A bad case stops the conversion (nothing written) or is skipped and listed.")
+@click.option("--compression", default="lzf", show_default=True, type=click.Choice(["lzf", "gzip", "none"]),
+              help="HDF5 filter (benchmarked in docs/data.md).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+def convert(source, out, **options):
+    """Convert an MSD task folder or LiTS-style NIfTI/NRRD pairs into a distseg HDF5 file.
+
+    Volumes are reoriented to RAS, windowed (CT) or normalised (MR), resampled in-plane
+    to --size and split by case; what prediction needs to go back to each scan is
+    recorded. With --ndim 3 each case is kept as one volume on its own grid (no
+    resampling). The file is written as OUT.partial and renamed only when complete.
+    """
+    from distseg.data.convert import pipeline
+    try:
+        summary = pipeline.run(source, out, pipeline.Options(**options))
+    except Interrupted as e:
+        fail(f"interrupted: {e}; nothing written", e.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted; nothing written", Interrupted.exit_code)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo("\n".join(summary.lines()))

@@ -1,0 +1,193 @@
+"""``distseg-jobs``: Slurm scripts for distseg (parses options, builds a JobSpec, calls distseg.jobs).
+
+No TensorFlow here: it runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from distseg.cli.train import TRAIN_FLAGS
+from distseg.cluster import jobs as jobs_lib
+from distseg.core import config as config_lib
+from distseg.core import schema
+from distseg.core.errors import DistsegError, fail
+
+#: distseg-train options a job passes on; the thread counts are the job script's own.
+_PASSED_ON = {k: v for k, v in TRAIN_FLAGS.items() if k not in ("intra_op_threads", "inter_op_threads")}
+
+
+def _default_venv() -> str:
+    """The virtual environment running this command, if any: the job then uses the same one."""
+    return sys.prefix if sys.prefix != sys.base_prefix else ""
+
+
+def _job_options(fn):
+    """Options shared by ``render`` and ``sweep`` (listed in the order --help shows them)."""
+    options = [
+        click.option("--partition", required=True, type=click.Choice(sorted(jobs_lib.PARTITIONS)),
+                     help="Node type: knl (Stampede2 KNL), skx (Skylake/Cascade Lake), generic."),
+        click.option("--ranks-per-node", default=0, type=click.IntRange(0),
+                     help="Horovod ranks per node (0: the partition's default: knl 4, skx 2, generic 1)."),
+        click.option("--data", "data_path", required=True, help="HDF5 dataset every rank reads."),
+        click.option("--name", default="distseg", show_default=True,
+                     help="Job name; runs go to RUNS_DIR/NAME-nNODES."),
+        click.option("--runs-dir", default="runs", show_default=True, help="Folder of the run directories."),
+        click.option("--queue", default=None,
+                     help="Slurm partition (default: knl normal, skx skx-normal, generic the cluster's default)."),
+        click.option("--time", "walltime", default="02:00:00", show_default=True, help="Wall-time limit."),
+        click.option("--account", default="", help="Slurm account (allocation) to charge."),
+        click.option("--launcher", default="auto", show_default=True, type=click.Choice(jobs_lib.LAUNCHERS),
+                     help="auto: ibrun if present, else srun in a Slurm job, else mpirun on localhost."),
+        click.option("--srun-mpi", default="pmix", show_default=True, help="srun --mpi plugin."),
+        click.option("--hw-threads", default=1, show_default=True, type=click.IntRange(1),
+                     help="Hardware threads per core each rank uses (knl up to 4, skx up to 2)."),
+        click.option("--cores-per-node", default=0, type=click.IntRange(0),
+                     help="Physical cores per node (0: knl 68, skx 48, generic from the allocation)."),
+        click.option("--timeline/--no-timeline", default=False, help="Write a Horovod timeline into the run."),
+        click.option("--venv", default=_default_venv, show_default="this command's virtual environment",
+                     help="Virtual environment the job puts first on PATH ('' for none)."),
+        click.option("--setup", multiple=True,
+                     help="Shell line run first in the job, e.g. 'module load impi' (repeatable)."),
+        click.option("--check-data/--no-check-data", default=True, show_default=True,
+                     help="Open --data now (metadata only) to catch a bad file before queueing."),
+        click.option("--preset", default="liver2d", show_default=True, type=click.Choice(sorted(config_lib.PRESETS)),
+                     help="distseg-train preset."),
+        click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False, exists=True),
+                     help="distseg-train --config JSON."),
+        click.option("--resize/--no-resize", default=None, help="distseg-train --resize."),
+        click.option("--validate/--no-validate", default=None, help="distseg-train --validate."),
+        click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
+                     help="distseg-train --model (unet3d needs a volume file, e.g. --preset liver3d)."),
+        click.option("--recompute/--no-recompute", default=None, help="distseg-train --recompute."),
+    ]
+    for name, (_, kind, text) in _PASSED_ON.items():
+        options.append(click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
+                                    help=f"distseg-train: {text}"))
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
+    """Builds the JobSpec, after checking the training options the way distseg-train will."""
+    overrides = {path: p[name] for name, (path, _, _) in _PASSED_ON.items()}
+    # The run directory itself is checked by jobs.resolve; any non-empty value passes here.
+    overrides.update({"data.path": p["data_path"], "run_dir": run_dir or p["runs_dir"] or ".",
+                      "data.resize": p["resize"], "train.validate": p["validate"],
+                      "model.recompute": p["recompute"],
+                      "model.spatial_dims": config_lib.MODELS.get(p["model_name"])})
+    try:
+        cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
+    except ValueError as e:
+        raise jobs_lib.JobError(str(e)) from None
+    args = ["--preset", p["preset"]]
+    if p["config_file"]:
+        args += ["--config", os.path.abspath(p["config_file"])]
+    if p["model_name"]:
+        args += ["--model", p["model_name"]]
+    for flag in ("resize", "validate", "recompute"):
+        if p[flag] is not None:
+            args.append(f"--{'' if p[flag] else 'no-'}{flag}")
+    for name in _PASSED_ON:
+        if p[name] is not None:
+            args += [f"--{name.replace('_', '-')}", str(p[name])]
+    if p["seed"] is None:  # written out, so every job of a sweep shows the seed it shares
+        args += ["--seed", str(cfg.train.seed)]
+    return jobs_lib.JobSpec(
+        partition=p["partition"], nodes=nodes, data=p["data_path"], ranks_per_node=p["ranks_per_node"],
+        name=p["name"], runs_dir=p["runs_dir"], run_dir=run_dir, queue=p["queue"], time=p["walltime"],
+        account=p["account"], launcher=p["launcher"], srun_mpi=p["srun_mpi"], hw_threads=p["hw_threads"],
+        cores_per_node=p["cores_per_node"], timeline=p["timeline"], venv=p["venv"] or "",
+        setup=tuple(p["setup"]), train_args=tuple(args), check_data=p["check_data"],
+        train_config=cfg)
+
+
+def _command_line(sub: str) -> str:
+    """How this script was rendered, for its header (when it can be told from argv)."""
+    if sys.argv[1:2] == [sub]:
+        return shlex.join(["distseg-jobs", *sys.argv[1:]])
+    return f"distseg-jobs {sub} ..."
+
+
+@click.group(context_settings={"max_content_width": 100})
+def jobs():
+    """Slurm job scripts for distseg: one job, or a scaling sweep with its report."""
+
+
+@jobs.command()
+@click.option("--nodes", required=True, type=click.IntRange(1), help="Nodes for this job.")
+@click.option("--run-dir", default="", help="Run directory (default RUNS_DIR/NAME-nNODES).")
+@_job_options
+def render(nodes, run_dir, **p):
+    """Print a ready sbatch script for one training job.
+
+    \b
+    distseg-jobs render --partition knl --nodes 16 --ranks-per-node 4 \\
+        --data liver.h5 --epochs 20 --seed 1 > knl-n16.sbatch
+    sbatch knl-n16.sbatch
+    """
+    try:
+        job = jobs_lib.resolve(_spec(nodes, run_dir, p))
+        script = jobs_lib.render(job, _command_line("render"))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo(script, nl=False)
+
+
+@jobs.command()
+@click.option("--nodes", "node_list", required=True, help="Node counts, e.g. 1,2,4,8,16,32.")
+@click.option("--out", "out_dir", default=".", show_default=True, help="Folder for the scripts and submit.sh.")
+@click.option("--chain/--no-chain", default=True, show_default=True,
+              help="Run the jobs one after another (each waits for the previous one).")
+@click.option("--target-loss", type=float, multiple=True, help="distseg-report --target-loss (repeatable).")
+@click.option("--target-dice", type=float, multiple=True, help="distseg-report --target-dice (repeatable).")
+@_job_options
+def sweep(node_list, out_dir, chain, target_loss, target_dice, **p):
+    """Write one sbatch script per node count, report.sbatch and submit.sh.
+
+    Every job gets the same training options and seed; only the nodes differ.
+    Then `bash OUT/submit.sh` submits them all and a distseg-report job after them.
+
+    \b
+    distseg-jobs sweep --partition knl --nodes 1,2,4,8,16,32 --data liver.h5 \\
+        --epochs 20 --seed 1 --target-loss -0.75 --out sweep-knl
+    bash sweep-knl/submit.sh
+    """
+    report_args = [a for t in target_loss for a in ("--target-loss", str(t))]
+    report_args += [a for t in target_dice for a in ("--target-dice", str(t))]
+    try:
+        nodes = schema.parse_node_counts(node_list, "--nodes")
+        written = jobs_lib.write_sweep(_spec(nodes[0], "", p), nodes, out_dir, chain=chain,
+                                       report_args=report_args, command=_command_line("sweep"))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    for name, job in zip(written.scripts, written.jobs):
+        t = job.threads
+        layout = f"{t.cores_per_rank} cores/rank" if t else "cores from the allocation"
+        click.echo(f"wrote {os.path.join(written.out_dir, name)}: {job.spec.nodes} node(s) x "
+                   f"{job.ranks_per_node} ranks, {layout} -> {job.run_dir}")
+    click.echo(f"wrote {os.path.join(written.out_dir, written.report)}: distseg-report -> {written.report_dir}")
+    click.echo(f"wrote {os.path.join(written.out_dir, written.submit)}")
+    click.echo(f"next: bash {shlex.quote(os.path.join(written.out_dir, written.submit))}")
+
+
+@jobs.command()
+def partitions():
+    """List the node types --partition accepts, with their layout and queues."""
+    for part in jobs_lib.PARTITIONS.values():
+        cores = f"{part.cores_per_node} cores" if part.cores_per_node else "cores from the allocation"
+        click.echo(f"{part.key}: {part.title}")
+        click.echo(f"  {cores}, {part.threads_per_core} thread(s)/core, {part.sockets} socket(s), "
+                   f"{part.reserved_cores} reserved, default {part.default_ranks_per_node} rank(s)/node, "
+                   f"queue {part.default_queue or '(cluster default)'}")
+        for q in part.queues:
+            click.echo(f"  queue {q.name}: up to {q.max_nodes} nodes, {q.max_minutes // 60} h")
+
+
+if __name__ == "__main__":  # python -m distseg.jobs_cli (before the entry point is installed)
+    jobs()

@@ -1,0 +1,120 @@
+"""``distseg-memory``: peak training memory of a U-Net, estimated (and measured).
+
+Parses options, builds a ``memory.UNetSpec``, prints ``memory.estimate`` with its
+per-level breakdown, the verdict against ``--budget`` and the largest batch and input
+that fit; ``--measure`` runs real steps in a fresh process (``memory.measure``). No
+TensorFlow in this process.
+"""
+
+from __future__ import annotations
+
+import click
+
+from distseg.core.errors import DistsegError, InputError, fail
+from distseg.networks import memory
+
+#: Base filters when --base-filters is not given: the liver2d and liver3d presets'.
+DEFAULT_FILTERS = {"unet2d": 64, "unet3d": 16}
+_TERMS = ("parameters", "gradients", "optimizer", "activations", "workspace", "runtime")
+
+
+def _shape(extents) -> str:
+    return "x".join(str(e) for e in extents)
+
+
+def describe(spec: memory.UNetSpec, batch: int) -> list[str]:
+    """The first lines: the model, its input and its parameter count."""
+    params, trainable = memory.count_params(spec)
+    return [f"{spec.spatial_dims}D U-Net, input {_shape(spec.spatial)}, batch {batch}, "
+            f"{spec.base_filters} base filters, depth {spec.depth}, {spec.norm} norm, "
+            f"{spec.precision}, recompute {'on' if spec.recompute else 'off'}",
+            f"parameters: {params:,} ({trainable:,} trainable)"]
+
+
+def breakdown(est: memory.Estimate) -> list[str]:
+    """The per-level table and the estimate by term."""
+    lines = ["", f"{'level':<7}{'shape':<14}{'channels':>9}{'parameters':>13}"
+                 f"{'activations kept':>19}"]
+    for row in est.levels:
+        name = "bottom" if row.level == est.spec.depth else str(row.level)
+        lines.append(f"{name:<7}{_shape(row.shape):<14}{row.channels:>9}{row.params:>13,}"
+                     f"{memory.human(row.kept_bytes * est.batch):>19}")
+    lines += ["", "peak training memory (estimate):"]
+    lines += [f"  {term:<13}{memory.human(est.terms[term]):>12}" for term in _TERMS]
+    lines.append(f"  {'total':<13}{memory.human(est.total):>12}")
+    return lines
+
+
+def answers(est: memory.Estimate, budget: int) -> list[str]:
+    """The verdict, and the largest batch and input that fit the budget."""
+    spec = est.spec
+    batch = memory.largest_batch(spec, budget)
+    biggest = memory.largest_input(spec, est.batch, budget)
+    return ["", f"budget {memory.human(budget)}: {memory.verdict(est, budget)}",
+            f"largest batch at {_shape(spec.spatial)}: {batch}" if batch else
+            f"largest batch at {_shape(spec.spatial)}: none fits",
+            f"largest input at batch {est.batch}: " + (_shape(biggest) if biggest else "none fits")]
+
+
+def measured(est: memory.Estimate, steps: int, threads: int) -> list[str]:
+    """Runs the steps and prints the measured peak beside the estimate."""
+    available = _available_memory()
+    if available and est.total > available:
+        raise InputError(f"--measure: the estimate ({memory.human(est.total)}) exceeds this "
+                         f"machine's available memory ({memory.human(available)})")
+    got = memory.measure(est.spec, est.batch, steps=steps, threads=threads)
+    error = 100.0 * (est.total - got.peak_rss) / got.peak_rss
+    times = sorted(got.step_seconds)
+    return ["", f"measured peak RSS: {memory.human(got.peak_rss)} above TensorFlow's own "
+                f"{memory.human(got.baseline)} (estimate {memory.human(est.total)}, {error:+.1f} %)",
+            f"measured TensorFlow allocator peak: {memory.human(got.tf_peak)}; "
+            f"median step {times[len(times) // 2]:.2f} s over {len(times)} steps after the first"]
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.option("--model", "kind", required=True, type=click.Choice(sorted(DEFAULT_FILTERS)),
+              help="unet2d (slices) or unet3d (volumes).")
+@click.option("--input", "input_text", required=True, metavar="D,H,W",
+              help="Input extents (H,W for unet2d), or one size for every axis; multiples of 2**depth.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1), help="Samples per step (per rank).")
+@click.option("--budget", "budget_text", required=True, metavar="SIZE",
+              help="Memory to fit in, e.g. 384GB, 1.5TB, 512MiB (binary units).")
+@click.option("--base-filters", default=None, type=click.IntRange(1),
+              help="Filters of the first level (default: 64 for unet2d, 16 for unet3d).")
+@click.option("--depth", default=4, show_default=True, type=click.IntRange(1), help="Poolings.")
+@click.option("--classes", default=3, show_default=True, type=click.IntRange(2), help="Output classes.")
+@click.option("--norm", default="batch", show_default=True, type=click.Choice(["batch", "group", "none"]))
+@click.option("--recompute/--no-recompute", default=False, help="Gradient checkpointing of every convolution unit.")
+@click.option("--precision", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--measure", is_flag=True, help="Also run real train steps in a fresh process and print the measured peak RSS.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(2), help="Steps --measure runs (the first traces).")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1), help="TensorFlow intra-op threads for --measure.")
+def main(kind, input_text, batch, budget_text, base_filters, depth, classes, norm, recompute,
+         precision, measure, steps, threads):
+    """Estimate the peak memory of training a distseg U-Net: parameters, gradients, Adam's
+    state, activations kept for the backward pass, workspace. Prints the parameter count,
+    a per-level breakdown, whether it fits --budget, and the largest batch and input that do."""
+    try:
+        dims = 3 if kind == "unet3d" else 2
+        spec = memory.UNetSpec(memory.parse_input(input_text, dims), depth=depth,
+                               base_filters=base_filters or DEFAULT_FILTERS[kind], num_classes=classes,
+                               norm=norm, recompute=recompute, precision=precision)
+        budget = memory.parse_bytes(budget_text)
+        est = memory.estimate(spec, batch)
+        lines = describe(spec, batch) + breakdown(est) + answers(est, budget)
+        click.echo("\n".join(lines))
+        if measure:
+            click.echo("\n".join(measured(est, steps, threads)))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)

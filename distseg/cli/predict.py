@@ -1,0 +1,54 @@
+"""The ``distseg-predict`` entry point: parse options, call ``distseg.predict.run``.
+
+TensorFlow and Horovod are imported inside the command, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from distseg.cli.data import parse_window
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--checkpoint", "run_dir", required=True, type=click.Path(file_okay=False),
+              help="Training run directory (config.json, checkpoints/latest.json).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for <case>_seg.nii.gz, metrics.csv and overlays/.")
+@click.option("--labels", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Folder of label volumes for input files (same name, or segmentation-N for volume-N).")
+@click.option("--data", default=None, type=click.Path(dir_okay=False),
+              help="Training data file whose attributes give the preprocessing (default: the run's).")
+@click.option("--subset", default="test", show_default=True,
+              type=click.Choice(["test", "val", "train", "all"]),
+              help="Cases of a folder input: test (unlabelled, e.g. imagesTs), val/train (the "
+                   "training file's split), all.")
+@click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
+              help="CT window in HU (default: the training data's).")
+@click.option("--modality", default=None, type=click.Choice(["ct", "mr"]),
+              help="Override the training data's intensity handling.")
+@click.option("--channel", default=None, type=click.IntRange(0), help="Channel of 4-D images.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1),
+              help="Slices per prediction batch.")
+@click.option("--tolerance-mm", default=2.0, show_default=True, type=click.FloatRange(0),
+              help="Normalised surface Dice tolerance.")
+@click.option("--overlays/--no-overlays", default=True, help="PNGs of the best, median and worst cases.")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (rank 0).")
+def predict(inputs, run_dir, **options):
+    """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained run.
+
+    Each input is preprocessed as the training data was, predicted slice by slice, and
+    written as OUT/<case>_seg.nii.gz on the input's own grid and affine. Where labels
+    exist, Dice, HD95 and normalised surface Dice per class go to OUT/metrics.csv and the
+    terminal. Under `horovodrun -np N` the cases are split across ranks.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from distseg.inference import predict as predict_lib
+    from distseg.training import distributed
+    outcome = distributed.run_command(
+        predict_lib.run, predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), **options))
+    if outcome.lines:
+        click.echo("\n".join(outcome.lines))

@@ -1,0 +1,107 @@
+"""``distseg-train``: parse options, build a config, call ``distseg.training.loop.run``.
+
+TensorFlow and Horovod are imported inside the command, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from distseg.core import config as config_lib
+from distseg.core.errors import fail
+
+TRAIN_FLAGS = {
+    # flag name -> (config path, click type, help)
+    "epochs": ("train.epochs", click.IntRange(1), "Passes over the training slices."),
+    "batch_size": ("train.batch_size", click.IntRange(1), "Slices per rank per step (global batch = this x ranks)."),
+    "image_size": ("model.image_size", click.IntRange(8), "Input size; slices of another size are rejected unless --resize."),
+    "base_filters": ("model.base_filters", click.IntRange(1), "U-Net filters at the first level (64: ~31M parameters)."),
+    "depth": ("model.depth", click.IntRange(1), "U-Net poolings."),
+    "dropout": ("model.dropout", click.FloatRange(0, 1, max_open=True), "Bottleneck dropout rate."),
+    "norm": ("model.norm", click.Choice(config_lib.NORMS), "Normalisation after each convolution."),
+    "lr": ("train.lr", click.FloatRange(0, min_open=True), "Single-process learning rate (before scaling)."),
+    "lr_scaling": ("train.lr_scaling", click.Choice(config_lib.LR_SCALINGS), "How the lr grows with the number of ranks."),
+    "warmup_epochs": ("train.warmup_epochs", click.FloatRange(0), "Epochs of linear lr warm-up to the scaled lr."),
+    "loss": ("train.loss", click.Choice(config_lib.LOSSES), "dice: -mean soft Dice; dice_ce: plus cross-entropy."),
+    "intra_op_threads": ("train.intra_op_threads", click.IntRange(0), "TF intra-op threads per rank (0: OMP_NUM_THREADS or cores per rank)."),
+    "inter_op_threads": ("train.inter_op_threads", click.IntRange(0), "TF inter-op threads per rank (0: 1 on <= 2 cores per rank, else 2)."),
+    "seed": ("train.seed", int, "Global seed: init weights and shard permutations."),
+    "max_steps_per_epoch": ("train.max_steps_per_epoch", click.IntRange(0), "Cap steps per epoch (0: full pass)."),
+    "checkpoint_every": ("train.checkpoint_every", click.IntRange(0), "Checkpoint every N epochs on rank 0 (0: last only)."),
+    "hang_timeout": ("train.hang_timeout", click.FloatRange(0), "Seconds a rank may wait in a collective before it ends the run naming the ranks that stopped answering (0: forever)."),
+    "on_nonfinite": ("train.on_nonfinite", click.Choice(config_lib.NONFINITE), "A non-finite loss or gradient on any rank: stop every rank, or skip that step's update everywhere."),
+    "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
+    "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
+    "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (Keras mixed precision): less memory, and faster where the CPU has AVX512_BF16 or AMX; measured here, step time 0.61x float32's on the 3D U-Net at 96^3 (docs/memory.md), 0.60x on the 2D demo U-Net (docs/performance.md)."),
+}
+
+
+def _train_config(resume: bool, preset, config_file, overrides) -> config_lib.Config:
+    """A new run's config (preset -> --config -> flags), or a resumed run's own."""
+    if not resume:
+        return config_lib.resolve(preset or "liver2d", config_file, overrides)
+    for flag, given in (("--preset", preset), ("--config", config_file)):
+        if given:
+            raise ValueError(f"{flag} cannot be combined with --resume: a resumed run "
+                             "keeps the config.json of its run directory")
+    return config_lib.for_resume(overrides["run_dir"], overrides)
+
+
+def _train_options(fn):
+    for name, (_, kind, text) in reversed(list(TRAIN_FLAGS.items())):
+        fn = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None, help=text)(fn)
+    return fn
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
+              help="HDF5 dataset (distseg-data synth / lits-sample); required unless --resume.")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="New directory for config.json, logs/rank-NNNNN.jsonl and checkpoints/.")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the run in --run-dir from its newest whole checkpoint, with its "
+                   "config.json; --epochs may extend it, flags that change what is trained are refused.")
+@click.option("--preset", default=None, type=click.Choice(sorted(config_lib.PRESETS)),
+              help="Defaults to start from: liver2d (the default; 240x240, 64 filters), demo "
+                   "(128x128, 16 filters), smoke (tiny), liver3d (3D, 16 filters, 32x128x128 "
+                   "slabs), smoke3d (tiny 3D).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="JSON config (e.g. another run's config.json) applied over the preset.")
+@click.option("--resize/--no-resize", default=None, help="Resize slices to --image-size instead of refusing them.")
+@click.option("--validate/--no-validate", default=None, help="Sharded validation after each epoch.")
+@click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
+              help="unet2d on slices (default), or unet3d on slabs of volumes (--slab; "
+                   "data from distseg-data ... --ndim 3).")
+@click.option("--recompute/--no-recompute", default=None,
+              help="Gradient checkpointing of every convolution unit of every U-Net level: less memory, more time (docs/memory.md).")
+@_train_options
+def train(data_path, run_dir, resume, preset, config_file, resize, validate, model_name,
+          recompute, **flags):
+    """Train a 2D U-Net on slices, or a 3D U-Net on slabs of volumes, data-parallel over
+    Horovod ranks.
+
+    Run it the same way at any scale: as one process, or under
+    `horovodrun -np 16 -H node1:4,node2:4,...`, `mpirun`, `srun` or `ibrun`. Each rank
+    trains on its own disjoint shard of every epoch; gradients are averaged with one
+    Horovod allreduce per step; the learning rate is scaled to the number of ranks
+    with a warm-up. Rank 0 writes RUN_DIR/config.json, checkpoints and the progress
+    bar; every rank writes RUN_DIR/logs/rank-NNNNN.jsonl for distseg-report.
+
+    SIGTERM or SIGUSR1 on any rank (or the end of horovodrun) stops every rank at the
+    next step after a checkpoint (exit 130); `--resume` continues from there.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
+    overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
+                      "train.validate": validate, "model.recompute": recompute,
+                      "model.spatial_dims": config_lib.MODELS.get(model_name)})
+    try:
+        cfg = _train_config(resume, preset, config_file, overrides)
+    except ValueError as e:
+        fail(str(e))
+    from distseg.training import distributed
+    from distseg.training import loop as train_lib
+    distributed.run_command(train_lib.run, cfg, resuming=resume)

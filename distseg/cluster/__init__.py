@@ -1,0 +1,1 @@
+"""Slurm job scripts for ``distseg-jobs`` (plain Python, no TensorFlow or Horovod)."""

@@ -1,0 +1,362 @@
+"""The resolved configuration of a training run: one frozen tree of dataclasses.
+
+Layering: preset defaults -> optional JSON file (``--config``) -> command-line flags.
+``Config.validate()`` raises ``ValueError`` naming the offending field; the resolved
+config is written to ``RUN/config.json`` by rank 0 and hashed into every rank's
+``run`` log record, so runs of different configs can be told apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import reprlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from distseg.core.errors import InputError
+
+LR_SCALINGS = ("linear", "sqrt", "none")
+LOSSES = ("dice", "dice_ce")
+NORMS = ("batch", "group", "none")
+#: ``--model`` name -> ``model.spatial_dims``.
+MODELS = {"unet2d": 2, "unet3d": 3}
+PRECISIONS = ("float32", "bfloat16")
+NONFINITE = ("stop", "skip")
+CLASS_NAMES = ("background", "liver", "lesion")
+
+
+
+def default_inter_op_threads(cores_per_rank: int) -> int:
+    """TensorFlow inter-op threads when none are asked for: 1 with at most 2 cores per
+    rank, else 2 (a U-Net's graph has little op-level parallelism; more inter-op
+    threads only compete for the same cores)."""
+    return 1 if cores_per_rank <= 2 else 2
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """U-Net hyper-parameters (see ``distseg.model.build_unet``)."""
+
+    image_size: int = 240
+    """Input height and width; must be divisible by 2**depth."""
+    depth: int = 4
+    """Number of poolings (the classic U-Net has 4)."""
+    base_filters: int = 64
+    """Filters of the first level; doubled at each pooling."""
+    dropout: float = 0.0
+    """Dropout rate applied in the bottleneck (0 disables it)."""
+    norm: str = "batch"
+    """Normalisation after each convolution: ``batch``, ``group`` or ``none``. The
+    liver2d and liver3d presets use ``group``: on a 2,048-slice phantom the validation
+    Dice of BatchNorm models fell by up to 0.61 between validations at 1 rank and 0.21
+    at 8 (its moving statistics lag the weights), of GroupNorm models by at most 0.07 at
+    1-8 ranks, for the same samples to target (docs/statistical-efficiency.md). The demo
+    keeps ``batch``: on its 96 LiTS slices and 8 epochs BatchNorm reached validation
+    liver Dice 0.79 at 1 rank where GroupNorm reached 0.46. ``smoke`` keeps ``batch``
+    for the tests of the BatchNorm machinery."""
+    bn_momentum: float = 0.9
+    """Momentum of BatchNorm's moving statistics (``norm: batch`` only; used in
+    validation and inference).
+    0.9, not Keras' 0.99: with 0.99 the statistics still held ~40% of their initial
+    values after the demo's 96 steps, and validation Dice was near 0."""
+    num_classes: int = len(CLASS_NAMES)
+    """Output classes: 0 background, 1 liver, 2 lesion."""
+    spatial_dims: int = 2
+    """2: a U-Net on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
+    whose input shape is ``data.slab`` (``image_size`` is then unused)."""
+    recompute: bool = False
+    """Gradient checkpointing of every convolution unit of every U-Net level: less
+    memory, more time (docs/memory.md)."""
+    precision: str = "float32"
+    """``float32`` or ``bfloat16`` (Keras mixed precision; float32 softmax output)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and distribution settings."""
+
+    epochs: int = 10
+    batch_size: int = 8
+    """Samples per rank per step (the global batch is ``batch_size * size``)."""
+    lr: float = 1e-4
+    """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
+    lr_scaling: str = "linear"
+    """``linear`` (lr * size), ``sqrt`` (lr * sqrt(size)) or ``none``."""
+    warmup_epochs: float = 1.0
+    """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
+    loss: str = "dice"
+    """``dice`` (negative mean soft Dice over classes) or ``dice_ce`` (plus cross-entropy)."""
+    seed: int = 0
+    """Global seed: model init (rank 0's, broadcast) and the per-epoch shard permutation."""
+    intra_op_threads: int = 0
+    """TensorFlow intra-op threads per rank; 0 means OMP_NUM_THREADS or cores / ranks per node."""
+    inter_op_threads: int = 0
+    """TensorFlow inter-op threads per rank; 0 means 1 with <= 2 cores per rank, else 2."""
+    checkpoint_every: int = 1
+    """Save a checkpoint (rank 0 only) every this many epochs; 0 saves only the last."""
+    keep_checkpoints: int = 3
+    """How many epoch checkpoints to keep."""
+    max_steps_per_epoch: int = 0
+    """Cap on steps per epoch (0: a full pass); for smoke tests and benchmarks."""
+    validate: bool = True
+    """Run the sharded validation after each epoch."""
+    hang_timeout: float = 120.0
+    """Seconds a rank may wait in a collective before it ends the run, naming the
+    ranks that stopped answering (0: wait forever)."""
+    on_nonfinite: str = "stop"
+    """A non-finite loss or gradient on any rank: ``stop`` the run (every rank, with one
+    message) or ``skip`` that step's update on every rank and count it in the log."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from and how it is fed."""
+
+    path: str = ""
+    """HDF5 file in the distseg format (see docs/data.md)."""
+    resize: bool = False
+    """Resize slices whose size differs from ``model.image_size`` instead of refusing them."""
+    prefetch: int = 2
+    """Batches read ahead by a background thread."""
+    slab: str = ""
+    """3D only: the training input ``D,H,W`` (each divisible by 2**depth) cut from each
+    volume, or ``full`` for whole volumes of one shape."""
+    foreground_fraction: float = 0.0
+    """3D only: share of slabs re-centred on a random foreground voxel of their case."""
+    val_overlap: float = 0.5
+    """3D only: overlap of the sliding windows that validate whole volumes."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs; written to ``RUN/config.json``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run_dir: str = ""
+
+    def validate(self) -> "Config":
+        """Raises ``ValueError`` naming the first bad field; returns self."""
+        m, t = self.model, self.train
+        # 2**depth of an absurd depth would take forever; and no image_size below 2**63
+        # is divisible by 2**63 or more.
+        pool = 2 ** m.depth if 0 <= m.depth < 63 else None
+        checks = [
+            (m.image_size >= 8, "model.image_size", f"must be >= 8, got {m.image_size}"),
+            (m.depth >= 1, "model.depth", f"must be >= 1, got {m.depth}"),
+            (pool is not None and m.image_size % pool == 0, "model.image_size",
+             f"{m.image_size} is not divisible by 2**depth = {pool or f'2**{m.depth}'}"),
+            (m.base_filters >= 1, "model.base_filters", f"must be >= 1, got {m.base_filters}"),
+            (0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}"),
+            (m.norm in NORMS, "model.norm", f"must be one of {NORMS}, got {m.norm!r}"),
+            (0.0 <= m.bn_momentum < 1.0, "model.bn_momentum",
+             f"must be in [0, 1), got {m.bn_momentum}"),
+            (m.num_classes >= 2, "model.num_classes", f"must be >= 2, got {m.num_classes}"),
+            (t.epochs >= 1, "train.epochs", f"must be >= 1, got {t.epochs}"),
+            (t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}"),
+            (t.lr > 0, "train.lr", f"must be > 0, got {t.lr}"),
+            (t.lr_scaling in LR_SCALINGS, "train.lr_scaling",
+             f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
+            (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
+            (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
+            (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
+             f"must be one of {NONFINITE}, got {t.on_nonfinite!r}"),
+            (t.intra_op_threads >= 0, "train.intra_op_threads", "must be >= 0"),
+            (t.inter_op_threads >= 0, "train.inter_op_threads", "must be >= 0"),
+            (t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0"),
+            (t.hang_timeout >= 0, "train.hang_timeout", "must be >= 0"),
+            (t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1"),
+            (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
+            (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
+            (m.spatial_dims in (2, 3), "model.spatial_dims", f"must be 2 or 3, got {m.spatial_dims}"),
+            (m.precision in PRECISIONS, "model.precision",
+             f"must be one of {PRECISIONS}, got {m.precision!r}"),
+            (m.spatial_dims == 3 or not self.data.slab, "data.slab",
+             f"is for 3D models (--model unet3d), got {self.data.slab!r} with unet2d"),
+            (m.spatial_dims == 2 or bool(self.data.slab), "data.slab",
+             "is required with --model unet3d (--slab D,H,W or --slab full)"),
+            (0.0 <= self.data.foreground_fraction <= 1.0, "data.foreground_fraction",
+             f"must be in [0, 1], got {self.data.foreground_fraction}"),
+            (0.0 <= self.data.val_overlap < 1.0, "data.val_overlap",
+             f"must be in [0, 1), got {self.data.val_overlap}"),
+            (bool(self.data.path), "data.path", "is required (--data FILE.h5)"),
+            (bool(self.run_dir), "run_dir", "is required (--run-dir DIR)"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise InputError(f"config field {name} {why}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default() -> Config:
+    """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params),
+    GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``)."""
+    return Config(model=ModelConfig(norm="group"))
+
+
+def liver2d() -> Config:
+    return default()
+
+
+def demo() -> Config:
+    """The bundled LiTS case at 128x128 with a small U-Net: minutes on a laptop."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, image_size=128, base_filters=16, norm="batch"),
+        train=dataclasses.replace(base.train, epochs=8, batch_size=8, lr=1e-3, warmup_epochs=1.0),
+    )
+
+
+def smoke() -> Config:
+    """A tiny model on tiny data for tests: seconds per epoch."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4,
+                                  norm="batch"),
+        train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0),
+    )
+
+
+def liver3d() -> Config:
+    """The 3D U-Net of the reference BraTS study (16 base filters, 4 poolings, ~5.65M
+    parameters) on 32x128x128 slabs, one per rank per step."""
+    base = default()
+    return dataclasses.replace(
+        base,
+        model=dataclasses.replace(base.model, spatial_dims=3, base_filters=16, image_size=128),
+        data=dataclasses.replace(base.data, slab="32,128,128", foreground_fraction=0.5),
+        train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=20))
+
+
+def smoke3d() -> Config:
+    """A tiny 3D U-Net on tiny volumes for tests: seconds per epoch."""
+    base = smoke()
+    return dataclasses.replace(
+        base, model=dataclasses.replace(base.model, spatial_dims=3),
+        data=dataclasses.replace(base.data, slab="16,32,32"),
+        train=dataclasses.replace(base.train, batch_size=2))
+
+
+PRESETS = {"liver2d": liver2d, "demo": demo, "smoke": smoke, "liver3d": liver3d,
+           "smoke3d": smoke3d}
+
+
+def _merge(obj: Any, updates: Mapping[str, Any], where: str) -> Any:
+    """Returns a copy of dataclass ``obj`` with nested ``updates`` applied."""
+    names = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in updates.items():
+        if key not in names:
+            label = f"{where}{key}"
+            label = label if label.isprintable() else _shown(label)  # one line, whatever the key
+            raise InputError(f"config field {label} is unknown (known: {', '.join(names)})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise InputError(f"config field {where}{key} must be a mapping")
+            changes[key] = _merge(current, value, f"{where}{key}.")
+        else:
+            changes[key] = _typed(value, current, f"{where}{key}")
+    return dataclasses.replace(obj, **changes)
+
+
+def _typed(value: Any, current: Any, name: str) -> Any:
+    """``value`` as the type of the field's ``current`` value, or a ValueError naming the
+    field. No silent conversions: ``"false"`` is not a bool, ``2.5`` is not an int; nor
+    is a number past 64 bits, infinite or NaN a setting (it would overflow later)."""
+    kind = type(current)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = current is None or isinstance(value, kind)
+    if not ok:
+        raise InputError(f"config field {name} must be {kind.__name__}, got {_shown(value)}")
+    limit = {int: 2 ** 63 - 1, float: sys.float_info.max}.get(kind)
+    if limit is not None and not abs(value) <= limit:
+        what = "an int of at most 64 bits" if kind is int else "a finite float"
+        raise InputError(f"config field {name} must be {what}, got {_shown(value)}")
+    return float(value) if kind is float else value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a one-line message: short, escaped, never an int too long to print."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # an int too long to print, nested in a list
+        return f"a {type(value).__name__}"
+
+
+def resolve(preset: str = "liver2d", file: str | None = None,
+            overrides: Mapping[str, Any] | None = None) -> Config:
+    """Layers preset -> JSON file -> overrides (``{"train.lr": 0.1}`` style) and validates."""
+    if preset not in PRESETS:
+        raise InputError(f"preset {preset!r} is unknown (known: {', '.join(PRESETS)})")
+    cfg = PRESETS[preset]()
+    if file:
+        try:
+            with open(file, encoding="utf-8") as f:
+                loaded = json.load(f)
+        except (OSError, ValueError, RecursionError) as e:
+            # ValueError: besides bad JSON, bytes that are not UTF-8 and integers too long
+            # to convert; RecursionError: arrays nested thousands deep.
+            raise InputError(f"config file {file}: cannot be read as JSON ({e})") from e
+        if not isinstance(loaded, Mapping):
+            raise InputError(f"config file {file}: holds {_shown(loaded)}, expected a JSON "
+                             'object such as {"train": {"lr": 0.001}}')
+        cfg = _merge(cfg, loaded, "")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        update: Any = {leaf: value}
+        for p in reversed(parents):
+            update = {p: update}
+        # One at a time: "train" (not a mapping) and "train.lr" may both be given.
+        cfg = _merge(cfg, update, "")
+    return cfg.validate()
+
+
+#: Fields a resumed run may change: they do not change what is trained (``epochs`` may
+#: only extend the run, which ``distseg.train`` checks against the checkpoint).
+RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
+                     "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
+                     "train.on_nonfinite", "train.hang_timeout", "data.prefetch")
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def for_resume(run_dir: str, overrides: Mapping[str, Any] | None = None) -> Config:
+    """The config of the run in ``run_dir`` (its ``config.json``) with the allowed
+    ``overrides`` applied. An override that would change what is trained (data, model,
+    seed, batch, learning rate...) raises ``InputError`` naming the field."""
+    path = f"{run_dir.rstrip('/')}/config.json"
+    if not os.path.exists(path):
+        raise InputError(f"{run_dir}: holds no config.json, so there is no run to --resume")
+    saved = resolve("liver2d", path, {"run_dir": run_dir})
+    changes = {k: v for k, v in (overrides or {}).items() if v is not None and k != "run_dir"}
+    for dotted, value in changes.items():
+        was = _get(saved, dotted)
+        if value != was and dotted not in RESUME_MAY_CHANGE:
+            raise InputError(f"config field {dotted}: the run was trained with {was!r}; "
+                             f"--resume cannot change it to {value!r} (it may change "
+                             f"{', '.join(f.split('.')[-1] for f in RESUME_MAY_CHANGE)})")
+    return resolve("liver2d", path, {**changes, "run_dir": run_dir})

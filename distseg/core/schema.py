@@ -1,0 +1,236 @@
+"""The per-rank run-log schema: the one place that says what a log line holds.
+
+Every rank of a run writes ``RUN/logs/rank-NNNNN.jsonl``: one JSON object per line,
+flushed per line, so a killed job leaves at most one truncated last line. Each object
+says what it is in its ``type`` field. This module is plain Python (no TensorFlow, no
+Horovod) so that ``analysis`` can import it to read logs.
+
+Record types and their fields (``FIELDS``); every record also carries ``type``,
+``rank`` and ``time`` (Unix seconds on this rank's clock). Readers must ignore fields
+they do not know, and producers may add fields freely; only removing or renaming a
+field needs a new ``SCHEMA_VERSION``.
+
+``run``   once, at start (and again after each resume):
+    schema_version, rank, size, local_rank, local_size, host, pid, run_id (shared by the
+    ranks), start_time (Unix seconds, rank 0's clock, agreed by broadcast), versions
+    (python, tensorflow, keras, horovod, mpi, numpy, h5py), controller (mpi|gloo|none),
+    threads {intra_op, inter_op, cores, pinned, affinity}, horovod_env (HOROVOD_* settings in force),
+    config_hash (sha256 of the resolved config without run_dir, first 16 hex digits), model {name,
+    params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
+    image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
+    global_batch_size, lr_base, lr_scaled, warmup_steps, epochs, voxels_per_sample (a
+    sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
+    record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off).
+``step``  each training step:
+    epoch, step (within the epoch), global_step, t (seconds since the agreed start),
+    step_time (seconds for the whole step on this rank), data_wait (seconds of that
+    spent waiting for input), loss (mean over ranks), loss_local (this rank's batch),
+    lr, samples (this rank's batch size).
+``epoch`` each finished epoch:
+    epoch, t, epoch_time (training and validation), train_time (training only, with the
+    epoch-end BatchNorm averaging and weight check), steps, samples (this rank's
+    count), sample_digest (order-independent
+    digest of the sample ids this rank saw, see ``sample_digest``), train_loss (mean
+    over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
+    (global, from counts summed over ranks), val_dice_local {class: dice or null},
+    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares];
+    3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
+    rank validated (val_samples then count volumes).
+``end``   once, at the end, whatever happened:
+    status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
+``resume`` once per resumed launch, before its ``run`` record (``--resume``):
+    from_epoch and from_step (where this launch continues), global_step, checkpoint
+    (the manifest it loaded), size_before (ranks that wrote it), size, warnings
+    (damaged checkpoints skipped, steps redone). An elastic run writes one each time
+    its ranks re-form (a rank lost, hosts changed), with checkpoint null, from_step 0
+    (it continues from the state committed after the last epoch) and elastic (why,
+    e.g. "lost 1 rank(s)").
+
+``stalled`` when this rank has waited ``hang_timeout`` s in a collective: t, waited
+    (seconds), where; an ``end`` record naming the ranks that stopped answering follows.
+
+Also, when a step's update was skipped on every rank (``--on-nonfinite skip``): the
+``step`` record has ``skipped: true`` and the ``epoch`` record counts ``skipped_steps``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+#: Values of a data file's ``split`` dataset (``distseg.data``).
+SPLITS = {"train": 0, "val": 1, "test": 2}
+
+#: Log file name of a rank, relative to the run directory.
+LOG_DIR = "logs"
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def existing_run(run_dir: str) -> str | None:
+    """The file that shows ``run_dir`` already holds a run (config or logs), or None."""
+    for name in (CONFIG_FILE, LOG_DIR):
+        if os.path.exists(os.path.join(run_dir, name)):
+            return name
+    return None
+
+
+def log_name(rank: int) -> str:
+    """Returns the file name of ``rank``'s log, e.g. ``rank-00003.jsonl``."""
+    return f"rank-{rank:05d}.jsonl"
+
+
+COMMON = ("type", "rank", "time")
+
+#: Required fields of each record type (besides ``COMMON``). Extra fields are allowed.
+FIELDS: dict[str, tuple[str, ...]] = {
+    "run": (
+        "schema_version", "size", "local_rank", "local_size", "host", "run_id",
+        "start_time", "versions", "controller", "threads", "config_hash", "dataset",
+        "global_seed", "steps_per_epoch", "batch_size", "global_batch_size",
+    ),
+    "step": (
+        "epoch", "step", "global_step", "t", "step_time", "data_wait", "loss",
+        "loss_local", "lr", "samples",
+    ),
+    "epoch": (
+        "epoch", "t", "epoch_time", "samples", "sample_digest", "train_loss",
+        "val_loss", "val_dice", "val_dice_local",
+    ),
+    "end": ("status", "reason", "t", "epochs_done"),
+    "resume": ("from_epoch", "from_step", "global_step", "checkpoint", "size_before", "size"),
+    "stalled": ("t", "waited", "where"),
+}
+
+#: Fields the trainer also writes, documented above, that readers may rely on when
+#: present (older logs or other producers may lack them).
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
+            "warmup_steps", "epochs", "voxels_per_sample", "onednn"),
+    "step": ("skipped",),
+    "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
+              "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
+              "val_cases_local"),
+    "end": (),
+    "resume": ("warnings", "elastic"),
+    "stalled": (),
+}
+
+END_STATUSES = ("ok", "error", "interrupted")
+
+_MASK64 = (1 << 64) - 1
+
+
+def steps_per_epoch(train_samples: int, ranks: int, batch_size: int) -> int:
+    """Steps every rank runs per epoch: its shard of ``train_samples`` (at most
+    ceil(n / ranks) samples; floor(n / ranks) with batch size 1, see
+    ``distseg.data.shard_batches``) in batches of at most ``batch_size``."""
+    per_rank = train_samples // ranks if batch_size == 1 else math.ceil(train_samples / ranks)
+    return math.ceil(per_rank / batch_size)
+
+
+def mix64(ids: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on a uint64 array (arithmetic modulo 2**64): spreads ids
+    so that sums of them rarely collide."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(ids, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def sample_digest(ids: Iterable[int]) -> str:
+    """Order-independent digest of a multiset of (non-negative) sample ids, as 16 hex
+    digits.
+
+    The digest is the sum, modulo 2**64, of a 64-bit mix of each id. Because it is a
+    sum, digests combine: the digests of disjoint shards add up (``combine_digests``)
+    to the digest of their union, which is how ``analysis`` checks that the ranks'
+    shards covered the dataset exactly once.
+    """
+    if not hasattr(ids, "__len__"):
+        ids = list(ids)
+    total = mix64(np.asarray(ids, dtype=np.int64).ravel()).sum(dtype=np.uint64)
+    return f"{int(total):016x}"
+
+
+def combine_digests(digests: Iterable[str]) -> str:
+    """Digest of the union of disjoint id multisets, from their digests."""
+    total = 0
+    for d in digests:
+        total = (total + int(d, 16)) & _MASK64
+    return f"{total:016x}"
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Stable hash of a JSON-able config (key order does not matter).
+
+    ``run_dir`` is left out: the same training at 1 and 16 ranks, written to two run
+    directories, has the same hash.
+    """
+    config = {k: v for k, v in config.items() if k != "run_dir"}
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def validate_record(record: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` naming the first problem of a parsed log record."""
+    kind = record.get("type")
+    if kind not in FIELDS:
+        raise ValueError(f"record type {kind!r} is not one of {sorted(FIELDS)}")
+    missing = [f for f in COMMON + FIELDS[kind] if f not in record]
+    if missing:
+        raise ValueError(f"{kind} record lacks field(s) {', '.join(missing)}")
+    if kind == "end" and record["status"] not in END_STATUSES:
+        raise ValueError(f"end record status {record['status']!r} is not one of {END_STATUSES}")
+
+
+def read_log(path: str) -> tuple[list[dict], list[str]]:
+    """Parses one rank's log, skipping lines that do not parse.
+
+    Returns:
+      The records, and one message per skipped line (a job killed mid-write leaves a
+      truncated last line; that is expected, not fatal).
+    """
+    records, problems = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                problems.append(f"{path}:{lineno}: not valid JSON (truncated line?)")
+                continue
+            if not isinstance(rec, dict) or "type" not in rec:
+                problems.append(f"{path}:{lineno}: not a log record")
+                continue
+            records.append(rec)
+    return records, problems
+
+
+def parse_node_counts(text: str, option: str = "--nodes") -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8): positive, distinct, in the order given.
+
+    The one parser of node lists, for ``distseg-jobs sweep --nodes`` and
+    ``distseg-report --project-nodes``. A repeated count is refused in both: two
+    sweep runs would share a run directory, and a projection would print a row twice.
+    Raises ``InputError`` naming ``option``.
+    """
+    from distseg.core.errors import InputError
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InputError(f"{option} {text!r}: expected node counts like 1,2,4,8")
+    nodes = tuple(int(p) for p in parts)
+    if min(nodes) < 1:
+        raise InputError(f"{option} {text!r}: node counts must be >= 1")
+    if len(set(nodes)) != len(nodes):
+        raise InputError(f"{option} {text!r}: a node count appears twice")
+    return nodes

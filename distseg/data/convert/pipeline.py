@@ -1,0 +1,417 @@
+"""``distseg-data convert``: a dataset folder in, one distseg HDF5 file out, streaming.
+
+``run`` reads like its outline: discover the cases, decide the preprocessing, assign
+splits, then prepare each case (read, check, reorient, normalise, resample; in
+``workers`` processes) and append it to the file in case order, then finish the file.
+Memory stays at about one volume per worker whatever the dataset's size: a case is
+read, written and dropped before the next is taken. With ``ndim`` 3 the same steps
+keep each case as one volume on its own grid (no in-plane resampling) and write the
+volume layout (``distseg.volumes``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distseg.data import slices as data
+from distseg.data.convert import geometry, sources, splits
+from distseg.data.convert.intensity import Intensity, modality_kind
+from distseg.data.convert.sources import Case, Source, VolumeError
+from distseg.data.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
+from distseg.core.errors import InputError, Interrupted
+
+#: Chosen by benchmarks/bench_convert.py (docs/data.md#choosing-the-compression).
+DEFAULT_COMPRESSION = "lzf"
+ON_ERROR = ("stop", "skip")
+#: In-plane size of converted slices unless --size says otherwise.
+DEFAULT_SIZE = 240
+#: Largest affine difference (mm) between an image and its labels read as one grid.
+AFFINE_TOLERANCE = 1e-3
+
+
+class CaseError(InputError):
+    """One case cannot be converted; the message names the case and the file."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How ``distseg-data convert`` converts (each field is one flag)."""
+
+    size: int | None = None
+    """In-plane size of the slices (linear for images, nearest for labels); None:
+    ``DEFAULT_SIZE``. Volumes (``ndim`` 3) are not resampled: it must stay None."""
+    ndim: int = 2
+    """2: slices (the slice format); 3: one volume per case (the volume layout)."""
+    window: tuple[float, float] | None = None
+    """CT window in HU; None: ``data.HU_WINDOW``."""
+    modality: str = "auto"
+    """``auto`` (dataset.json, CT for pairs), ``ct`` (HU window) or ``mr`` (per-volume
+    percentiles)."""
+    channel: int | None = None
+    """Image channel of 4-D (multi-channel) MSD images; required for them."""
+    roi_margin: int | None = None
+    """Keep only slices within the labelled region plus this many on each side; None: all."""
+    val_fraction: float = 0.2
+    """Share of cases that validate (ignored with ``folds``)."""
+    folds: int = 0
+    """K-fold cross-validation: K folds of cases, fold ``fold`` validates (0: off)."""
+    fold: int = 0
+    seed: int = 0
+    """Seed of the case split."""
+    workers: int = 1
+    """Processes that read and prepare cases (1: in this process)."""
+    on_error: str = "stop"
+    """``stop``: a bad case stops the conversion, nothing written; ``skip``: leave it out."""
+    compression: str = DEFAULT_COMPRESSION
+    dtype: str = "float32"
+    progress: bool = True
+
+
+@dataclass
+class Prepared:
+    """One case, ready to append."""
+
+    case: Case
+    images: np.ndarray
+    masks: np.ndarray
+    geometry: geometry.Geometry
+    bounds: tuple[float, float]
+    bytes_read: int
+    peak_rss_mib: float = 0.0
+    """Of the process that prepared it."""
+
+
+@dataclass
+class Summary:
+    out: str
+    ndim: int = 2
+    cases: int = 0
+    slices: int = 0
+    train_cases: int = 0
+    val_cases: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    bytes_read: int = 0
+    peak_rss_mib: float = 0.0
+    peak_worker_rss_mib: float = 0.0
+
+    def lines(self) -> list[str]:
+        rate = self.cases / self.seconds if self.seconds else 0.0
+        mb = self.bytes_read / 1e6 / self.seconds if self.seconds else 0.0
+        what = (f"{self.cases} volumes ({self.slices} slices)" if self.ndim == 3
+                else f"{self.slices} slices from {self.cases} cases")
+        out = [f"wrote {self.out}: {what} "
+               f"({self.train_cases} train, {self.val_cases} val) in {self.seconds:.1f} s, "
+               f"{rate:.2f} cases/s, {mb:.1f} MB/s of volumes read, peak RSS "
+               f"{self.peak_rss_mib:.0f} MiB"
+               + (f" (largest worker {self.peak_worker_rss_mib:.0f} MiB)"
+                  if self.peak_worker_rss_mib else "")]
+        if self.skipped:
+            out.append(f"skipped {len(self.skipped)} case(s):")
+            out += [f"  {name}: {why}" for name, why in self.skipped]
+        return out
+
+
+# ----------------------------------------------------------------- preprocessing
+
+
+def choose_intensity(source: Source, opts: Options) -> Intensity:
+    """The window or normalisation for this source and these options.
+
+    Raises:
+      InputError: a multi-channel source without ``--channel``, a channel out of range,
+      or ``--window`` for a volume that is not CT.
+    """
+    n = len(source.modalities)
+    if n > 1 and opts.channel is None:
+        raise InputError(f"{source.root}: dataset.json declares {n} image channels "
+                         f"({', '.join(source.modalities)}); pick one with --channel 0..{n - 1}")
+    if opts.channel is not None and not 0 <= opts.channel < n:
+        raise InputError(f"--channel {opts.channel}: {source.root} has channels 0..{n - 1} "
+                         f"({', '.join(source.modalities)})")
+    name = source.modalities[opts.channel or 0]
+    kind = modality_kind(name) if opts.modality == "auto" else opts.modality
+    if kind == "mr":
+        if opts.window is not None:
+            raise InputError(f"--window is a CT (HU) window, but the modality is {name} "
+                             "(MR: per-volume normalisation); pass --modality ct to force it")
+        return Intensity.mr()
+    return Intensity.ct(*opts.window) if opts.window else Intensity.ct()
+
+
+def preprocessing_record(intensity: Intensity, opts: Options) -> dict:
+    """What predict must repeat, stored as the file attribute ``preprocessing``."""
+    return {**intensity.describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
+            "layout": geometry.LAYOUT, "image_interpolation": "linear",
+            "label_interpolation": "nearest", "roi_margin": opts.roi_margin,
+            "channel": opts.channel}
+
+
+def _check_pair(case: Case, img, lab) -> None:
+    shape_i, shape_l = sources.spatial_shape(img.shape)[:3], sources.spatial_shape(lab.shape)
+    if shape_i != shape_l:
+        raise CaseError(f"case {case.name}: image {case.image} has shape {shape_i} but labels "
+                        f"{case.label} {shape_l}")
+    diff = float(np.abs(np.asarray(img.affine) - np.asarray(lab.affine)).max())
+    if not diff <= AFFINE_TOLERANCE:
+        raise CaseError(f"case {case.name}: image {case.image} and labels {case.label} are not "
+                        f"on one grid (affines differ by up to {diff:.3g} mm)")
+
+
+def _check_labels(case: Case, labels: np.ndarray, class_names) -> None:
+    top = int(labels.max())
+    if top >= len(class_names):
+        declared = ", ".join(f"{i} {n}" for i, n in enumerate(class_names))
+        raise CaseError(f"case {case.name}: {case.label} holds label {top}, not declared "
+                        f"({declared})")
+    if top == 0:
+        raise CaseError(f"case {case.name}: {case.label} holds no labelled voxel (all 0)")
+
+
+def prepare_case(case: Case, opts: Options, intensity: Intensity, class_names) -> Prepared:
+    """Reads, checks and preprocesses one case (runs in a worker process).
+
+    Raises:
+      CaseError: the one line that names the case and what is wrong with it.
+    """
+    try:
+        if case.label is None:
+            raise CaseError(f"case {case.name}: {case.image} has no labels beside it "
+                            f"(segmentation-{case.name.split('-')[-1]})")
+        img, lab = sources.load(case.image), sources.load(case.label)
+        _check_pair(case, img, lab)
+        labels = sources.label_array(lab, case.label)
+        _check_labels(case, labels, class_names)
+        voxels = sources.image_voxels(img, case.image, opts.channel)
+    except VolumeError as e:
+        raise CaseError(f"case {case.name}: {e}") from None
+    geom = geometry.Geometry.of(img.affine, voxels.raw.shape, size=opts.size or 0)
+    z0, z1 = geometry.roi_range(geometry.to_slices(labels, geom.ornt), opts.roi_margin)
+    geom = dataclasses.replace(geom, z0=z0, z1=z1)
+    bounds = intensity.bounds(voxels)
+    normalise = intensity.normaliser(voxels, bounds)
+    return Prepared(case, geometry.forward(voxels.raw, geom, order=1, values=normalise),
+                    geometry.forward(labels, geom, order=0), geom, bounds,
+                    bytes_read=os.path.getsize(case.image) + os.path.getsize(case.label))
+
+
+def _attempt(case: Case, opts: Options, intensity: Intensity, class_names):
+    """``prepare_case``, with a bad case's line returned instead of raised."""
+    try:
+        prepared = prepare_case(case, opts, intensity, class_names)
+    except CaseError as e:
+        return str(e)
+    prepared.peak_rss_mib = peak_rss_mib()
+    return prepared
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def _worker_signals() -> None:
+    # Ctrl-C reaches the whole process group; the parent alone decides what to do.
+    # SIGTERM ends a worker (a batch system killing the group).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def prepared_in_order(cases, opts: Options, intensity: Intensity, class_names):
+    """Yields each case's ``Prepared`` (or its error line) in case order, with at most
+    ``workers`` cases in flight, so memory stays at about a volume per worker."""
+    if opts.workers <= 1:
+        for case in cases:
+            yield _attempt(case, opts, intensity, class_names)
+        return
+    pending: collections.deque = collections.deque()
+    todo = iter(cases)
+    with ProcessPoolExecutor(opts.workers, mp_context=multiprocessing.get_context("fork"),
+                             initializer=_worker_signals) as pool:
+        try:
+            for case in todo:
+                pending.append(pool.submit(_attempt, case, opts, intensity, class_names))
+                if len(pending) >= opts.workers:
+                    break
+            while pending:
+                result = pending.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(_attempt, nxt, opts, intensity, class_names))
+                yield result
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+class StopFlag:
+    """Set by SIGTERM or Ctrl-C; the conversion stops at the next case boundary.
+
+    The handler only records the signal: raising from it could land in a finaliser,
+    where Python prints and drops the exception. A second signal raises at once.
+    """
+
+    def __init__(self):
+        self.signal: str | None = None
+
+    def handler(self, signum, frame):
+        if self.signal:
+            raise Interrupted(f"signal {signal.Signals(signum).name} (second)")
+        self.signal = signal.Signals(signum).name
+
+    def check(self) -> None:
+        if self.signal:
+            raise Interrupted(f"signal {self.signal}")
+
+
+@contextlib.contextmanager
+def _signals_stop(flag: StopFlag):
+    try:
+        previous = {s: signal.signal(s, flag.handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True,
+                disable=not enabled, desc="convert")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB.
+
+    VmHWM of /proc/self/status, not ``getrusage``: Linux carries ``ru_maxrss`` across
+    ``execve``, so a command started by a big process would report that process's peak.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _rel(path: str, root: str) -> str:
+    return os.path.relpath(path, root) if path else ""
+
+
+def write_cases(source: Source, opts: Options, intensity: Intensity, writer,
+                split: np.ndarray, fold: np.ndarray, summary: Summary, stop: StopFlag) -> None:
+    """Prepares every labelled case and appends it; a bad case stops (``CaseError``) or
+    is recorded in ``summary.skipped``; a signal stops at the next case (``Interrupted``)."""
+    with _progress(len(source.cases), opts.progress) as bar:
+        results = prepared_in_order(source.cases, opts, intensity, source.class_names)
+        for i, (case, result) in enumerate(zip(source.cases, results)):
+            stop.check()
+            bar.update(1)
+            if isinstance(result, str):
+                if opts.on_error == "stop":
+                    raise CaseError(result)
+                summary.skipped.append((case.name, result))
+                bar.write(f"skipped {result}", file=sys.stderr)
+                continue
+            writer.append(name=case.name, image=_rel(case.image, source.root),
+                          label=_rel(case.label, source.root), case_id=case.case_id,
+                          split=int(split[i]), fold=int(fold[i]), images=result.images,
+                          masks=result.masks, geometry=result.geometry, bounds=result.bounds)
+            summary.cases += 1
+            summary.slices += len(result.images)
+            summary.bytes_read += result.bytes_read
+            summary.peak_worker_rss_mib = max(summary.peak_worker_rss_mib, result.peak_rss_mib)
+            del result  # not held while the next case is read
+            summary.val_cases += int(split[i] == data.SPLITS["val"])
+            summary.train_cases += int(split[i] == data.SPLITS["train"])
+
+
+def settled(opts: Options) -> Options:
+    """``opts`` with ``size`` decided: ``DEFAULT_SIZE`` for slices, None for volumes.
+
+    Raises:
+      InputError: ``ndim`` other than 2 or 3, or a size given for volumes.
+    """
+    if opts.ndim not in (2, 3):
+        raise InputError(f"--ndim {opts.ndim}: expected 2 (slices) or 3 (volumes)")
+    if opts.ndim == 3 and opts.size is not None:
+        raise InputError(f"--size {opts.size}: --ndim 3 keeps each volume on its own grid "
+                         "(no resampling); leave --size out")
+    if opts.ndim == 2 and opts.size is None:
+        return dataclasses.replace(opts, size=DEFAULT_SIZE)
+    return opts
+
+
+def validate(source: Source, opts: Options) -> None:
+    """Option checks that need the source (before anything is written)."""
+    if not source.cases:
+        raise InputError(f"{source.root}: no labelled cases to convert"
+                         + (f" ({len(source.unlabelled)} unlabelled ones are for "
+                            "distseg-predict)" if source.unlabelled else ""))
+    if opts.on_error not in ON_ERROR:
+        raise InputError(f"--on-error {opts.on_error!r}: expected one of {', '.join(ON_ERROR)}")
+    if opts.compression not in COMPRESSIONS:
+        raise InputError(f"--compression {opts.compression!r}: expected one of "
+                         f"{', '.join(COMPRESSIONS)}")
+    if opts.size is not None and opts.size < 8:
+        raise InputError(f"--size {opts.size}: must be >= 8")
+
+
+def run(source_path: str, out: str, opts: Options) -> Summary:
+    """Converts the dataset folder ``source_path`` into the distseg file ``out``.
+
+    Raises:
+      InputError: bad options or source, or a bad case with ``on_error="stop"`` (then
+      nothing is written; ``out``, if it existed, is untouched).
+      Interrupted: SIGTERM or Ctrl-C, acted on at the next case (the partial file is
+      removed).
+    """
+    started = time.perf_counter()
+    opts = settled(opts)
+    source = sources.discover(source_path)
+    validate(source, opts)
+    intensity = choose_intensity(source, opts)
+    split, fold = splits.assign(len(source.cases), opts.seed, opts.val_fraction,
+                                opts.folds, opts.fold)
+    summary, stop = Summary(out=out, ndim=opts.ndim), StopFlag()
+    with _signals_stop(stop):
+        writer = (VolumeCaseWriter if opts.ndim == 3 else SliceWriter)(
+            out, opts.size, opts.dtype, opts.compression)
+        try:
+            write_cases(source, opts, intensity, writer, split, fold, summary, stop)
+            stop.check()
+            if not summary.cases:
+                raise InputError(f"{source_path}: every case was skipped; nothing written")
+            writer.finish(
+                source=f"{source.kind} {source.name} converted from {os.path.abspath(source.root)}",
+                class_names=source.class_names,
+                hu_window=(intensity.low, intensity.high) if intensity.kind == "ct" else (np.nan,) * 2,
+                preprocessing=preprocessing_record(intensity, opts),
+                splitting={"seed": opts.seed, "val_fraction": opts.val_fraction,
+                           "folds": opts.folds, "fold": opts.fold, "by": "case"},
+                extra={"source_root": os.path.abspath(source.root),
+                       "skipped": [f"{n}: {w}" for n, w in summary.skipped] or ""})
+        except BaseException:
+            writer.abort()
+            raise
+    summary.seconds = time.perf_counter() - started
+    summary.peak_rss_mib = peak_rss_mib()
+    if opts.workers <= 1:
+        summary.peak_worker_rss_mib = 0.0  # the cases were prepared in this process
+    return summary

@@ -1,0 +1,292 @@
+"""Finding the cases of a dataset folder and reading their volumes.
+
+Two layouts are recognised:
+
+* a Medical Segmentation Decathlon task folder (``dataset.json``, ``imagesTr/``,
+  ``labelsTr/``, ``imagesTs/``): any task, its label set and modality from
+  ``dataset.json``;
+* a folder (searched recursively) of LiTS-style pairs ``volume-N`` / ``segmentation-N``
+  (``.nii``, ``.nii.gz``, or ``.nrrd`` when pynrrd is installed), with unlabelled
+  ``test-volume-N`` beside them.
+
+Volumes are read with nibabel; an NRRD file becomes a nibabel image with its RAS affine,
+so everything after reading is the same for both formats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from distseg.core.errors import DistsegError, InputError
+
+#: Class names of LiTS-style pairs (the names distseg's other datasets use).
+LITS_CLASSES = ("background", "liver", "lesion")
+EXTENSIONS = (".nii.gz", ".nii", ".nrrd")
+_PAIR = re.compile(r"^(test-volume|volume|segmentation)-(\d+)(\.nii\.gz|\.nii|\.nrrd)$")
+
+
+class VolumeError(InputError):
+    """A volume cannot be read, or does not match its partner (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One volume and, for training cases, its label volume."""
+
+    name: str
+    """Name without extension (``liver_3``, ``volume-17``): names the outputs."""
+    image: str
+    label: str | None
+    case_id: int
+    """Integer id written to the data file (the trailing number of the name when the
+    names' numbers are unique, else the position)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a dataset folder holds."""
+
+    kind: str
+    """``msd`` or ``pairs``."""
+    root: str
+    cases: tuple[Case, ...]
+    """Cases with labels (MSD ``training``, LiTS ``volume-N``), sorted by name."""
+    unlabelled: tuple[Case, ...]
+    """Cases without labels (MSD ``test``, LiTS ``test-volume-N``)."""
+    class_names: tuple[str, ...]
+    modalities: tuple[str, ...]
+    """One modality name per image channel (``CT``, ``T2``, ``FLAIR``, ...)."""
+    name: str
+
+
+def strip_extension(path: str) -> str:
+    base = os.path.basename(path)
+    for ext in EXTENSIONS:
+        if base.endswith(ext):
+            return base[:-len(ext)]
+    return os.path.splitext(base)[0]
+
+
+def _with_ids(cases: list[tuple[str, str, str | None]]) -> tuple[Case, ...]:
+    cases = sorted(cases)
+    numbers = [re.search(r"(\d+)$", name) for name, _, _ in cases]
+    ids = [int(m.group(1)) if m else -1 for m in numbers]
+    if -1 in ids or len(set(ids)) != len(ids):
+        ids = list(range(len(cases)))
+    return tuple(Case(name, image, label, i) for (name, image, label), i in zip(cases, ids))
+
+
+def discover(path: str) -> Source:
+    """The cases of an MSD task folder or a folder of LiTS-style pairs.
+
+    Raises:
+      InputError: a missing folder, a bad dataset.json, or neither layout.
+    """
+    if not os.path.isdir(path):
+        raise InputError(f"{path}: no such folder (expected an MSD task folder or a folder "
+                         "of volume-N / segmentation-N pairs)")
+    if os.path.exists(os.path.join(path, "dataset.json")):
+        return _msd(path)
+    return _pairs(path)
+
+
+def _msd(root: str) -> Source:
+    where = os.path.join(root, "dataset.json")
+    try:
+        with open(where, encoding="utf-8") as f:
+            meta = json.load(f)
+        labels = {int(k): str(v) for k, v in meta["labels"].items()}
+        modality = {int(k): str(v) for k, v in meta.get("modality", {"0": "CT"}).items()}
+        training = [(e["image"], e["label"]) for e in meta["training"]]
+        test = list(meta.get("test", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{where}: not an MSD dataset.json ({type(e).__name__}: {e}); "
+                         "need 'labels', 'modality' and 'training' [{image, label}]") from e
+    if sorted(labels) != list(range(len(labels))) or len(labels) < 2:
+        raise InputError(f"{where}: 'labels' must number the classes 0..K-1 (K >= 2), "
+                         f"got {sorted(labels)}")
+    if sorted(modality) != list(range(len(modality))):
+        raise InputError(f"{where}: 'modality' must number the channels 0..C-1, got {sorted(modality)}")
+
+    def full(p):
+        return os.path.normpath(os.path.join(root, p))
+    cases = _with_ids([(strip_extension(i), full(i), full(lab)) for i, lab in training])
+    unlabelled = _with_ids([(strip_extension(t), full(t), None) for t in test])
+    return Source("msd", root, cases, unlabelled, tuple(labels[k] for k in sorted(labels)),
+                  tuple(modality[k] for k in sorted(modality)), str(meta.get("name", "")))
+
+
+def _pairs(root: str) -> Source:
+    found: dict[tuple[str, int], str] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for fname in sorted(files):
+            m = _PAIR.match(fname)
+            if not m:
+                continue
+            key = (m.group(1), int(m.group(2)))
+            if key in found:
+                raise InputError(f"{os.path.join(folder, fname)}: {m.group(1)}-{m.group(2)} "
+                                 f"is also {found[key]}")
+            found[key] = os.path.join(folder, fname)
+    volumes = {n: p for (kind, n), p in found.items() if kind == "volume"}
+    if not volumes and not any(kind == "test-volume" for kind, _ in found):
+        raise InputError(f"{root}: neither an MSD task folder (no dataset.json) nor a folder of "
+                         f"LiTS-style pairs volume-N / segmentation-N ({', '.join(EXTENSIONS)})")
+    cases = _with_ids([(f"volume-{n}", p, found.get(("segmentation", n)))
+                       for n, p in volumes.items()])
+    unlabelled = _with_ids([(f"test-volume-{n}", p, None)
+                            for (kind, n), p in found.items() if kind == "test-volume"])
+    return Source("pairs", root, cases, unlabelled, LITS_CLASSES, ("CT",),
+                  os.path.basename(os.path.abspath(root)))
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def load(path: str):
+    """The nibabel image of a ``.nii``/``.nii.gz``/``.nrrd`` file (header read; NIfTI
+    voxel data read lazily).
+
+    Raises:
+      VolumeError: a missing or unreadable file.
+    """
+    if not os.path.exists(path):
+        raise VolumeError(f"{path}: no such file")
+    try:
+        if path.endswith(".nrrd"):
+            return _load_nrrd(path)
+        import nibabel as nib
+        return nib.load(path)
+    except DistsegError:  # ours, or Interrupted by a signal handler: not a bad file
+        raise
+    except Exception as e:  # noqa: BLE001 - nibabel raises many types for a bad header
+        raise VolumeError(f"{path}: cannot be read as a volume ({_why(e)})") from e
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _load_nrrd(path: str):
+    try:
+        import nrrd
+    except ImportError:
+        raise VolumeError(f"{path}: reading NRRD needs pynrrd (pip install pynrrd)") from None
+    import nibabel as nib
+    data, header = nrrd.read(path)  # index order F: axes match 'space directions' rows
+    affine = np.eye(4)
+    dirs = header.get("space directions")
+    if dirs is not None:
+        dirs = np.asarray([d for d in dirs if d is not None and not np.isnan(d).any()],
+                          dtype=np.float64)
+        affine[:3, :3] = dirs.T
+        affine[:3, 3] = np.asarray(header.get("space origin", np.zeros(3)), dtype=np.float64)
+    elif "spacings" in header:
+        affine[:3, :3] = np.diag(np.asarray(header["spacings"], dtype=np.float64)[:3])
+    space = str(header.get("space", "right-anterior-superior")).lower()
+    if space in ("left-posterior-superior", "lps"):
+        affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
+    elif space not in ("right-anterior-superior", "ras"):
+        raise VolumeError(f"{path}: NRRD space {space!r} is not RAS or LPS")
+    return nib.Nifti1Image(np.asarray(data), affine)
+
+
+def spatial_shape(shape: tuple) -> tuple:
+    """``shape`` without trailing axes of length 1 beyond the third."""
+    shape = tuple(shape)
+    while len(shape) > 3 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def channels(img) -> int:
+    """Image channels: 1 for a 3-D volume, the fourth axis of a 4-D one."""
+    shape = spatial_shape(img.shape)
+    return 1 if len(shape) == 3 else int(shape[3]) if len(shape) == 4 else 0
+
+
+@dataclass(frozen=True)
+class Voxels:
+    """An image's stored voxel values and the scaling that makes them real values.
+
+    The stored values (int16 for most CT) are kept as they are, and turned into float32
+    a block of slices at a time (``values``): a float32 copy of a whole 512x512x800 CT
+    would be 800 MB on top of its 400 MB of int16.
+    """
+
+    raw: np.ndarray
+    """3-D stored values."""
+    slope: float = 1.0
+    inter: float = 0.0
+
+    def values(self, block: np.ndarray) -> np.ndarray:
+        """Real values (HU for CT) of a part of ``raw``, float32."""
+        out = np.asarray(block, dtype=np.float32)
+        if self.slope != 1.0:
+            out = out * np.float32(self.slope)
+        if self.inter != 0.0:
+            out = out + np.float32(self.inter)
+        return out
+
+
+def _scaling(img) -> tuple[float, float]:
+    slope = float(getattr(img.dataobj, "slope", 1.0))
+    inter = float(getattr(img.dataobj, "inter", 0.0))
+    return (1.0 if not np.isfinite(slope) or slope == 0 else slope,
+            0.0 if not np.isfinite(inter) else inter)
+
+
+def image_voxels(img, path: str, channel: int | None = None) -> Voxels:
+    """The image's 3-D voxels, ``channel`` of a 4-D image.
+
+    Raises:
+      VolumeError: not 3-D (or 4-D without a channel), a channel out of range, or
+      voxel data that cannot be read (truncated, corrupt).
+    """
+    shape = spatial_shape(img.shape)
+    if len(shape) == 4 and channel is None:
+        raise VolumeError(f"{path}: a {shape[3]}-channel image {shape}; pick one with --channel")
+    if len(shape) not in (3, 4):
+        raise VolumeError(f"{path}: image of shape {shape}, expected a 3-D volume (X, Y, Z)")
+    if len(shape) == 4 and not 0 <= channel < shape[3]:
+        raise VolumeError(f"{path}: --channel {channel} is outside 0..{shape[3] - 1}")
+    try:
+        if len(shape) == 4:  # one channel, scaled by nibabel
+            return Voxels(np.array(img.dataobj[..., channel], dtype=np.float32).reshape(shape[:3]))
+        proxy = img.dataobj
+        raw = proxy.get_unscaled() if hasattr(proxy, "get_unscaled") else np.asarray(proxy)
+        return Voxels(np.asarray(raw).reshape(shape), *_scaling(img))
+    except DistsegError:
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated gzip, short file, corrupt data
+        raise VolumeError(f"{path}: voxel data cannot be read ({_why(e)})") from e
+
+
+def label_array(img, path: str) -> np.ndarray:
+    """The label volume as uint8 class ids.
+
+    Raises:
+      VolumeError: not 3-D, unreadable, or non-integer / negative / > 255 values.
+    """
+    shape = spatial_shape(img.shape)
+    if len(shape) != 3:
+        raise VolumeError(f"{path}: labels of shape {shape}, expected a 3-D volume")
+    try:
+        raw = np.asanyarray(img.dataobj).reshape(shape)
+    except DistsegError:
+        raise
+    except Exception as e:  # noqa: BLE001 - as image_voxels
+        raise VolumeError(f"{path}: voxel data cannot be read ({_why(e)})") from e
+    if raw.dtype == np.uint8:
+        return raw
+    lo, hi = raw.min(), raw.max()
+    if lo < 0 or hi > 255 or (raw.dtype.kind == "f" and not np.array_equal(raw, np.round(raw))):
+        raise VolumeError(f"{path}: labels must be integers 0..255, found values in [{lo}, {hi}]")
+    return raw.astype(np.uint8)

@@ -1,0 +1,190 @@
+"""Streaming writer of a converted dataset: the distseg format plus per-case geometry.
+
+Slices are appended case by case to resizable datasets of ``OUT.h5.partial``; only
+``finish`` renames it to ``OUT.h5``, so an interrupted or failed conversion never
+leaves a file that looks complete. Besides the format's ``images``, ``masks``,
+``case_id`` and ``split`` (one chunk per slice), the group ``cases/`` holds one row per
+case, enough to put a prediction back on the case's original grid:
+
+``name``, ``image``, ``label``  the case name and its files (relative to ``source_root``)
+``case_id``, ``split``, ``fold`` its id in ``case_id``, its split and cross-validation fold
+``first``, ``slices``            its rows ``first:first + slices`` in ``images``/``masks``
+``affine`` (4, 4), ``shape`` (3) the input volume's voxel-to-RAS affine and array shape
+``ornt`` (3, 2)                  nibabel orientation from the input array to RAS
+``z_range`` (2)                  kept slices ``z0:z1`` of the reoriented volume
+``inplane`` (2)                  rows, columns of a slice before resampling
+``spacing`` (3)                  slice, row, column spacing in mm before resampling
+``bounds`` (2)                   the values mapped to 0 and 1 (HU window, or MR percentiles)
+
+``VolumeCaseWriter`` (``convert --ndim 3``) writes the volume layout of
+``distseg.volumes`` instead, one volume per case on its own grid, with the same
+``cases/`` rows less ``first`` and ``slices`` (row k is ``volumes/k``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from distseg.data import slices as data
+from distseg.data import volumes
+from distseg.data.convert.geometry import Geometry
+
+#: Filters benchmarked in benchmarks/bench_convert.py (numbers in docs/data.md).
+COMPRESSIONS = {
+    "none": {},
+    "lzf": {"compression": "lzf"},
+    "gzip": {"compression": "gzip", "compression_opts": 1, "shuffle": True},
+}
+
+_STR = h5py.string_dtype()
+#: cases/ columns: (dtype, per-row shape).
+COLUMNS = {
+    "name": (_STR, ()), "image": (_STR, ()), "label": (_STR, ()),
+    "case_id": (np.int32, ()), "split": (np.uint8, ()), "fold": (np.int16, ()),
+    "first": (np.int64, ()), "slices": (np.int64, ()),
+    "affine": (np.float64, (4, 4)), "shape": (np.int64, (3,)), "ornt": (np.float64, (3, 2)),
+    "z_range": (np.int64, (2,)), "inplane": (np.int64, (2,)), "spacing": (np.float64, (3,)),
+    "bounds": (np.float64, (2,)),
+}
+
+
+#: The columns a volume file's cases/ group leaves out: its rows are its volumes.
+SLICE_ROWS = ("first", "slices")
+
+
+def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
+    # In blocks: h5py and the filter pipeline buffer what one write holds, and a whole
+    # case would double the memory of a case.
+    start = ds.shape[0]
+    ds.resize(start + len(rows), axis=0)
+    for i in range(0, len(rows), block):
+        ds[start + i:start + i + block] = rows[i:i + block]
+
+
+def case_row(*, name: str, image: str, label: str, case_id: int, split: int, fold: int,
+             geometry: Geometry, bounds: tuple[float, float]) -> dict:
+    """A case's cases/ row, less the slice rows (``SLICE_ROWS``)."""
+    return {
+        "name": name, "image": image, "label": label, "case_id": case_id, "split": split,
+        "fold": fold, "affine": geometry.affine, "shape": geometry.shape, "ornt": geometry.ornt,
+        "z_range": (geometry.z0, geometry.z1), "inplane": geometry.slices_shape[1:],
+        "spacing": geometry.spacing, "bounds": bounds,
+    }
+
+
+class CaseTable:
+    """The resizable cases/ group: one row per case, the columns of ``columns``."""
+
+    def __init__(self, f: h5py.File, columns: dict):
+        self.group = f.create_group("cases")
+        for name, (kind, shape) in columns.items():
+            self.group.create_dataset(name, shape=(0,) + shape, maxshape=(None,) + shape,
+                                      chunks=(256,) + shape, dtype=kind)
+
+    def append(self, **row) -> None:
+        for key, value in row.items():
+            ds = self.group[key]
+            _append(ds, np.asarray([value], dtype=object if ds.dtype == _STR else ds.dtype))
+
+
+class SliceWriter:
+    """Appends cases to ``OUT.h5.partial``; ``finish`` renames it, ``abort`` removes it."""
+
+    def __init__(self, out: str, size: int, dtype: str = "float32", compression: str = "lzf"):
+        self.out = out
+        self.partial = f"{out}.partial"
+        self.rows = 0
+        self.spacings: list[np.ndarray] = []
+        filters = COMPRESSIONS[compression]
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            self._f = h5py.File(self.partial, "w")
+        except OSError as e:
+            raise data.DatasetError(f"{out}: cannot be written ({e.strerror or e})") from e
+        f = self._f
+        f.create_dataset("images", shape=(0, size, size, 1), maxshape=(None, size, size, 1),
+                         chunks=(1, size, size, 1), dtype=dtype, **filters)
+        f.create_dataset("masks", shape=(0, size, size), maxshape=(None, size, size),
+                         chunks=(1, size, size), dtype=np.uint8, **filters)
+        f.create_dataset("case_id", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.int32)
+        f.create_dataset("split", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.uint8)
+        self.table = CaseTable(f, COLUMNS)
+
+    def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
+               images: np.ndarray, masks: np.ndarray, geometry: Geometry,
+               bounds: tuple[float, float]) -> None:
+        """Adds one case's slices ((n, S, S) images in [0, 1] and masks) and its row."""
+        f, n = self._f, len(images)
+        _append(f["images"], images[..., None].astype(f["images"].dtype, copy=False))
+        _append(f["masks"], masks)
+        _append(f["case_id"], np.full(n, case_id, dtype=np.int32))
+        _append(f["split"], np.full(n, split, dtype=np.uint8))
+        self.table.append(first=self.rows, slices=n, **case_row(
+            name=name, image=image, label=label, case_id=case_id, split=split, fold=fold,
+            geometry=geometry, bounds=bounds))
+        self.rows += n
+        self.spacings.append(geometry.resampled_spacing)
+
+    def finish(self, *, source: str, class_names, hu_window, preprocessing: dict,
+               splitting: dict, extra: dict) -> None:
+        """Writes the file attributes, closes and renames ``OUT.h5.partial`` to ``OUT.h5``."""
+        f = self._f
+        f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["layout"] = "slices"
+        f.attrs["source"] = source
+        f.attrs["num_classes"] = len(class_names)
+        f.attrs["class_names"] = list(class_names)
+        f.attrs["hu_window"] = np.asarray(hu_window, dtype=np.float64)
+        # Cases differ in spacing; the median is the file's nominal one (each case's
+        # own is in cases/spacing).
+        f.attrs["spacing"] = (np.median(np.asarray(self.spacings), axis=0) if self.spacings
+                              else np.full(3, np.nan))
+        f.attrs["preprocessing"] = json.dumps(preprocessing, sort_keys=True)
+        f.attrs["splitting"] = json.dumps(splitting, sort_keys=True)
+        for key, value in extra.items():
+            f.attrs[key] = value
+        f.close()
+        os.replace(self.partial, self.out)
+
+    def abort(self) -> None:
+        """Closes and removes ``OUT.h5.partial``; ``OUT.h5`` (if any) is untouched."""
+        try:
+            self._f.close()
+        finally:
+            if os.path.exists(self.partial):
+                os.remove(self.partial)
+
+
+class VolumeCaseWriter:
+    """``SliceWriter``'s interface for ``convert --ndim 3``: each case one volume
+    (``volumes.VolumeWriter``), plus its cases/ row."""
+
+    def __init__(self, out: str, size: int | None = None, dtype: str = "float32",
+                 compression: str = "lzf"):
+        self.out = out
+        self._volumes = volumes.VolumeWriter(out, dtype, COMPRESSIONS[compression])
+        self.partial = self._volumes.partial
+        self.table = CaseTable(self._volumes.file,
+                               {k: v for k, v in COLUMNS.items() if k not in SLICE_ROWS})
+
+    def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
+               images: np.ndarray, masks: np.ndarray, geometry: Geometry,
+               bounds: tuple[float, float]) -> None:
+        """Adds one case: its (D, H, W) volume in [0, 1], its labels and its row."""
+        self._volumes.append(images, masks, case_id, split, spacing=geometry.resampled_spacing)
+        self.table.append(**case_row(name=name, image=image, label=label, case_id=case_id,
+                                     split=split, fold=fold, geometry=geometry, bounds=bounds))
+
+    def finish(self, *, source: str, class_names, hu_window, preprocessing: dict,
+               splitting: dict, extra: dict) -> None:
+        """Writes the tables and attributes, closes and renames the file."""
+        self._volumes.finish(source=source, hu_window=hu_window, class_names=class_names, extra={
+            "preprocessing": json.dumps(preprocessing, sort_keys=True),
+            "splitting": json.dumps(splitting, sort_keys=True), **extra})
+
+    def abort(self) -> None:
+        self._volumes.abort()

@@ -1,0 +1,145 @@
+"""What the training loop reads: slices for the 2D U-Net, slabs of volumes for the 3D one.
+
+A feed knows its sample ids (what the shards, the sample digests and the report's
+coverage check count), the model's input shape, how to open its reader, and how one
+rank scores its share of the validation set. ``distseg.train`` holds one feed and
+never asks which kind it has: one loop for 2D and 3D.
+
+No Horovod here: ``rank`` and ``size`` come in as ints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from distseg.core import config as config_lib
+from distseg.data import slices as data
+from distseg.inference import sliding
+from distseg.networks import losses
+from distseg.data import volumes
+
+
+@dataclass
+class Scores:
+    """One rank's share of a validation pass."""
+
+    loss_sum: float
+    """Validation loss summed over this rank's samples (slices or cases)."""
+    samples: int
+    counts: np.ndarray
+    """Hard-Dice counts (3, classes): intersection, predicted, true voxels."""
+    cases: dict = field(default_factory=dict)
+    """3D: case id -> per-class Dice of that whole volume (this rank's cases)."""
+
+
+class SliceFeed:
+    """2D: slices of a slice file, validated slice by slice."""
+
+    def __init__(self, cfg: config_lib.Config, info: data.DatasetInfo):
+        self.cfg, self.info = cfg, info
+        self.input_shape = (cfg.model.image_size, cfg.model.image_size)
+        self.train_ids = info.train_indices
+        self.val_count = len(info.val_indices)
+
+    def summary(self) -> dict:
+        return self.info.summary()
+
+    def open_reader(self) -> data.SliceReader:
+        return data.SliceReader(self.cfg.data.path, image_size=self.cfg.model.image_size,
+                                resize=self.cfg.data.resize)
+
+    def score(self, reader, eval_step, predict, rank: int, size: int) -> Scores:
+        """This rank's contiguous share of the validation slices."""
+        num_classes = self.cfg.model.num_classes
+        out = Scores(0.0, 0, np.zeros((3, num_classes)))
+        for ids in data.shard_eval(self.info.val_indices, rank, size, self.cfg.train.batch_size):
+            images, masks = reader.read(ids)
+            loss, counts = eval_step(images, masks)
+            out.loss_sum += float(loss) * len(ids)
+            out.samples += len(ids)
+            out.counts += np.asarray(counts)
+        return out
+
+
+class VolumeFeed:
+    """3D: slabs of a volume file (``--slab``), validated by sliding windows over each
+    whole validation volume."""
+
+    def __init__(self, cfg: config_lib.Config, info: volumes.VolumeInfo,
+                 slab: Sequence[int]):
+        self.cfg, self.info = cfg, info
+        self.input_shape = tuple(int(s) for s in slab)
+        self.train_ids = volumes.slab_ids(info, self.input_shape, "train")
+        self.val_count = len(info.val_cases)
+
+    def summary(self) -> dict:
+        return self.info.summary(self.input_shape)
+
+    def open_reader(self) -> volumes.SlabReader:
+        return volumes.SlabReader(self.cfg.data.path, self.input_shape,
+                                  foreground_fraction=self.cfg.data.foreground_fraction,
+                                  seed=self.cfg.train.seed)
+
+    def score(self, reader, eval_step, predict: Callable, rank: int, size: int) -> Scores:
+        """This rank's validation volumes (balanced by voxels), each predicted whole."""
+        num_classes = self.cfg.model.num_classes
+        out = Scores(0.0, 0, np.zeros((3, num_classes)))
+        cases = self.info.val_cases
+        for k in sliding.shard_cases(cases, rank, size, voxels=self.info.shapes[cases].prod(1)):
+            image, mask = reader.read_case(int(k))
+            probs = sliding.sliding_window(predict, image, self.input_shape,
+                                           overlap=self.cfg.data.val_overlap,
+                                           batch=self.cfg.train.batch_size)
+            counts = losses.volume_dice_counts(probs, mask, num_classes)
+            out.loss_sum += losses.volume_loss(probs, mask, num_classes, self.cfg.train.loss)
+            out.samples += 1
+            out.counts += counts
+            out.cases[str(int(self.info.case_ids[k]))] = losses.dice_from_counts(counts)
+        return out
+
+
+Feed = SliceFeed | VolumeFeed
+
+
+def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
+    """The feed of ``cfg`` after every check of the data file against the run
+    (``check_labels``: read every mask once; rank 0 does, the others trust it).
+
+    Raises:
+      DatasetError: one line naming the file and what would fix it (a volume file
+        given to the 2D model, or the reverse, included).
+    """
+    t = cfg.train
+    if cfg.model.spatial_dims == 3:
+        info = volumes.inspect(cfg.data.path, check_labels=check_labels)
+        slab = volumes.check_fit(info, ranks=ranks, batch_size=t.batch_size,
+                                 slab=volumes.parse_slab(cfg.data.slab),
+                                 num_classes=cfg.model.num_classes)
+        _check_pooling(cfg, slab)
+        return VolumeFeed(cfg, info, slab)
+    info = data.inspect(cfg.data.path, check_labels=check_labels)
+    data.check_fit(info, ranks=ranks, batch_size=t.batch_size, image_size=cfg.model.image_size,
+                   resize=cfg.data.resize, num_classes=cfg.model.num_classes)
+    return SliceFeed(cfg, info)
+
+
+def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
+    """The model's input shape from the config alone (a whole-volume ``--slab full``
+    reads the file's metadata, on this rank only: no collective)."""
+    if cfg.model.spatial_dims == 2:
+        return (cfg.model.image_size, cfg.model.image_size)
+    slab = volumes.parse_slab(cfg.data.slab)
+    if slab == "full":
+        slab = volumes.resolve_slab(volumes.inspect(cfg.data.path, check_labels=False), slab)
+    return tuple(int(x) for x in slab)
+
+
+def _check_pooling(cfg: config_lib.Config, slab: Sequence[int]) -> None:
+    pool = 2 ** cfg.model.depth
+    if any(s % pool for s in slab):
+        raise data.DatasetError(
+            f"{cfg.data.path}: slab {'x'.join(map(str, slab))} is not divisible by "
+            f"2**depth = {pool} in every axis; pass --slab with multiples of {pool}")

@@ -1,0 +1,104 @@
+"""Converts LiTS case 117, shipped by ``liver-ct-segmentation-package==1.6.0``, into
+the distseg HDF5 format.
+
+The package (install it with ``pip install --no-deps``: it pins an ancient torch) holds
+``data/img_117.mrc`` (CT in HU, 128x128x128 float32, cropped around the liver) and
+``data/lab_117.mrc`` (uint16: 0 background, 1 liver, 2 tumour). No voxel spacing is
+stored, so ``spacing`` is recorded as NaN. Axis 0 is axial: its slices are the 2D
+training samples.
+
+One case cannot be split by case. Decision: the volume is cut into 8 contiguous slabs
+of 16 axial slices, each recorded as its own ``case_id`` (117 * 100 + slab); slabs 0-5
+train, slab 6 is a 16-slice buffer (``test`` split, unused in training) and slab 7
+validates. Neighbouring slices are nearly identical, so a random per-slice split
+would leak; the buffer slab keeps validation slices at least 16 slices away from any
+training slice.
+
+As volumes (``convert_volumes``, ``distseg-data lits-sample --ndim 3``), the same rule
+with 3D-sized parts. Decision: slices 0-79 (slabs 0-4) are one training case (case id
+11700), slices 80-95 (slab 5) the buffer (11705, ``test``), slices 96-127 (slabs 6-7)
+one validation case (11706); ids are ``117 * 100 +`` the first 16-slice slab, as in
+2D. Halves would leave 64 training slices (two slabs of 32 deep) and validation next
+to them; this keeps the 16-slice buffer, gives training 80 slices (three 32-deep slabs
+on the grid, more positions with ``--foreground-fraction``) and makes validation exactly
+one 32-slice window deep, so sliding-window validation at the usual slab depth needs no
+padding. It holds 36k liver and 16k tumour voxels; the 2D sample's validation slab
+(112-127) lies inside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+from distseg.data import slices as data
+from distseg.data import volumes
+from distseg.data.slices import HU_WINDOW, window
+
+PACKAGE = "liver_ct_segmentation_package"
+SLAB = 16
+SLAB_SPLITS = {**{i: "train" for i in range(6)}, 6: "test", 7: "val"}
+#: The volume sample's cases: (first slab, end slab, split) in 16-slice slabs.
+VOLUME_PARTS = ((0, 5, "train"), (5, 6, "test"), (6, 8, "val"))
+
+
+def package_data_dir() -> str:
+    """Directory of the packaged MRC files, without importing the package (its
+    ``__init__`` pulls torch)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise data.DatasetError(
+            f"the package {PACKAGE} is not installed; run "
+            "`pip install --no-deps liver-ct-segmentation-package==1.6.0` (or make install)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "data")
+
+
+def read_mrc(path: str) -> np.ndarray:
+    import mrcfile
+    try:
+        with mrcfile.open(path, permissive=True) as m:
+            return np.array(m.data)
+    except (OSError, ValueError) as e:
+        raise data.DatasetError(f"{path}: cannot be read as MRC ({e})") from e
+
+
+def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """LiTS case 117: (HU float32 (128, 128, 128), labels uint8), checked."""
+    src = source_dir or package_data_dir()
+    img = read_mrc(os.path.join(src, "img_117.mrc")).astype(np.float32)
+    lab = read_mrc(os.path.join(src, "lab_117.mrc"))
+    if img.shape != lab.shape or img.ndim != 3:
+        raise data.DatasetError(f"{src}: image {img.shape} and labels {lab.shape} differ")
+    if lab.max() > 2:
+        raise data.DatasetError(f"{src}/lab_117.mrc: label {lab.max()} outside 0..2")
+    return img, lab.astype(np.uint8)
+
+
+def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
+    """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``."""
+    img, lab = read_case(source_dir)
+    depth = img.shape[0]
+    slab = np.arange(depth) // SLAB
+    split = np.array([data.SPLITS[SLAB_SPLITS.get(int(s), "train")] for s in slab], dtype=np.uint8)
+    data.write_dataset(
+        out, window(img, *HU_WINDOW)[..., None], lab, 117 * 100 + slab, split,
+        source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
+               "axial slabs of 16 slices as case ids, slabs 0-5 train, 6 buffer (test), 7 val",
+        hu_window=HU_WINDOW, spacing=(np.nan, np.nan, np.nan))
+    return data.inspect(out)
+
+
+def convert_volumes(out: str, source_dir: str | None = None) -> volumes.VolumeInfo:
+    """Writes LiTS case 117 to ``out`` in the volume layout, cut into ``VOLUME_PARTS``."""
+    img, lab = read_case(source_dir)
+    hu = window(img, *HU_WINDOW)
+    parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, data.SPLITS[split])
+             for a, b, split in VOLUME_PARTS if a * SLAB < len(hu)]
+    return volumes.write_volumes(
+        out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],
+        [c for _, c, _ in parts], [s for _, _, s in parts],
+        source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
+               "lab_117.mrc) as volumes: slices 0-79 train, 80-95 buffer (test), 96-127 val",
+        hu_window=HU_WINDOW, spacing=[(np.nan,) * 3] * len(parts))

@@ -1,0 +1,2 @@
+"""Inference: one sliding-window inferer for 2D and 3D, ``distseg-predict``, and the
+segmentation metrics."""

@@ -1,0 +1,383 @@
+"""The U-Net builder for 2D and 3D (Keras 3 on TensorFlow); the losses and Dice are in
+``distseg.networks.losses``.
+
+``build_unet`` builds the classic encoder-decoder of Ronneberger et al. for 2D or 3D
+inputs (``spatial_dims``): two 3x3 convolutions per level, ``depth`` poolings, filters
+doubling per level, transposed-convolution upsampling and skip concatenations. With
+the livermask-style defaults (240x240, depth 4, 64 base filters) it has about 31M
+parameters. It is a pure builder: no Horovod, no training state.
+
+The 3D default of the ``liver3d`` preset (``spatial_dims=3``, 16 base filters, depth 4,
+1 input channel, 3 classes, batch norm) has **5,649,363 parameters** (5,646,419
+trainable and 2,944 BatchNorm moving statistics): the "about 5.65 M" of the reference
+BraTS study of Intel and Dell. Their 3D U-Net (Intel's ``unet_3d``: the same topology
+with a bias on every convolution before its BatchNorm, one FLAIR input channel and one
+sigmoid output) has 5,650,801 (5,647,857 trainable); ours drops the 1,472 biases that
+BatchNorm's offset makes redundant and has 3 softmax outputs instead of 1 sigmoid
+(+34). ``distseg.memory`` reproduces both counts by arithmetic.
+
+Two options trade time or precision for memory on large 3D inputs (docs/memory.md):
+``recompute`` (gradient checkpointing of every convolution unit of every level) and
+``precision="bfloat16"`` (Keras' ``mixed_bfloat16`` policy on every layer, float32
+softmax output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+from distseg.core.config import PRECISIONS, ModelConfig
+from distseg.networks import memory
+
+#: Keras dtype policy per precision; None is Keras' global policy (float32 unless a
+#: caller, such as a benchmark comparing policies, set another).
+_POLICIES = {"float32": None, "bfloat16": "mixed_bfloat16"}
+
+
+def norm_groups(filters: int) -> int:
+    """Groups of GroupNorm for a layer of ``filters`` channels: 8 (Wu and He's default
+    of 32 is too many for 16-filter U-Nets), or the largest power of two below it that
+    divides ``filters``."""
+    return next(g for g in (8, 4, 2, 1) if filters % g == 0)
+
+
+class FusedBatchNorm(layers.BatchNormalization):
+    """``keras.layers.BatchNormalization`` whose training pass runs TensorFlow's fused
+    kernel (``FusedBatchNormV3``, oneDNN's on x86), with the same weights, names and
+    moving-statistics rule (momentum, biased batch variance). distseg's BatchNorm.
+
+    Keras 3's own layer computes the batch moments and the normalisation as a dozen
+    separate element-wise ops, each a pass over the activations, forward and backward:
+    the fused kernel made the demo U-Net's training step 1.2x faster in float32 here
+    (docs/performance.md). In bfloat16, Keras' layer also keeps a float32 copy of every
+    convolution output for the backward pass, which undoes half of what bfloat16 saves;
+    the fused kernel keeps its input in bfloat16. ``update_stats=False`` normalises with
+    the batch moments without moving the statistics: a recomputation in the backward
+    pass must not count the batch twice. Inference uses the Keras path unchanged.
+    """
+
+    def call(self, inputs, training=None, mask=None, update_stats=True):
+        if not training or mask is not None or self.renorm or not (self.center and self.scale):
+            return super().call(inputs, training=training, mask=mask)
+        layout = "NHWC" if len(inputs.shape) == 4 else "NDHWC"
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs, tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta),
+            epsilon=self.epsilon, data_format=layout, is_training=True)[:3]
+        if update_stats:
+            # The fused kernel returns the unbiased variance; Keras keeps the biased one.
+            n = tf.cast(tf.reduce_prod(tf.shape(inputs)[:-1]), tf.float32)
+            variance = variance * (n - 1.0) / n
+            m = self.momentum
+            self.moving_mean.assign(self.moving_mean * m + mean * (1.0 - m))
+            self.moving_variance.assign(self.moving_variance * m + variance * (1.0 - m))
+        return tf.cast(y, self.compute_dtype)
+
+
+class GroupNorm(layers.GroupNormalization):
+    """``keras.layers.GroupNormalization`` (channels last, with scale and offset: how
+    the U-Net uses it) with its gradient written out. distseg's GroupNorm.
+
+    Keras reduces a (batch, positions, groups, channels per group) view over two strided
+    axes and leaves the backward pass to automatic differentiation, a dozen more passes
+    over every activation: GroupNorm took 28% of the demo U-Net's training step here.
+    Here every reduction runs over the positions of a (batch, positions, channels) view
+    with the channels contiguous, the few per-channel sums are then added up per group,
+    and the backward pass needs two reductions and one pass over the activations. Same
+    weights, names, groups, epsilon and results (to float32 rounding) as Keras' layer;
+    statistics and arithmetic in float32 whatever the input's dtype, as Keras does.
+    Other configurations fall back to Keras' own code.
+    """
+
+    def call(self, inputs):
+        if not (self.scale and self.center) or self.axis not in (-1, len(inputs.shape) - 1):
+            return super().call(inputs)
+        y = tf.custom_gradient(self._normalise)(inputs, tf.convert_to_tensor(self.gamma),
+                                                tf.convert_to_tensor(self.beta))
+        return tf.cast(y, self.compute_dtype)
+
+    def _per_group(self, per_channel):
+        """(batch, 1, channels) sums -> the same shape, each channel holding the total of
+        its group."""
+        shape = tf.shape(per_channel)
+        grouped = tf.reshape(per_channel, [shape[0], self.groups, -1])
+        total = tf.reduce_sum(grouped, axis=2, keepdims=True) + tf.zeros_like(grouped)
+        return tf.reshape(total, shape)
+
+    def _normalise(self, x, gamma, beta):
+        channels = x.shape[-1]
+        xf = tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1, channels])
+        count = tf.cast(tf.shape(xf)[1] * (channels // self.groups), tf.float32)
+        mean = self._per_group(tf.reduce_sum(xf, axis=1, keepdims=True)) / count
+        mean_sq = self._per_group(tf.reduce_sum(tf.square(xf), axis=1, keepdims=True)) / count
+        rstd = tf.math.rsqrt(tf.maximum(mean_sq - tf.square(mean), 0.0) + self.epsilon)
+        g = tf.cast(gamma, tf.float32)
+        scale = rstd * g
+        shift = tf.cast(beta, tf.float32) - mean * scale
+        y = tf.reshape(xf * scale + shift, tf.shape(x))
+        # A bound partial, not a closure: tf.custom_gradient calls it with dy.
+        return tf.cast(y, x.dtype), functools.partial(self._gradients, x, xf, mean, rstd, g, count)
+
+    def _gradients(self, x, xf, mean, rstd, g, count, dy):
+        """d/dx, d/dgamma, d/dbeta of y = (x - mean) * rstd * gamma + beta, per group."""
+        df = tf.reshape(tf.cast(dy, tf.float32), tf.shape(xf))
+        sum_dy = tf.reduce_sum(df, axis=1, keepdims=True)
+        sum_dy_xhat = rstd * (tf.reduce_sum(df * xf, axis=1, keepdims=True) - mean * sum_dy)
+        mean_dxhat = self._per_group(g * sum_dy) / count
+        mean_dxhat_xhat = self._per_group(g * sum_dy_xhat) / count
+        # dx = rstd (gamma dy - mean(dxhat) - xhat mean(dxhat xhat)), xhat = (x - mean) rstd,
+        # with the terms in x gathered into one scale and one offset per channel.
+        coef_x = -rstd * rstd * mean_dxhat_xhat
+        const = rstd * (mean * rstd * mean_dxhat_xhat - mean_dxhat)
+        dx = df * (rstd * g) + (xf * coef_x + const)
+        return (tf.cast(tf.reshape(dx, tf.shape(x)), x.dtype),
+                tf.reduce_sum(sum_dy_xhat, axis=[0, 1]), tf.reduce_sum(sum_dy, axis=[0, 1]))
+
+
+#: The layer of each ``model.norm`` (``none``: no layer). A benchmark swaps entries to
+#: time Keras' own layers against these (``benchmarks/benchlib/model_variants.py``).
+NORM_LAYERS = {"batch": FusedBatchNorm, "group": GroupNorm}
+
+
+class ConvUnit(layers.Layer):
+    """One convolution unit (3x3 conv -> norm -> ReLU) with gradient checkpointing: in
+    training only its inputs are kept for the backward pass, which recomputes the unit
+    (TensorFlow then frees the convolution and norm outputs after the forward pass).
+
+    The first unit of a decoder level takes [lower level's output, skip] and also owns
+    that level's transposed convolution (``up_name``): the upsampling and the skip
+    concatenation are recomputed too instead of kept. The recomputation waits for the
+    unit's output gradient (a data dependency), so the executor cannot run it early,
+    and it does not move BatchNorm's statistics a second time.
+    """
+
+    def __init__(self, filters: int, spatial_dims: int, norm: str, bn_momentum: float,
+                 name: str, index: int, dtype=None, up_name: str | None = None, up_dtype=None):
+        super().__init__(name=f"{name}_unit{index}", dtype=dtype)
+        conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
+        up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
+        # Created first, so the variables come in the plain model's order (up, conv, norm).
+        self.up = up(filters, 2, strides=2, name=up_name, dtype=up_dtype) if up_name else None
+        self.conv = conv(filters, 3, padding="same", use_bias=norm == "none",
+                         kernel_initializer="he_normal", name=f"{name}_conv{index}", dtype=dtype)
+        self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{_NORM_SUFFIX.get(norm, '')}{index}",
+                                dtype=dtype)
+
+    def call(self, inputs, training=False):
+        xs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if not training:
+            return self._forward(xs, training=False)
+        return tf.custom_gradient(self._checkpointed)(*xs)
+
+    def _forward(self, xs, training, update_stats=True):
+        if self.up is not None:
+            xs = [self.up(xs[0])] + xs[1:]
+        xs = [tf.cast(x, self.conv.compute_dtype) for x in xs]
+        x = xs[0] if len(xs) == 1 else tf.concat(xs, axis=-1)
+        x = self.conv(x)
+        if isinstance(self.norm, FusedBatchNorm):  # not with a benchmark's Keras BatchNorm
+            x = self.norm(x, training=training, update_stats=update_stats)
+        elif self.norm is not None:
+            x = self.norm(x, training=training)
+        return tf.nn.relu(x)
+
+    def _checkpointed(self, *xs):
+        y = self._forward(list(xs), training=True)
+        # A bound partial, not a closure: tf.custom_gradient calls it with the output
+        # gradient and the variables the forward pass read.
+        return y, functools.partial(self._recomputed_gradients, xs)
+
+    def _recomputed_gradients(self, xs, dy, variables=None):
+        variables = list(variables or [])
+        # A data dependency on dy holds the recomputation back until the backward pass
+        # reaches this unit (a zero that graph optimisations cannot fold away, as in
+        # tf.recompute_grad; they may drop or move a control dependency). It costs a
+        # transient copy of the unit's inputs.
+        first = tf.reshape(dy, [-1])[:1]
+        zero = tf.where(tf.reduce_all(tf.equal(first, first)), 0.0, float("nan"))
+        again = [x + tf.cast(zero, x.dtype) for x in xs]
+        with tf.GradientTape() as tape:
+            tape.watch(again)
+            tape.watch(variables)
+            y = self._forward(again, training=True, update_stats=False)
+        grads = tape.gradient(y, again + variables, output_gradients=dy)
+        # The backward pass moves on only once this unit's weight gradients exist:
+        # otherwise the executor may defer them and hold several units' recomputed
+        # tensors at once (without this, 5 of 24 measured runs peaked far above the
+        # others, up to the plain model's peak; with it, none of 14).
+        with tf.control_dependencies([g for g in grads[len(again):] if g is not None]):
+            inputs = [tf.identity(g) for g in grads[:len(again)]]
+        return inputs, grads[len(again):]
+
+
+_NORM_SUFFIX = {"batch": "bn", "group": "gn"}
+
+
+def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype):
+    """The normalisation after a convolution, or None for ``norm="none"``."""
+    if norm == "batch":
+        return NORM_LAYERS["batch"](momentum=bn_momentum, name=name, dtype=dtype)
+    if norm == "group":
+        return NORM_LAYERS["group"](norm_groups(filters), name=name, dtype=dtype)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """What every level of one U-Net is built from."""
+
+    spatial: tuple
+    norm: str
+    bn_momentum: float
+    recompute: bool
+    precision: str
+
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.spatial)
+
+    def dtype(self, level: int) -> str | None:
+        """The Keras dtype policy of ``level``'s layers (see ``memory.level_precision``:
+        bfloat16 3D levels with an extent of 2 compute in float32)."""
+        return _POLICIES[memory.level_precision(self.precision, self.spatial, level)]
+
+    def decoder_block(self, below, skip, filters: int, level: int):
+        """Decoder ``level``: upsampling of the level below, the skip concatenation and
+        two convolution units."""
+        if self.recompute:  # the first unit upsamples and concatenates (both recomputed)
+            x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 1,
+                         dtype=self.dtype(level), up_name=f"up{level}",
+                         up_dtype=self.dtype(level + 1))([below, skip])
+            return ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 2,
+                            dtype=self.dtype(level))(x)
+        up = self.up(below, filters, level)
+        x = layers.Concatenate(name=f"skip{level}", dtype=self.dtype(level))([up, skip])
+        return self.block(x, filters, f"dec{level}", level)
+
+    def block(self, x, filters: int, name: str, level: int):
+        """Two convolution units (conv, norm, ReLU)."""
+        dtype = self.dtype(level)
+        if self.recompute:
+            for i in (1, 2):
+                x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, name, i,
+                             dtype=dtype)(x)
+            return x
+        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
+        for i in (1, 2):
+            x = conv(filters, 3, padding="same", use_bias=self.norm == "none",
+                     kernel_initializer="he_normal", name=f"{name}_conv{i}", dtype=dtype)(x)
+            norm = _norm_layer(self.norm, filters, self.bn_momentum,
+                               f"{name}_{_NORM_SUFFIX.get(self.norm, '')}{i}", dtype=dtype)
+            if norm is not None:
+                x = norm(x)
+            x = layers.Activation("relu", name=f"{name}_relu{i}", dtype=dtype)(x)
+        return x
+
+    def pool(self, x, level: int):
+        """Max-pooling from ``level`` to ``level + 1``, in the precision of the latter."""
+        pool = layers.MaxPooling2D if self.spatial_dims == 2 else layers.MaxPooling3D
+        return pool(2, name=f"pool{level}", dtype=self.dtype(level + 1))(x)
+
+    def up(self, x, filters: int, level: int):
+        """Transposed convolution from ``level + 1`` to ``level``, in the precision of the
+        former (its filter gradient is computed on the smaller extents)."""
+        up = layers.Conv2DTranspose if self.spatial_dims == 2 else layers.Conv3DTranspose
+        return up(filters, 2, strides=2, name=f"up{level}", dtype=self.dtype(level + 1))(x)
+
+    def head(self, x, num_classes: int):
+        """Per-class probabilities, always float32. In bfloat16 the 1x1 convolution runs
+        in bfloat16 and only its logits are cast for the softmax (a float32 1x1 conv would
+        keep a float32 copy of the last level's features for its backward pass)."""
+        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
+        if self.precision == "float32":
+            return conv(num_classes, 1, activation="softmax", dtype="float32", name="probs")(x)
+        logits = conv(num_classes, 1, dtype=self.dtype(0), name="logits")(x)
+        return layers.Activation("softmax", dtype="float32", name="probs")(logits)
+
+
+def spatial_shape(image_size: int, input_shape: Sequence[int] | None, spatial_dims: int,
+                  depth: int) -> tuple[int, ...]:
+    """The input's spatial extents: ``input_shape`` if given, else ``image_size`` on every
+    axis. Raises ``ValueError`` unless there is one extent per spatial dimension, each
+    divisible by 2**depth (every pooling halves it exactly)."""
+    if spatial_dims not in (2, 3):
+        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
+    shape = tuple(int(s) for s in input_shape) if input_shape else (image_size,) * spatial_dims
+    if len(shape) != spatial_dims:
+        raise ValueError(f"input_shape {shape} must have {spatial_dims} extents for spatial_dims={spatial_dims}")
+    for extent in shape:
+        if extent < 1 or extent % (2 ** depth):
+            what = "image_size" if not input_shape else f"input_shape {shape}: extent"
+            raise ValueError(f"{what} {extent} is not divisible by 2**depth = {2 ** depth}")
+    return shape
+
+
+def _check(depth: int, base_filters: int, num_classes: int, norm: str, precision: str) -> None:
+    if depth < 1 or base_filters < 1 or num_classes < 2:
+        raise ValueError("need depth >= 1, base_filters >= 1 and num_classes >= 2")
+    if norm not in ("batch", "group", "none"):
+        raise ValueError(f"norm must be 'batch', 'group' or 'none', got {norm!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = None,
+               spatial_dims: int = 2, depth: int = 4, base_filters: int = 64,
+               num_classes: int = 3, in_channels: int = 1, dropout: float = 0.0,
+               norm: str = "batch", bn_momentum: float = 0.9, recompute: bool = False,
+               precision: str = "float32", name: str = "unet") -> keras.Model:
+    """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps.
+
+    Args:
+      image_size: spatial extent on every axis (square/cubic input) when
+        ``input_shape`` is not given; divisible by 2**depth.
+      input_shape: spatial extents, (H, W) or (D, H, W), e.g. (32, 128, 128); each
+        divisible by 2**depth.
+      spatial_dims: 2 for slices, 3 for volumes.
+      depth: number of poolings.
+      base_filters: filters at the first level, doubled at each pooling.
+      num_classes: output channels (softmax over classes).
+      in_channels: input channels.
+      dropout: dropout rate in the bottleneck.
+      norm: ``batch``, ``group`` (GroupNorm: no moving statistics, so training and
+        inference normalise alike on every rank) or ``none``.
+      bn_momentum: momentum of BatchNorm's moving statistics.
+      recompute: gradient checkpointing: every convolution unit (conv, norm, ReLU) of
+        every level keeps only its inputs and is recomputed in the backward pass
+        (``ConvUnit``): less memory for more time (docs/memory.md has both measured).
+      precision: ``float32``, or ``bfloat16`` (Keras ``mixed_bfloat16`` on every layer:
+        bfloat16 activations, float32 weights, a float32 softmax output).
+
+    Raises:
+      ValueError: a hyper-parameter that cannot build a valid network.
+    """
+    shape = spatial_shape(image_size, input_shape, spatial_dims, depth)
+    _check(depth, base_filters, num_classes, norm, precision)
+    parts = _Parts(shape, norm, bn_momentum, recompute, precision)
+    inputs = keras.Input(shape + (in_channels,), name="image")
+    x, skips = inputs, []
+    for level in range(depth):
+        x = parts.block(x, base_filters * 2 ** level, f"down{level}", level)
+        skips.append(x)
+        x = parts.pool(x, level)
+    x = parts.block(x, base_filters * 2 ** depth, "bottleneck", depth)
+    if dropout:
+        x = layers.Dropout(dropout, name="dropout", dtype=parts.dtype(depth))(x)
+    for level in reversed(range(depth)):
+        x = parts.decoder_block(x, skips[level], base_filters * 2 ** level, level)
+    return keras.Model(inputs, parts.head(x, num_classes), name=name)
+
+
+def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> keras.Model:
+    """The U-Net of a ``ModelConfig``, for inputs of ``input_shape`` (the 2D slice or
+    the 3D slab; None: ``image_size`` on every axis)."""
+    return build_unet(cfg.image_size, input_shape=input_shape, spatial_dims=cfg.spatial_dims,
+                      depth=cfg.depth, base_filters=cfg.base_filters,
+                      num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,
+                      bn_momentum=cfg.bn_momentum, recompute=cfg.recompute,
+                      precision=cfg.precision)

@@ -1,0 +1,237 @@
+"""Checkpoints of a run: everything needed to continue it exactly, saved by rank 0.
+
+Layout under ``RUN/checkpoints/``, one stem per checkpoint::
+
+    epoch-0003.weights.h5           Keras weights after 3 finished epochs (rank 0's)
+    epoch-0003.state.npz            optimizer variables; every rank's local variables
+                                    (BatchNorm statistics, dropout seeds) and, for a
+                                    checkpoint inside an epoch, the ids and losses each
+                                    rank has seen in it so far
+    epoch-0003.json                 the manifest: position (epoch, step, global step,
+                                    ranks) and the SHA-256 of both files
+    epoch-0003-step-000012.*        a checkpoint 12 steps into epoch index 3 (written
+                                    when a signal stops the run)
+    latest.json                     the newest manifest's name
+
+Every file is written to a temporary name and renamed, the manifest last, so a job
+killed mid-write leaves the previous checkpoint whole. ``find`` checks the checksums and
+falls back to an older checkpoint when the newest is damaged. The last ``keep``
+checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distseg.core import schema
+from distseg.core.errors import InputError
+
+LATEST = "latest.json"
+
+
+def directory(run_dir: str) -> str:
+    return os.path.join(run_dir, schema.CHECKPOINT_DIR)
+
+
+def stem_name(epoch: int, step: int = 0) -> str:
+    """``epoch-0003`` (3 epochs done) or ``epoch-0003-step-000012`` (12 steps into
+    epoch index 3); names sort in training order."""
+    return f"epoch-{epoch:04d}" + (f"-step-{step:06d}" if step else "")
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Writes ``obj`` as JSON to ``path`` through a temporary file and a rename."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_due(done: int, epochs: int, every: int) -> bool:
+    """Whether a checkpoint is written after ``done`` finished epochs: the last epoch
+    always, and every ``every`` epochs (0: the last only)."""
+    return done == epochs or bool(every and done % every == 0)
+
+
+@dataclass
+class RankState:
+    """What differs between ranks and must come back to the same rank on resume."""
+
+    local: list = field(default_factory=list)
+    """Values of the model's non-trainable variables (BatchNorm statistics, seeds)."""
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Sample ids trained on so far in the current epoch (empty at an epoch boundary)."""
+    losses: list = field(default_factory=list)
+    losses_local: list = field(default_factory=list)
+
+
+@dataclass
+class Position:
+    """Where a checkpoint stands in training."""
+
+    epoch: int
+    """Epochs finished."""
+    step: int = 0
+    """Steps finished in epoch index ``epoch`` (0 at an epoch boundary)."""
+    global_step: int = 0
+    size: int = 1
+    """Ranks that wrote it."""
+    train_time: float = 0.0
+    """Training seconds already spent in the unfinished epoch."""
+
+
+def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
+    arrays = {f"opt_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
+    for r, state in enumerate(ranks):
+        arrays.update({f"rank{r}_local_{j}": np.asarray(a) for j, a in enumerate(state.local)})
+        arrays[f"rank{r}_seen"] = np.asarray(state.seen, np.int64)
+        arrays[f"rank{r}_losses"] = np.asarray(state.losses, np.float64)
+        arrays[f"rank{r}_losses_local"] = np.asarray(state.losses_local, np.float64)
+    return arrays
+
+
+def save(run_dir: str, position: Position, model, optimizer, ranks: list[RankState],
+         keep: int) -> str:
+    """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
+    and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
+    (gathered). Returns the stem's path."""
+    ckdir = directory(run_dir)
+    os.makedirs(ckdir, exist_ok=True)
+    name = stem_name(position.epoch, position.step)
+    stem = os.path.join(ckdir, name)
+    model.save_weights(f"{stem}.tmp.weights.h5")
+    os.replace(f"{stem}.tmp.weights.h5", f"{stem}.weights.h5")
+    with open(f"{stem}.tmp.state.npz", "wb") as f:
+        np.savez(f, **_state_arrays(optimizer, ranks))
+    os.replace(f"{stem}.tmp.state.npz", f"{stem}.state.npz")
+    manifest = {**position.__dict__, "format": 1, "files": {
+        kind: {"name": f"{name}.{kind}.{ext}", "sha256": sha256(f"{stem}.{kind}.{ext}")}
+        for kind, ext in (("weights", "h5"), ("state", "npz"))}}
+    write_json_atomic(f"{stem}.json", manifest)  # last: a manifest means a whole checkpoint
+    write_json_atomic(os.path.join(ckdir, LATEST), {"manifest": f"{name}.json",
+                                                    "epoch": position.epoch,
+                                                    "step": position.step})
+    rotate(ckdir, keep)
+    return stem
+
+
+def stems(ckdir: str) -> list[str]:
+    """Checkpoint stems present in ``ckdir``, oldest first (temporary files ignored)."""
+    if not os.path.isdir(ckdir):
+        return []
+    return sorted({f.split(".")[0] for f in os.listdir(ckdir)
+                   if f.startswith("epoch-") and ".tmp." not in f})
+
+
+def rotate(ckdir: str, keep: int) -> list[str]:
+    """Removes the files of all but the newest ``keep`` checkpoints; returns the stems
+    removed."""
+    removed = stems(ckdir)[:-keep] if keep > 0 else []
+    for old in removed:
+        for f in os.listdir(ckdir):
+            if f.split(".")[0] == old:
+                os.remove(os.path.join(ckdir, f))
+    return removed
+
+
+def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
+    """A checkpoint's manifest with absolute paths; raises ``InputError`` if it cannot
+    be read or (``verify``) a file's checksum does not match."""
+    path = os.path.join(ckdir, manifest_name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+        files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
+        position = Position(**{k: m[k] for k in Position.__dataclass_fields__})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not a checkpoint manifest ({type(e).__name__}: {e})") from e
+    for kind, file in files.items():
+        if verify and (not os.path.exists(file) or sha256(file) != m["files"][kind]["sha256"]):
+            raise InputError(f"{file}: missing or damaged (checksum differs from {path})")
+    return {"manifest": path, "position": position, "epoch": position.epoch, **files}
+
+
+def find(run_dir: str, verify: bool = True) -> tuple[dict | None, list[str]]:
+    """The newest whole checkpoint of a run, and a warning for each newer one that was
+    damaged and skipped. ``(None, warnings)`` when the run has none."""
+    ckdir = directory(run_dir)
+    warnings = []
+    for stem in reversed(stems(ckdir)):
+        if not os.path.exists(os.path.join(ckdir, f"{stem}.json")):
+            continue  # an older layout, or a save cut short before its manifest
+        try:
+            return manifest_entry(ckdir, f"{stem}.json", verify), warnings
+        except InputError as e:
+            warnings.append(f"skipped checkpoint {stem}: {e}")
+    return None, warnings
+
+
+def latest(run_dir: str) -> dict | None:
+    """The newest whole checkpoint of a run (``find`` without the warnings)."""
+    return find(run_dir)[0]
+
+
+def load(entry: dict, model, optimizer=None) -> int:
+    """Restores the weights (and, given an optimizer built for the same model, its
+    state) of checkpoint ``entry`` (from ``find``); returns its finished epochs."""
+    try:
+        model.load_weights(entry["weights"])
+    except (OSError, ValueError) as e:
+        raise InputError(f"{entry['weights']}: cannot be loaded into this model "
+                         f"({str(e).splitlines()[0]})") from e
+    if optimizer is not None:
+        arrays = read_state(entry)
+        _assign(entry["state"], optimizer.variables,
+                [arrays[f"opt_{i}"] for i in range(sum(k.startswith("opt_") for k in arrays))],
+                "optimizer")
+    return int(entry["epoch"])
+
+
+def read_state(entry: dict) -> dict:
+    try:
+        with np.load(entry["state"]) as saved:
+            return {k: saved[k] for k in saved.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"{entry['state']}: cannot be read ({str(e).splitlines()[0]})") from e
+
+
+def rank_states(arrays: dict, size: int) -> list[RankState]:
+    """Every saved rank's ``RankState`` from ``read_state``'s arrays."""
+    out = []
+    for r in range(size):
+        n = sum(k.startswith(f"rank{r}_local_") for k in arrays)
+        out.append(RankState(local=[arrays[f"rank{r}_local_{j}"] for j in range(n)],
+                             seen=arrays[f"rank{r}_seen"],
+                             losses=arrays[f"rank{r}_losses"].tolist(),
+                             losses_local=arrays[f"rank{r}_losses_local"].tolist()))
+    return out
+
+
+def _assign(where: str, variables, arrays, what: str) -> None:
+    if len(arrays) != len(variables):
+        raise InputError(f"{where}: holds {len(arrays)} {what} variables, "
+                         f"the model has {len(variables)}")
+    for v, a in zip(variables, arrays):
+        if tuple(v.shape) != a.shape:
+            raise InputError(f"{where}: {what} variable {v.path} has shape {tuple(v.shape)}, "
+                             f"the checkpoint {a.shape}")
+    for v, a in zip(variables, arrays):
+        v.assign(a)
+
+
+def assign_local(where: str, variables, arrays) -> None:
+    """Restores a rank's local (non-trainable) variables from its ``RankState``."""
+    _assign(where, variables, arrays, "local")

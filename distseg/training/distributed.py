@@ -1,0 +1,483 @@
+"""Everything that touches Horovod lives here.
+
+Data, model and logging code take ``rank`` and ``size`` as ints and never import
+Horovod, which keeps them testable without MPI. This module uses only the core ops of
+``horovod.tensorflow`` (allreduce, grouped_allreduce, broadcast, allgather_object):
+Horovod's Keras layer does not work with Keras 3 (its DistributedOptimizer silently
+skips averaging, and its variable helpers expect TF1-style ``ref()``).
+
+Run under ``horovodrun`` (MPI or ``--gloo``), ``mpirun``/``srun``/``ibrun``, or as a
+plain process (size 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+
+from distseg.core.errors import DistsegError, Interrupted, RunError, fail
+
+#: Horovod settings that scale on CPU nodes; each can be overridden from the
+#: environment. Measured on 2 cores with 2 ranks (see docs/performance.md):
+#: the default 1 ms cycle wakes Horovod's background thread a thousand times a second,
+#: and that thread competes with the compute thread for the same core.
+HOROVOD_DEFAULTS = {
+    # Coordination cycle in ms: one grouped allreduce per step needs few cycles.
+    "HOROVOD_CYCLE_TIME": "10",
+    # Fuse the whole gradient set into one buffer (bytes): 128 MiB holds the 124 MB of
+    # fp32 gradients of the 31M-parameter liver2d U-Net (the jobs/ templates agree).
+    "HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024),
+    # Response cache: the same tensors every step, so negotiation is skipped.
+    "HOROVOD_CACHE_CAPACITY": "1024",
+    # Warn, not hang silently, when a rank falls behind.
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",
+}
+
+#: Open MPI settings applied when MPI is the controller: yield the core while waiting
+#: in a collective instead of spinning on it.
+OMPI_DEFAULTS = {
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+
+#: Settings left at Horovod's own defaults in an elastic run: with a 10 ms cycle and a
+#: 128 MiB fusion buffer together, Horovod 0.28.1 crashed (SIGSEGV) in ``hvd.init()``
+#: when re-forming the ring after a host left (reproduced 4 times in 4 with a 20-line
+#: script; either setting alone, or neither, re-formed cleanly).
+ELASTIC_KEEPS_HOROVOD_DEFAULT = ("HOROVOD_FUSION_THRESHOLD",)
+
+_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                    "PMI_LOCAL_RANK", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK")
+_LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                    "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def _env_int(names, default):
+    for n in names:
+        v = os.environ.get(n, "")
+        if v.split("(")[0].isdigit():
+            return int(v.split("(")[0])
+    return default
+
+
+def physical_cores(cpus: set[int]) -> list[list[int]]:
+    """Groups logical CPUs into physical cores (hyper-thread siblings together),
+    ordered by their first CPU. Falls back to one CPU per core without sysfs."""
+    cores: dict[tuple, list[int]] = {}
+    for cpu in sorted(cpus):
+        path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+        try:
+            with open(path) as f:
+                key = (f.read().strip(),)
+        except OSError:
+            key = (str(cpu),)
+        cores.setdefault(key, []).append(cpu)
+    return sorted(cores.values(), key=lambda c: c[0])
+
+
+def pin_to_cores(local_rank: int, local_size: int) -> list[list[int]] | None:
+    """Binds this process to its share of the node's physical cores.
+
+    Only when the launcher left us unbound (affinity = every CPU of the machine) and
+    more than one rank shares the node: ranks then get disjoint core sets, so one
+    rank's Horovod/MPI threads cannot steal the core another rank computes on. Must run
+    before TensorFlow and Horovod start their thread pools (threads inherit affinity).
+    Returns this rank's cores, or None when nothing was changed.
+    """
+    if os.environ.get("DISTSEG_PIN", "1") == "0" or local_size <= 1:
+        return None
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return None
+    if len(allowed) < (os.cpu_count() or 0):
+        return None  # the launcher (srun --cpu-bind, mpirun --bind-to) already bound us
+    cores = physical_cores(allowed)
+    per = len(cores) // local_size
+    if per < 1:
+        return None  # oversubscribed: more ranks than cores, leave it to the OS
+    mine = cores[local_rank * per:(local_rank + 1) * per]
+    os.sched_setaffinity(0, {cpu for core in mine for cpu in core})
+    return mine
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who this process is in the job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    controller: str
+    cores: int
+    """Physical cores this rank may use (after pinning)."""
+    pinned: bool
+
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+_hvd = None
+_pinned = False
+
+
+def init() -> Context:
+    """Applies the default settings, pins the process and initialises Horovod.
+
+    Call before any TensorFlow op runs (thread settings are fixed at first use).
+    ``DISTSEG_HOROVOD_DEFAULTS=0`` leaves Horovod's own defaults in force (for
+    comparison); ``DISTSEG_PIN=0`` disables pinning.
+    """
+    global _hvd, _pinned
+    if os.environ.get("DISTSEG_HOROVOD_DEFAULTS", "1") != "0":
+        for key, value in {**HOROVOD_DEFAULTS, **OMPI_DEFAULTS}.items():
+            if not (is_elastic() and key in ELASTIC_KEEPS_HOROVOD_DEFAULT):
+                os.environ.setdefault(key, value)
+    local_rank = _env_int(_LOCAL_RANK_VARS, 0)
+    local_size = _env_int(_LOCAL_SIZE_VARS, 1)
+    _pinned = pin_to_cores(local_rank, local_size) is not None
+    import horovod.tensorflow as hvd  # Horovod: the one import of it in distseg.
+    hvd.init()  # Horovod: starts the background thread (inherits the affinity above).
+    _hvd = hvd
+    return context()
+
+
+def context() -> Context:
+    """Who this process is now (after an elastic reset, rank and size may differ)."""
+    hvd = _require()
+    controller = "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none"
+    allowed = os.sched_getaffinity(0)
+    cores = len(physical_cores(allowed))
+    if not _pinned and len(allowed) >= (os.cpu_count() or 1):
+        cores = max(1, cores // hvd.local_size())  # unbound: the node's cores are shared
+    return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                   local_size=hvd.local_size(), controller=controller, cores=cores,
+                   pinned=_pinned)
+
+
+# --- elastic runs (horovodrun --min-np/--max-np --host-discovery-script) ------------
+
+
+def is_elastic() -> bool:
+    """Whether this process was started by Horovod's elastic driver."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def _broadcast_from_root(obj):
+    return _require().broadcast_object(obj, root_rank=0)  # Horovod: pickled broadcast
+
+
+def _rank() -> int:
+    return _require().rank()
+
+
+class _Variables:
+    """Mixed into Horovod's ``ObjectState`` by ``elastic_state``: the variables part.
+
+    ``variables`` (Keras 3 or tf variables) are copied to host memory at each
+    ``commit``, put back by ``restore`` and broadcast from rank 0 by ``sync``; the
+    keyword attributes (epoch, size, ...) are Python values handled by ``ObjectState``.
+    Horovod's own ``TensorFlowState`` does not broadcast variables on ``sync`` in eager
+    mode, so a worker that joins later would keep its own initial weights.
+    """
+
+    def __init__(self, variables, **attrs):
+        self.variables = list(variables)
+        self._values = [np.array(v) for v in self.variables]
+        super().__init__(bcast_object=_broadcast_from_root, get_rank=_rank, **attrs)
+
+    def save(self):
+        self._values = [np.array(v) for v in self.variables]
+        super().save()
+
+    def restore(self):
+        for v, value in zip(self.variables, self._values):
+            v.assign(value)
+        super().restore()
+
+    def sync(self):
+        broadcast_variables(self.variables, root=0)  # Horovod: rank 0's committed state
+        self._values = [np.array(v) for v in self.variables]
+        super().sync()
+
+
+_elastic_class = None
+
+
+def elastic_state(variables, **attrs):
+    """What an elastic run commits (per epoch) and restores after losing a rank: a
+    Horovod ``ObjectState`` holding ``variables`` and the keyword attributes. (Built on
+    first use, so that importing this module never imports Horovod.)"""
+    global _elastic_class
+    if _elastic_class is None:
+        from horovod.common.elastic import ObjectState  # Horovod: elastic state machinery
+        _elastic_class = type("ElasticState", (_Variables, ObjectState), {})
+    return _elastic_class(variables, **attrs)
+
+
+#: Words in the errors TensorFlow raises from a Horovod op whose peers are gone (Horovod
+#: converts only some op names itself; distseg's step runs a grouped allreduce).
+_LOST_PEER_WORDS = ("Horovod has been shut down", "HorovodAllreduce", "HorovodGroupedAllreduce",
+                    "HorovodAllgather", "HorovodBroadcast", "HorovodInternalError")
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` means a collective failed because another rank went away."""
+    text = f"{type(error).__name__}: {error}"
+    return any(w in text for w in _LOST_PEER_WORDS)
+
+
+def _recoverable(fn):
+    """``fn`` with a lost peer's error turned into the ``HorovodInternalError`` that
+    Horovod's elastic loop restores from."""
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    @functools.wraps(fn)
+    def call(state, *args, **kwargs):
+        try:
+            return fn(state, *args, **kwargs)
+        except (HorovodInternalError, HostsUpdatedInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - only a lost peer is turned, the rest re-raised
+            if lost_peer(e):
+                raise HorovodInternalError(e) from e
+            raise
+    return call
+
+
+def _reset() -> None:
+    """Horovod: leave the old ring and join the new one after a membership change."""
+    _require().shutdown()
+    _require().init()
+
+
+def recoverable(error: BaseException) -> bool:
+    """Whether an elastic run carries on after ``error``: a lost peer, or Horovod's
+    notice that hosts were added or removed."""
+    return type(error).__name__ == "HostsUpdatedInterrupt" or lost_peer(error)
+
+
+def run_elastic(fn, state, *args, **kwargs):
+    """Runs ``fn(state, ...)`` under Horovod's elastic loop: when a rank is lost, every
+    other rank restores ``state`` to its last commit, re-forms the ring with the ranks
+    left and calls ``fn`` again; when hosts change, the same happens at the next
+    ``state.commit()`` without restoring."""
+    from horovod.common.elastic import run_fn  # Horovod: the elastic loop
+    return run_fn(_recoverable(fn), _reset)(state, *args, **kwargs)
+
+
+_watch = None
+
+
+def watch_collectives(watch) -> None:
+    """Times every eager collective below with ``watch`` (a ``stopping.HangWatch``, or
+    None): a rank that waits too long in one ends the run instead of hanging."""
+    global _watch
+    _watch = watch
+
+
+def _watched(fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        if _watch is None:
+            return fn(*args, **kwargs)
+        _watch.arm(f"a collective ({fn.__name__})")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _watch.disarm()
+    return timed
+
+
+def _require():
+    if _hvd is None:
+        raise RuntimeError("distseg.training.distributed.init() has not been called")
+    return _hvd
+
+
+def average_gradients(grads, extra=()):
+    """Averages gradients (and scalar ``extra`` tensors such as the loss) over ranks
+    in one fused allreduce. For use inside the ``tf.function`` train step."""
+    hvd = _require()
+    # Horovod: one grouped allreduce per step; the loss rides along for free.
+    out = hvd.grouped_allreduce(list(grads) + list(extra), op=hvd.Average)
+    return out[:len(grads)], out[len(grads):]
+
+
+@_watched
+def broadcast_variables(variables, root: int = 0) -> None:
+    """Copies rank ``root``'s values into ``variables`` on every rank (Keras 3 or tf)."""
+    hvd = _require()
+    import tensorflow as tf
+    for v in variables:
+        # Horovod: broadcast the value, then assign; works on Keras 3 variables.
+        v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=root, name=None))
+
+
+@_watched
+def allreduce(values, op: str = "mean") -> np.ndarray:
+    """Sum or mean of a numpy array over ranks (eager; float64 kept as float64)."""
+    hvd = _require()
+    import tensorflow as tf
+    arr = np.asarray(values, dtype=np.float64)
+    # Horovod: small eager allreduce for metrics and counts.
+    out = hvd.allreduce(tf.constant(arr), op=hvd.Sum if op == "sum" else hvd.Average)
+    return out.numpy()
+
+
+@_watched
+def allreduce_many(arrays, op: str = "mean") -> list[np.ndarray]:
+    """Sum or mean over ranks of several arrays in one fused collective (eager).
+
+    One round trip instead of one per array: averaging the ~40 BatchNorm statistics
+    of a U-Net one by one cost ~0.4 s per epoch, 13% of a 2-rank demo epoch.
+    """
+    hvd = _require()
+    import tensorflow as tf
+    arrays = [np.asarray(a) for a in arrays]
+    if not arrays:
+        return []
+    # Horovod: one grouped allreduce for the whole list.
+    out = hvd.grouped_allreduce([tf.constant(a) for a in arrays],
+                                op=hvd.Sum if op == "sum" else hvd.Average)
+    return [o.numpy().astype(a.dtype) for o, a in zip(out, arrays)]
+
+
+@_watched
+def allgather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    hvd = _require()
+    return list(hvd.allgather_object(obj))  # Horovod: pickled allgather.
+
+
+@_watched
+def broadcast_object(obj, root: int = 0):
+    hvd = _require()
+    return hvd.broadcast_object(obj, root_rank=root)  # Horovod: pickled broadcast.
+
+
+def first_error(message: str | None, code: int = 1) -> tuple[str, int] | None:
+    """Makes every rank take the same decision about an error found on some ranks.
+
+    Each rank passes its own error message (or None) and the exit code it asks for.
+    All ranks get back ``(message, exit code)``: the message of the lowest rank that
+    had one (with how many ranks failed) and the highest code asked for; or None when
+    no rank failed. One allgather. A rank must never raise alone: the others would
+    wait in the next collective.
+    """
+    gathered = allgather_object((message, int(code)) if message else None)
+    failed = [(r, g) for r, g in enumerate(gathered) if g]
+    if not failed:
+        return None
+    code = max(c for _, (_, c) in failed)
+    rank, (msg, _) = failed[0]
+    if len(gathered) == 1:
+        return msg, code
+    others = f" (and {len(failed) - 1} other rank(s))" if len(failed) > 1 else ""
+    return f"{msg} [rank {rank}{others}]", code
+
+
+def failure_of(e: BaseException) -> tuple[str, int]:
+    """(one-line message, exit code) for an error raised on this rank: its own code for
+    a ``DistsegError``; 2 for other bad input (``ValueError``, ``OSError``: a data
+    file, config or run directory); 1 for anything else."""
+    if isinstance(e, DistsegError):
+        return str(e), e.exit_code
+    if isinstance(e, (ValueError, OSError)) and str(e):
+        return str(e).splitlines()[0], 2
+    return f"{type(e).__name__}: {e}".splitlines()[0], 1
+
+
+def raise_agreed(failure: tuple[str, int] | None) -> None:
+    """Collective: every rank raises the same ``RunError`` if any rank has a failure."""
+    agreed = first_error(*failure) if failure else first_error(None)
+    if agreed:
+        raise RunError(*agreed)
+
+
+def agree(fn, *args, **kwargs):
+    """Runs ``fn`` on every rank and returns its result; if it fails on any rank, with
+    any exception, every rank raises the same ``RunError``. One allgather.
+
+    ``Interrupted`` passes through untouched: a signal reaches every rank by itself.
+    """
+    result, failure = None, None
+    try:
+        result = fn(*args, **kwargs)
+    except Interrupted:
+        raise
+    except Exception as e:  # noqa: BLE001 - every error is shared, then re-raised as RunError
+        failure = failure_of(e)
+    raise_agreed(failure)
+    return result
+
+
+def find_divergence(values, rtol: float = 1e-6):
+    """Compares a few numbers (e.g. weight checksums) across ranks.
+
+    Returns None when every rank agrees with rank 0 within ``rtol``, else
+    ``(rank, its values, rank 0's values, relative difference)`` for the first rank
+    that differs. Every rank gets the same answer.
+    """
+    gathered = allgather_object([float(v) for v in values])
+    ref = np.asarray(gathered[0])
+    for r, other in enumerate(gathered):
+        diff = np.abs(np.asarray(other) - ref) / np.maximum(np.abs(ref), 1e-12)
+        if float(diff.max()) > rtol:
+            return r, other, gathered[0], float(diff.max())
+    return None
+
+
+def barrier() -> None:
+    allreduce(np.zeros(1), op="sum")
+
+
+def run_command(fn, *args, **kwargs):
+    """Runs the body of a command that may run on many ranks (``distseg-train``,
+    ``distseg-predict``): a distseg error ends it with one line and its exit code, an
+    interruption with 130, and Horovod is shut down whatever happens."""
+    try:
+        return fn(*args, **kwargs)
+    except Interrupted as e:
+        fail(f"interrupted: {e}", e.exit_code)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted: {e}", Interrupted.exit_code)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    finally:
+        shutdown()
+
+
+def shutdown() -> None:
+    if _hvd is not None:
+        _hvd.shutdown()
+
+
+def versions() -> dict:
+    """Library versions for the run record."""
+    import h5py
+    import keras
+    import tensorflow as tf
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False  # Horovod owns MPI_Init.
+        from mpi4py import MPI
+        mpi = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
+    except Exception:  # noqa: BLE001 - mpi4py is optional
+        mpi = None
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "horovod": importlib.metadata.version("horovod"),
+        "mpi": mpi,
+        "numpy": np.__version__,
+        "h5py": h5py.__version__,
+        "host": socket.gethostname(),
+    }
