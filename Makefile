@@ -15,12 +15,12 @@ PARALLEL_TIMEOUT ?= 600
 PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider
 
 # A run of the tests installs headless Chromium too (one apt step, the first time), so
-# the screenshot test of report.html (tests/test_report_e2e.py) runs everywhere.
-ifneq ($(filter test test-serial,$(MAKECMDGOALS)),)
+# the screenshot test of report.html (tests/e2e/test_report_e2e.py) runs everywhere.
+ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-parallel test-serial test-docker bench bench-stateff clean
+.PHONY: install demo test test-quick test-parallel test-serial test-docker lint bench bench-stateff clean
 
 install:
 	@bash scripts/install.sh
@@ -28,24 +28,33 @@ install:
 demo: install
 	@bash scripts/demo.sh
 
-# Parallel tests: the same suite on 2 real Horovod ranks, once over MPI, once over Gloo.
+# Tiers (docs/development.md#tiers): tests/unit (one process, no launcher: the inner
+# loop, `make test-quick`), tests/e2e (real commands, launchers and trainings) and
+# tests/parallel (2 real Horovod ranks, once over MPI, once over Gloo; a rank count
+# below 2 fails there, it does not skip).
+lint: install
+	$(BIN)/ruff check distseg analysis tests benchmarks
+
+test-quick: lint
+	$(BIN)/python -m pytest tests/unit $(PYTEST_FLAGS) -rs
+
 test-parallel: install
 	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --mpi \
-	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS)
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
 	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
-	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS)
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
 
 test-serial: install
-	$(BIN)/python -m pytest tests --ignore=tests/parallel $(PYTEST_FLAGS) -rs
+	$(BIN)/python -m pytest tests/unit tests/e2e $(PYTEST_FLAGS) -rs
 
-test: test-parallel test-serial
+test: lint test-parallel test-serial
 
 # The Docker image built from docker/Dockerfile and run for real without a Docker
 # engine (buildah, chroot isolation): 4 Horovod ranks and the report inside it, the
 # logs checked on the host. Needs root; minutes, so not part of `make test`
 # (docs/docker.md).
 test-docker: install
-	DISTSEG_TEST_DOCKER=1 $(BIN)/python -m pytest tests/test_docker.py $(PYTEST_FLAGS) -rs -s
+	DISTSEG_TEST_DOCKER=1 $(BIN)/python -m pytest tests/e2e/test_docker.py $(PYTEST_FLAGS) -rs -s
 
 # One table of speed ratios, goal beside measured (docs/performance.md#make-bench), under
 # 15 minutes here; results in bench/results/bench-*.json. The Horovod settings comparison

@@ -32,7 +32,8 @@ def pytest_configure(config):
 def ctx():
     c = dist.init()
     if c.size < 2:
-        pytest.skip("needs at least 2 ranks: horovodrun -np 2 -H localhost:2 python -m pytest tests/parallel")
+        # A fail, not a skip: a launcher that came up as single processes must not pass.
+        pytest.fail("needs at least 2 ranks: horovodrun -np 2 -H localhost:2 python -m pytest tests/parallel")
     return c
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from tests.analysis_fixtures.runs import RunSpec, write_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BLOCKED_RUN = r"""
 import importlib.abc, sys
