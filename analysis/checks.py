@@ -20,8 +20,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.document import HOURS, Note, TimeUnit
 from analysis.logs import RunData
-from analysis.model import HOURS, Note, TimeUnit
 from analysis.tables import dice_metric, dice_name, first_per_epoch
 
 #: A fall of the validation Dice between consecutive epochs larger than this is warned of.

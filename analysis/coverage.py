@@ -3,9 +3,10 @@
 The logs hold per-rank sample counts and digests (sums of mixed ids modulo 2**64),
 not the ids. Digests add, so the ranks' digests of an epoch combine into the digest
 of what the epoch covered, and a gap or an overlap between shards changes it. The
-reference to compare with is the digest of the data file's train split when that file
-is still readable here, else the digest most complete epochs of the same dataset agree
-on (every epoch is a new permutation of the same set, in every run of that dataset).
+reference to compare with is the digest of the data file's train split (a 3D run's:
+the slab ids of its train cases) when that file is still readable here, else the
+digest most complete epochs of the same dataset agree on (every epoch is a new
+permutation of the same set, in every run of that dataset).
 
 The pipeline: ``expected_samples`` (what one epoch should hold, and on what basis),
 ``epoch_shards`` (the ranks' digests combined per epoch), ``digest_votes`` and
@@ -87,14 +88,18 @@ def expected_samples(run: RunData) -> Expected:
 _FILE_DIGESTS: dict[tuple, tuple[str | None, str]] = {}
 
 
-def _read_split(path: str) -> np.ndarray:
-    """The ``split`` dataset of a data file (only that small dataset is read).
+def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray, int]:
+    """The train sample ids of a data file and its number of samples: the train
+    slices of a slice file; of a volume file, the slab ids of its train cases on the
+    grid of ``slab`` (as 3D training numbers them). Only the small tables are read.
 
     Raises:
       InputError: the file's ``format_version`` is newer than this distseg reads.
+      ValueError: a volume file, and no slab to cut it with.
     """
     import h5py  # a plain HDF5 reader, imported only when a data file is checked
 
+    from distseg.data import volumes  # h5py and numpy only
     from distseg.data.slices import FORMAT_VERSION
 
     # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
@@ -102,29 +107,48 @@ def _read_split(path: str) -> np.ndarray:
         version = f.attrs.get("format_version")
         if version is not None:
             refuse_newer(path, "format_version", version, FORMAT_VERSION)
-        return np.asarray(f["split"][...])
+        split = np.asarray(f["split"][...])
+        train = np.flatnonzero(split == schema.SPLITS["train"])
+        layout = f.attrs.get("layout", "slices")
+        if (layout.decode() if isinstance(layout, bytes) else layout) != volumes.LAYOUT:
+            return train, len(split)
+        if slab is None:
+            raise ValueError("a volume file, and the run record names no slab")
+        grid = volumes.SlabGrid.of(np.asarray(f["shape"][...]), slab)
+        return grid.ids(train), grid.total
 
 
-def _train_digest(path: str, n: int, n_train: int) -> tuple[str | None, str]:
+def _train_digest(path: str, n: int, n_train: int,
+                  slab: tuple[int, ...] | None) -> tuple[str | None, str]:
     try:
-        split = _read_split(path)
+        train, total = _read_train_ids(path, slab)
     except InputError:
         raise  # a newer format is refused, not skipped: its split may mean something else
     except Exception as e:  # noqa: BLE001 (any unreadable file only loses the cross-check)
         return None, f"data file {path} unreadable ({e.__class__.__name__})"
-    train = np.flatnonzero(split == schema.SPLITS["train"])
-    if len(split) != n or len(train) != n_train:
-        return None, (f"data file {path} now holds {len(split)} samples, {len(train)} train "
+    if total != n or len(train) != n_train:
+        return None, (f"data file {path} now holds {total} samples, {len(train)} train "
                       f"(the run logged {n}, {n_train})")
     return schema.sample_digest(train.tolist()), "train split of the data file"
+
+
+def _logged_slab(ds: dict) -> tuple[int, ...] | None:
+    """A 3D run's slab shape (``dataset.slab``), ``None`` when absent or malformed."""
+    slab = ds.get("slab")
+    if (isinstance(slab, list) and len(slab) == 3
+            and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in slab)):
+        return tuple(slab)
+    return None
 
 
 def data_file_digest(run: RunData) -> tuple[str | None, str]:
     """Digest of the train split of the data file the run logged, if it can be trusted.
 
     The file is read only when it still exists and its sample counts equal the logged
-    ones (a file rewritten since the run would give a wrong reference). Returns the
-    digest (or ``None``) and a phrase saying where it comes from or why there is none.
+    ones (a file rewritten since the run would give a wrong reference). A 3D run's
+    samples are slabs: the file's train cases are cut on the grid of the logged
+    ``dataset.slab``. Returns the digest (or ``None``) and a phrase saying where it
+    comes from or why there is none.
 
     Raises:
       InputError: the data file was written by a newer distseg (``format_version``).
@@ -135,12 +159,13 @@ def data_file_digest(run: RunData) -> tuple[str | None, str]:
         return None, "no data file path and sizes in the run record"
     if not os.path.isfile(path):
         return None, f"data file {path} not found here"
+    slab = _logged_slab(ds)
     try:
-        key = (path, os.path.getmtime(path), int(n), int(n_train))
+        key = (path, os.path.getmtime(path), int(n), int(n_train), slab)
     except (OSError, TypeError, ValueError):
         return None, f"data file {path} cannot be checked"
     if key not in _FILE_DIGESTS:
-        _FILE_DIGESTS[key] = _train_digest(path, int(n), int(n_train))
+        _FILE_DIGESTS[key] = _train_digest(path, int(n), int(n_train), slab)
     return _FILE_DIGESTS[key]
 
 

@@ -46,10 +46,10 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from analysis import workers
-from analysis.model import Note
+from analysis.document import Note
 from analysis.progress import SampleSum, Trained, at_crossings, at_epochs, progress_notes
 from analysis.reduce import STAT_COLUMNS, CurveSpec, RankCurve, crossing_table, reduce_curve, sample_runs, step_stats
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.core.errors import InputError, refuse_newer
 
 #: Step-record fields read into the step frames. All are parsed as float64 so that a
@@ -70,7 +70,6 @@ _STEP_PREFIX = b'{"type":"step",'
 KNOWN_FIELDS = {kind: frozenset(schema.COMMON + fields + schema.OPTIONAL[kind])
                 for kind, fields in schema.FIELDS.items()}
 _RECORD_START = re.compile(rb'\{\s*"type"\s*:')
-_LOG_NAME = re.compile(r"^rank-(\d+)\.jsonl$")
 _OPEN_BRACE = ord("{")
 _NEWLINE = ord("\n")
 
@@ -455,12 +454,10 @@ def _sort_records(log: RankLog, others: Sequence[tuple[int, dict]]) -> list[int]
         log.unknown_fields.update(f"{kind}.{k}" for k in rec.keys() - KNOWN_FIELDS[kind])
         try:
             schema.validate_record(rec)
-        except ValueError as e:
-            if kind == "end" and "status" in str(e) and "lacks" not in str(e):
-                log.notes.append(Note("warning", log.path, f"line {i + 1}: {e}"))
-            else:
-                log.notes.append(Note("warning", log.path,
-                                      f"line {i + 1}: {e}; used what is there"))
+        except schema.UnknownStatus as e:
+            log.notes.append(Note("warning", log.path, f"line {i + 1}: {e}"))
+        except schema.RecordError as e:
+            log.notes.append(Note("warning", log.path, f"line {i + 1}: {e}; used what is there"))
         if kind == "run":
             run_lines.append(i)
             log.runs.append(rec)
@@ -541,10 +538,10 @@ def read_rank_log(path: str, rank: int) -> RankLog:
 def log_files(run_dir: str) -> dict[int, str]:
     """Maps rank -> log path for the ``rank-NNNNN.jsonl`` files of a run directory."""
     out = {}
-    for p in glob.glob(os.path.join(run_dir, schema.LOG_DIR, "*.jsonl")):
-        m = _LOG_NAME.match(os.path.basename(p))
-        if m:
-            out[int(m.group(1))] = p
+    for p in glob.glob(os.path.join(rundir.log_dir(run_dir), rundir.LOG_GLOB)):
+        rank = rundir.rank_of(os.path.basename(p))
+        if rank is not None:
+            out[rank] = p
     return dict(sorted(out.items()))
 
 
@@ -556,7 +553,7 @@ def check_run_dir(run_dir: str) -> dict[int, str]:
     files = log_files(run_dir)
     if not files:
         raise RunDirError(f"run directory {run_dir} has no logs "
-                          f"({os.path.join(run_dir, schema.LOG_DIR, 'rank-*.jsonl')}); "
+                          f"({os.path.join(rundir.log_dir(run_dir), rundir.LOG_GLOB)}); "
                           "is it a distseg run directory?")
     return files
 
@@ -577,7 +574,7 @@ def run_label(run_dir: str) -> str:
 def read_config(run_dir: str, label: str) -> tuple[dict | None, list[Note]]:
     """``RUN/config.json``, or ``None`` with a note: the run records still say enough
     for every table, the config only adds to the cross-run comparisons."""
-    cfg_path = os.path.join(run_dir, schema.CONFIG_FILE)
+    cfg_path = rundir.config_path(run_dir)
     try:
         with open(cfg_path, encoding="utf-8") as f:
             return json.load(f), []

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from analysis.model import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
+from analysis.document import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
 from analysis.tables import TRAIN_TIME, compares_sizes
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.

@@ -17,7 +17,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.model import HOURS, TimeUnit  # noqa: E402
+from analysis.document import HOURS, TimeUnit  # noqa: E402
 
 #: Train curves longer than this are thinned for drawing (the CSV keeps every point).
 MAX_POINTS = 20_000

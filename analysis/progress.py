@@ -27,7 +27,7 @@ from fewer ranks than the launch had (a missing log, lost lines) its samples are
 scaled up by size / ranks logged, as the per-epoch totals are; a step that no rank
 logged counts as the mean of the others. Both are noted.
 
-Imports only the report model, so ``logs`` can use it.
+Imports only the report's document module, so ``logs`` can use it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Hashable, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.model import Note
+from analysis.document import Note
 
 
 @dataclass(frozen=True)

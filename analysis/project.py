@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import stateff
+from analysis.document import Projection
 from analysis.logs import RunData, dict_field
-from analysis.model import Projection
 from analysis.stateff import Scaled
 from distseg.core.schema import steps_per_epoch
 

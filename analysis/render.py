@@ -1,6 +1,6 @@
 """Rendering a report ``Document`` as Markdown (terminal and ``report.md``), HTML and JSON.
 
-Everything here takes an ``analysis.model.Document`` and returns text or JSON-ready
+Everything here takes an ``analysis.document.Document`` and returns text or JSON-ready
 values; nothing computes a number. A section is drawn according to its ``Role``.
 The HTML is self-contained: styles inline and plots embedded as base64 PNG data, so a
 single file can be mailed or opened from a cluster's scratch space in any browser.
@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from analysis.model import Document, Role, Section
+from analysis.document import Document, Role, Section
 
 TITLE = "distseg scaling report"
 #: Version of the JSON document's layout (``schema`` in ``report.json``).

@@ -17,8 +17,8 @@ from typing import Sequence, TextIO
 import pandas as pd
 
 from analysis import checks, coverage, logs, outline, render, stateff, tables
+from analysis.document import HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files, time_unit
 from analysis.logs import RunData
-from analysis.model import HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files, time_unit
 from analysis.project import Fabric, project
 from analysis.reduce import CurveSpec
 

@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.model import Note
+from analysis.document import Note
 
 COLUMNS = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "result", "steps",
            "samples", "samples_lower_bound", "samples_text", "base", "base_samples",

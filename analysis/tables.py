@@ -25,8 +25,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.document import HOURS, TimeUnit
 from analysis.logs import Note, RunData, count, dict_field
-from analysis.model import HOURS, TimeUnit
 from analysis.reduce import smoothed
 
 NOT_REACHED = "not reached"
@@ -491,7 +491,9 @@ def val_dice_spread(runs: Sequence[RunData]) -> pd.DataFrame:
 #: size (a 3D run's slab): runs that differ in size are told apart once, by their
 #: ``input shape``, not again by these.
 SIZE_FIELDS = {"model": ("input_shape", "image_size"),
-               "data": ("slab", "train_slabs", "val_slabs", "padded_cases")}
+               "data": ("slab", "train_slabs", "val_slabs", "padded_cases"),
+               # a 3D run's samples are slabs, so their counts follow from the slab too
+               "data3d": ("samples", "train_samples", "val_samples", "test_samples")}
 
 #: Signature keys whose difference is a warning, and what it means; others are info.
 NOT_COMPARABLE = {
@@ -520,7 +522,8 @@ def _signature(run: RunData) -> dict[str, object]:
     data = _without(data, ("path",))
     if run.input_shape is not None:
         model = _without(model, SIZE_FIELDS["model"])
-        data = _without(data, SIZE_FIELDS["data"])
+        data = _without(data, SIZE_FIELDS["data"]
+                        + (SIZE_FIELDS["data3d"] if len(run.input_shape) == 3 else ()))
     seed = rec.get("global_seed", (cfg.get("train") or {}).get("seed"))
     train = cfg.get("train") or {}
     return {"model": model, "data": data, "input shape": shape_text(run.input_shape),

@@ -28,14 +28,14 @@ import tempfile
 
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from distseg.core import schema  # noqa: E402
+from distseg.core import rundir, schema  # noqa: E402
 
 
 def throughput(run_dir: str, ranks: int) -> float:
     """Global samples/s over all epochs but the first, from the ranks' epoch records."""
     per_epoch: dict[int, list] = {}
     for rank in range(ranks):
-        recs, _ = schema.read_log(os.path.join(run_dir, "logs", schema.log_name(rank)))
+        recs, _ = schema.read_log(rundir.log_path(run_dir, rank))
         for r in recs:
             if r["type"] == "epoch" and r["epoch"] > 0:
                 per_epoch.setdefault(r["epoch"], []).append((r["samples"], r["train_time"]))

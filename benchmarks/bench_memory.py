@@ -41,7 +41,8 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distseg.networks import memory  # noqa: E402
+from distseg.networks import memory
+from distseg.networks import spec as spec_lib
 
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
          "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
@@ -49,7 +50,7 @@ MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision"
 
 def run(size: int, batch: int, steps: int, **options) -> dict:
     """One measured run beside its estimate (MiB, seconds)."""
-    spec = memory.UNetSpec((size,) * 3, **options)
+    spec = spec_lib.UNetSpec((size,) * 3, **options)
     got = memory.measure(spec, batch, steps=steps)
     est = memory.estimate(spec, batch)
     return {"size": size, "batch": batch, **options, "measured_mib": got.peak_rss / 2 ** 20,

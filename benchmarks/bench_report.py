@@ -47,7 +47,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 
 PRESETS = {"target": dict(ranks=64, steps=100_000, limit_s=60.0),
            "allocation": dict(ranks=256, steps=350_000, limit_s=600.0)}
@@ -192,7 +192,7 @@ def write_rank(path: str, rank: int, size: int, steps: int, spe: int, digests: n
 def _write_ranks(args: tuple) -> int:
     run_dir, ranks, size, steps, spe, digests, hosts = args
     shared = shared_columns(steps, spe)
-    return sum(write_rank(os.path.join(run_dir, "logs", schema.log_name(r)), r, size, steps,
+    return sum(write_rank(rundir.log_path(run_dir, r), r, size, steps,
                           spe, digests[:, r], hosts, shared) for r in ranks)
 
 
@@ -215,8 +215,8 @@ def generate(run_dir: str, ranks: int, steps: int, steps_per_epoch: int = 1000,
     nodes = nodes or max(1, ranks // 4)
     while ranks % nodes:
         nodes -= 1
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
+    os.makedirs(rundir.log_dir(run_dir), exist_ok=True)
+    with open(rundir.config_path(run_dir), "w") as f:
         json.dump({"data": {"path": "/data/lits.h5"}, "model": {"image_size": 240},
                    "train": {"batch_size": BATCH, "seed": 0}, "run_dir": run_dir}, f)
     digests = epoch_digests(ranks, steps // steps_per_epoch, steps_per_epoch)

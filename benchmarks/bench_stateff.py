@@ -58,7 +58,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, ROOT)
-from distseg.core import schema  # noqa: E402
+from distseg.core import rundir, schema  # noqa: E402
 
 SAMPLES_PER_EVAL = 512
 """Training samples between two validations, at every rank count."""
@@ -200,7 +200,7 @@ def dataset_path(name: str) -> str:
 
 def train_samples(path: str) -> int:
     from distseg.data import slices as data
-    return len(data.inspect(path).train_indices)
+    return len(data.examine(path).train_indices)
 
 
 # --- one run's config -------------------------------------------------------------------
@@ -228,7 +228,10 @@ def resolved(cfg_over: dict, data_path: str, run_dir: str):
     path = os.path.join(os.path.dirname(run_dir), os.path.basename(run_dir) + ".json")
     with open(path, "w") as f:
         json.dump(cfg_over, f)
-    return config_lib.resolve("demo", path, {"data.path": data_path, "run_dir": run_dir}), path
+    from distseg.data import feeds
+    # the data file decides the class count, as distseg-train's start-up does
+    cfg = config_lib.resolve("demo", path, {"data.path": data_path, "run_dir": run_dir})
+    return feeds.with_classes(cfg), path
 
 
 # --- back-end 1: real Horovod runs ----------------------------------------------------
@@ -250,7 +253,7 @@ def hvd_run(ranks: int, data_path: str, run_dir: str, cfg_path: str) -> list[lis
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
     if proc.returncode:
         sys.exit(f"run {run_dir} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-    return [schema.read_log(os.path.join(run_dir, "logs", schema.log_name(r)))[0]
+    return [schema.read_log(rundir.log_path(run_dir, r))[0]
             for r in range(ranks)]
 
 
@@ -364,7 +367,7 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
 
     from distseg.data import slices as data
     from distseg.training.loop import Schedule
-    info = data.inspect(cfg.data.path)
+    info = data.examine(cfg.data.path)
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         everything = np.arange(info.samples)
         images, masks = reader.read(everything)

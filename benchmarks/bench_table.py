@@ -58,7 +58,7 @@ sys.path.insert(0, HERE)
 
 from bench_horovod import throughput  # noqa: E402
 
-from distseg.core import schema  # noqa: E402
+from distseg.core import rundir, schema  # noqa: E402
 
 from benchlib import machine, table  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
@@ -215,7 +215,7 @@ def data_wait_share(run_dir: str, ranks: int) -> float:
     """Seconds waiting for data over seconds of step, all ranks, epochs after the first."""
     wait = total = 0.0
     for rank in range(ranks):
-        records, _ = schema.read_log(os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank)))
+        records, _ = schema.read_log(rundir.log_path(run_dir, rank))
         for r in records:
             if r["type"] == "step" and r["epoch"] > 0:
                 wait += r["data_wait"]

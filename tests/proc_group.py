@@ -29,3 +29,34 @@ def run_group(cmd, *, env=None, timeout: float, cwd=None,
         pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n"
                     f"{(out or '')[-3000:]}\n{(err or '')[-3000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
+
+
+def horovodrun_cmd(*command, ranks: int = 2, controller: str | None = None,
+                   launcher_args=(), local_hosts: bool = True) -> list[str]:
+    """The one way tests spell a multi-rank launch: ``horovodrun -np N -H localhost:N
+    [--mpi|--gloo] LAUNCHER_ARGS COMMAND``, with this venv's console scripts. A bare
+    command name (``distseg-train``) is resolved in this venv's bin folder.
+    ``local_hosts=False`` leaves out ``-H`` (an elastic run's hosts come from its
+    discovery script)."""
+    from support import BIN
+
+    cmd = [f"{BIN}/horovodrun", "-np", str(ranks)]
+    if local_hosts:
+        cmd += ["-H", f"localhost:{ranks}"]
+    if controller:
+        cmd.append(f"--{controller}")
+    head, *rest = [str(c) for c in command]
+    if os.sep not in head:
+        head = os.path.join(BIN, head)
+    return cmd + [str(a) for a in launcher_args] + [head, *rest]
+
+
+def horovodrun(*command, ranks: int = 2, controller: str | None = None, timeout: float,
+               launcher_args=()) -> subprocess.CompletedProcess:
+    """``horovodrun_cmd`` run to the end under ``run_group`` (its own process group,
+    killed at ``timeout``), in ``support.command_env()``."""
+    from support import command_env
+
+    return run_group(horovodrun_cmd(*command, ranks=ranks, controller=controller,
+                                    launcher_args=launcher_args),
+                     timeout=timeout, env=command_env())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 
 #: The installed console scripts (distseg-train, horovodrun, ...) of this interpreter.
 BIN = os.path.dirname(sys.executable)
@@ -28,7 +28,7 @@ def command_env(**extra: str) -> dict:
 
 def log_records(run_dir: str, rank: int) -> list[dict]:
     """Rank ``rank``'s log records, each checked against the schema."""
-    recs, problems = schema.read_log(os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank)))
+    recs, problems = schema.read_log(rundir.log_path(run_dir, rank))
     assert not problems, problems
     for r in recs:
         schema.validate_record(r)
@@ -49,7 +49,7 @@ def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 12
 
     import pytest
 
-    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    path = rundir.log_path(run_dir, rank)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if os.path.exists(path):

@@ -21,7 +21,7 @@ def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: 
                            seed: int = 0, depth: int = 2) -> dict:
     """Samples/s of the reader and prefetcher over ``epochs`` one-rank epochs."""
     from distseg.data import slices as data
-    info = data.inspect(path, check_labels=False)
+    info = data.examine(path, check_labels=False)
     batches = [ids for e in range(epochs)
                for ids in data.shard_batches(info.train_indices, 0, 1, batch_size, e, seed)]
     with data.SliceReader(path, image_size) as reader:

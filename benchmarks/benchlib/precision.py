@@ -117,10 +117,12 @@ def run(args) -> dict:
     if args.grappler_bf16:
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     from distseg.core import config as config_lib
+    from distseg.data import feeds
     from distseg.data import slices as data
     overrides = {"data.path": args.data, "run_dir": "-", **({"model.norm": args.norm} if args.norm else {})}
     cfg = config_lib.resolve(args.preset, overrides=overrides)
-    info = data.inspect(args.data)
+    cfg = feeds.with_classes(cfg)  # the data file decides the class count
+    info = data.examine(args.data)
     modes = args.modes.split(",")
     for m in modes:
         if m.partition(":")[0] not in MODES:

@@ -53,12 +53,14 @@ def build(args, ctx):
     import numpy as np
 
     from distseg.core import config as config_lib
+    from distseg.data import feeds
     from distseg.data import slices as data
 
     from benchlib import model_variants
     from benchlib.step_variants import ONE_RANK_ONLY, VARIANTS
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
-    info = data.inspect(args.data)
+    cfg = feeds.with_classes(cfg)  # the data file decides the class count
+    info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
         batches = [reader.read(ids) for ids in data.shard_batches(
             info.train_indices, ctx.rank, ctx.size, args.batch_size, 0, 0)]

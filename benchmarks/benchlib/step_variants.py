@@ -30,25 +30,13 @@ from typing import Sequence
 
 
 def _loss_and_grads(model, images, masks, num_classes: int, loss: str):
-    import tensorflow as tf
-
-    from distseg.networks import losses
-    with tf.GradientTape() as tape:
-        probs = model(images, training=True)
-        local_loss = losses.segmentation_loss(probs, masks, num_classes, loss)
-    return local_loss, tape.gradient(local_loss, model.trainable_variables)
+    from distseg.training import steps
+    return steps.loss_and_grads(model, images, masks, num_classes, loss)
 
 
 def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
-    """distseg's step up to the allreduce: (BatchNorm statistics, their values before
-    the step, local loss, gradients, 1.0 if a gradient or the loss is not finite)."""
-    import tensorflow as tf
-    stats = list(model.non_trainable_weights)
-    before = [tf.identity(v) for v in stats]
-    local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-    nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)), tf.float32)
-    return stats, before, local_loss, grads, nonfinite
+    from distseg.training import steps
+    return steps.checked_loss_and_grads(model, images, masks, num_classes, loss)
 
 
 def _signature(spatial_shape: Sequence[int]):
@@ -59,19 +47,8 @@ def _signature(spatial_shape: Sequence[int]):
 
 
 def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
-    """Applies the update unless ``flag`` > 0; then puts ``stats`` back to ``before``."""
-    import tensorflow as tf
-
-    def apply():
-        optimizer.apply_gradients(zip(grads, variables))
-        return tf.constant(True)
-
-    def skip():
-        for v, old in zip(stats, before):
-            v.assign(old)
-        return tf.constant(False)
-
-    return tf.cond(flag > 0, skip, apply)
+    from distseg.training import steps
+    return steps.apply_unless(flag, optimizer, grads, variables, stats, before)
 
 
 def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):

@@ -66,7 +66,7 @@ def set_threads(intra: int, inter: int = 1) -> None:
 def train_arrays(path: str, image_size: int):
     """(images (N,S,S,1) float32, masks (N,S,S,1) uint8) of the training split."""
     from distseg.data import slices as data
-    info = data.inspect(path)
+    info = data.examine(path)
     with data.SliceReader(path, image_size) as reader:
         images, masks = reader.read(info.train_indices)
     return images, masks[..., None]
@@ -81,7 +81,9 @@ def samples_per_s(seconds: list, samples_per_epoch: int) -> float:
 def run(args) -> dict:
     set_threads(args.threads)
     from distseg.core import config as config_lib
+    from distseg.data import feeds
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    cfg = feeds.with_classes(cfg)  # the data file decides the class count
     if args.policy:
         keras.mixed_precision.set_global_policy(args.policy)
     keras.utils.set_random_seed(cfg.train.seed)

@@ -84,6 +84,7 @@ def worker(args) -> dict:
     import keras
 
     from distseg.core import config as config_lib
+    from distseg.data import feeds
     from distseg.data import slices as data
     from distseg.networks import unet as model_lib
     from distseg.training import steps
@@ -91,8 +92,9 @@ def worker(args) -> dict:
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     size = strategy.num_replicas_in_sync
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    cfg = feeds.with_classes(cfg)  # the data file decides the class count
     keras.utils.set_random_seed(cfg.train.seed)
-    info = data.inspect(args.data)
+    info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
         images, masks = reader.read(info.train_indices)
     row = {int(i): k for k, i in enumerate(info.train_indices)}

@@ -1,6 +1,6 @@
 """``distseg-memory``: peak training memory of a U-Net, estimated (and measured).
 
-Parses options, builds a ``memory.UNetSpec``, prints ``memory.estimate`` with its
+Parses options, builds a ``UNetSpec``, prints ``memory.estimate`` with its
 per-level breakdown, the verdict against ``--budget`` and the largest batch and input
 that fit; ``--measure`` runs real steps in a fresh process (``memory.measure``). No
 TensorFlow in this process.
@@ -12,6 +12,7 @@ import click
 
 from distseg.core.errors import DistsegError, InputError, fail
 from distseg.networks import memory
+from distseg.networks import spec as spec_lib
 
 #: Base filters when --base-filters is not given: the liver2d and liver3d presets'.
 DEFAULT_FILTERS = {"unet2d": 64, "unet3d": 16}
@@ -22,7 +23,7 @@ def _shape(extents) -> str:
     return "x".join(str(e) for e in extents)
 
 
-def describe(spec: memory.UNetSpec, batch: int) -> list[str]:
+def describe(spec: spec_lib.UNetSpec, batch: int) -> list[str]:
     """The first lines: the model, its input and its parameter count."""
     params, trainable = memory.count_params(spec)
     return [f"{spec.spatial_dims}D U-Net, input {_shape(spec.spatial)}, batch {batch}, "
@@ -107,7 +108,7 @@ def main(kind, input_text, batch, budget_text, base_filters, depth, classes, nor
     a per-level breakdown, whether it fits --budget, and the largest batch and input that do."""
     try:
         dims = 3 if kind == "unet3d" else 2
-        spec = memory.UNetSpec(memory.parse_input(input_text, dims), depth=depth,
+        spec = spec_lib.UNetSpec(memory.parse_input(input_text, dims), depth=depth,
                                base_filters=base_filters or DEFAULT_FILTERS[kind], num_classes=classes,
                                norm=norm, recompute=recompute, precision=precision)
         budget = memory.parse_bytes(budget_text)

@@ -1,4 +1,5 @@
-"""The ``distseg-predict`` entry point: parse options, call ``distseg.predict.run``.
+"""The ``distseg-predict`` entry point: parse options, call ``distseg.inference.predict.run``
+(or, with ``--export``, ``distseg.inference.export.run``).
 
 TensorFlow and Horovod are imported inside the command, so ``--help`` is instant.
 """
@@ -13,11 +14,15 @@ from distseg.cli.data import parse_window
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.argument("inputs", nargs=-1, type=click.Path())
 @click.option("--checkpoint", "run_dir", required=True, type=click.Path(file_okay=False),
               help="Training run directory (config.json, checkpoints/latest.json).")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Folder for <case>_seg.nii.gz, metrics.csv and overlays/.")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Folder for <case>_seg.nii.gz, metrics.csv and overlays/ (required to predict).")
+@click.option("--export", "export_dir", default=None, type=click.Path(file_okay=False),
+              help="Instead of predicting, write the network as DIR/model.keras (plain Keras: "
+                   "keras.models.load_model, no distseg) and its input convention as "
+                   "DIR/model.json. No INPUTS or --out.")
 @click.option("--labels", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder of label volumes for input files (same name, or segmentation-N for volume-N).")
 @click.option("--data", default=None, type=click.Path(dir_okay=False),
@@ -31,24 +36,36 @@ from distseg.cli.data import parse_window
 @click.option("--modality", default=None, type=click.Choice(["ct", "mr"]),
               help="Override the training data's intensity handling.")
 @click.option("--channel", default=None, type=click.IntRange(0), help="Channel of 4-D images.")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1),
-              help="Slices per prediction batch.")
+@click.option("--batch-size", default=None, type=click.IntRange(1),
+              help="Windows per prediction batch [default: 8 slices for a 2D run, the run's "
+                   "batch size of slabs for a 3D one].")
+@click.option("--overlap", default=None, type=click.FloatRange(0, 1, max_open=True),
+              help="3D runs: share of a window overlapping its neighbour per axis [default: "
+                   "the run's validation overlap, 0.5].")
 @click.option("--tolerance-mm", default=2.0, show_default=True, type=click.FloatRange(0),
               help="Normalised surface Dice tolerance.")
 @click.option("--overlays/--no-overlays", default=True, help="PNGs of the best, median and worst cases.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (rank 0).")
-def predict(inputs, run_dir, **options):
-    """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained run.
+def predict(inputs, run_dir, out, export_dir, **options):
+    """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained 2D or 3D run.
 
-    Each input is preprocessed as the training data was, predicted slice by slice, and
-    written as OUT/<case>_seg.nii.gz on the input's own grid and affine. Where labels
-    exist, Dice, HD95 and normalised surface Dice per class go to OUT/metrics.csv and the
-    terminal. Under `horovodrun -np N` the cases are split across ranks.
+    Each input is preprocessed as the training data was, predicted by sliding windows
+    (one slice each for a 2D run, the training slab for a 3D one), and written as
+    OUT/<case>_seg.nii.gz on the input's own grid and affine. Where labels exist, Dice,
+    HD95 and normalised surface Dice per class go to OUT/metrics.csv and the terminal.
+    Under `horovodrun -np N` the cases are split across ranks.
+
+    With --export DIR, nothing is predicted: the network is written for use without
+    distseg (docs/predict.md#export).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from distseg.inference import predict as predict_lib
     from distseg.training import distributed
-    outcome = distributed.run_command(
-        predict_lib.run, predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), **options))
-    if outcome.lines:
-        click.echo("\n".join(outcome.lines))
+    opts = predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), out=out or "", **options)
+    if export_dir:
+        from distseg.inference import export
+        lines = distributed.run_command(export.run, opts, export_dir)
+    else:
+        lines = distributed.run_command(predict_lib.run, opts).lines
+    if lines:
+        click.echo("\n".join(lines))

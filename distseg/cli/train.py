@@ -35,7 +35,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
-    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 (Keras mixed precision): less memory, and faster where the CPU has AVX512_BF16 or AMX; measured here, step time 0.61x float32's on the 3D U-Net at 96^3 (docs/memory.md), 0.60x on the 2D demo U-Net (docs/performance.md)."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 activations (Keras mixed precision, float32 softmax): less memory, and faster where the CPU has AVX512_BF16 or AMX (measurements: docs/memory.md, docs/performance.md)."),
 }
 
 
@@ -58,7 +58,8 @@ def _train_options(fn):
 
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
-              help="HDF5 dataset (distseg-data synth / lits-sample); required unless --resume.")
+              help="HDF5 dataset (distseg-data synth / lits-sample / convert); required unless "
+                   "--resume. Its class count and names decide the model's.")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="New directory for config.json, logs/rank-NNNNN.jsonl and checkpoints/.")
 @click.option("--resume", is_flag=True, default=False,

@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from distseg.core import config as config_lib
-from distseg.core import schema
+from distseg.core import rundir
 from distseg.core.errors import InputError
 from distseg.training import distributed
 
+#: The choices of ``--launcher``: the command a job script starts its ranks with (not
+#: the processes a running rank watches, ``distseg.training.stopping.WATCHED_LAUNCHERS``).
 #: ``auto`` picks at run time: ``ibrun`` where it exists (TACC), else ``srun`` inside a
 #: Slurm job, else ``mpirun`` (on one node outside Slurm: ``mpirun`` on localhost).
 LAUNCHERS = ("auto", "ibrun", "srun", "mpirun")
@@ -352,7 +354,7 @@ def resolve(spec: JobSpec) -> Job:
         raise JobError("--data is required (the HDF5 file every rank reads)")
     data = os.path.abspath(spec.data)
     run_dir = os.path.abspath(spec.run_dir or os.path.join(spec.runs_dir, f"{spec.name}-n{spec.nodes}"))
-    found = schema.existing_run(run_dir)
+    found = rundir.existing_run(run_dir)
     if found:
         raise JobError(f"{run_dir}: already holds a run ({found} exists); choose another --name or --run-dir")
     venv = os.path.abspath(spec.venv) if spec.venv else ""
@@ -376,8 +378,8 @@ def _check_data(path: str, ranks: int, cfg) -> None:
     from distseg.data import slices as data_lib
     try:
         if cfg is None:  # no config to check against: the file itself
-            inspect = volumes.inspect if data_lib.file_layout(path) == "volumes" else data_lib.inspect
-            inspect(path, check_labels=False)
+            examine = volumes.examine if data_lib.file_layout(path) == "volumes" else data_lib.examine
+            examine(path, check_labels=False)
             return
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))
         feeds.open_feed(cfg, ranks, check_labels=False)

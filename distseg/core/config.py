@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from distseg.core import rundir
 from distseg.core.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -61,8 +62,14 @@ class ModelConfig:
     validation and inference).
     0.9, not Keras' 0.99: with 0.99 the statistics still held ~40% of their initial
     values after the demo's 96 steps, and validation Dice was near 0."""
-    num_classes: int = len(CLASS_NAMES)
-    """Output classes: 0 background, 1 liver, 2 lesion."""
+    num_classes: int = 0
+    """Output classes, background included. 0 (every preset): the data file's
+    ``num_classes``, filled in at start-up; any other value must equal it
+    (``with_data_classes``). The run's ``config.json`` holds the resolved count."""
+    class_names: tuple[str, ...] = ()
+    """One name per class (the per-class Dice in the logs, the columns of
+    ``distseg-predict``). Empty (every preset): the data file's ``class_names``; names
+    that differ from the file's are refused."""
     spatial_dims: int = 2
     """2: a U-Net on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
     whose input shape is ``data.slab`` (``image_size`` is then unused)."""
@@ -154,7 +161,11 @@ class Config:
             (m.norm in NORMS, "model.norm", f"must be one of {NORMS}, got {m.norm!r}"),
             (0.0 <= m.bn_momentum < 1.0, "model.bn_momentum",
              f"must be in [0, 1), got {m.bn_momentum}"),
-            (m.num_classes >= 2, "model.num_classes", f"must be >= 2, got {m.num_classes}"),
+            (m.num_classes == 0 or m.num_classes >= 2, "model.num_classes",
+             f"must be >= 2 (or 0: from the data file), got {m.num_classes}"),
+            (_names_ok(m.class_names, m.num_classes), "model.class_names",
+             f"must be {m.num_classes or 'the'} distinct non-empty names (or empty: from the "
+             f"data file), got {_shown(list(m.class_names))}"),
             (t.epochs >= 1, "train.epochs", f"must be >= 1, got {t.epochs}"),
             (t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}"),
             (t.lr > 0, "train.lr", f"must be > 0, got {t.lr}"),
@@ -192,6 +203,39 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _names_ok(names: tuple[str, ...], num_classes: int) -> bool:
+    if not names:
+        return True
+    return (len(set(names)) == len(names) >= 2 and all(n.strip() for n in names)
+            and num_classes in (0, len(names)))
+
+
+def with_data_classes(cfg: Config, path: str, num_classes: int,
+                      class_names: tuple[str, ...]) -> Config:
+    """``cfg`` with the classes of the data file at ``path`` (its ``num_classes`` and
+    ``class_names``) filled in where the config leaves them unset (0, empty).
+
+    What the data file knows, the data file decides: a set value that differs is
+    refused, naming both.
+
+    Raises:
+      InputError: one line naming the file and its value, the field and its value.
+    """
+    m = cfg.model
+    if m.num_classes and m.num_classes != num_classes:
+        raise InputError(f"{path}: holds {num_classes} classes (attribute num_classes), but "
+                         f"config field model.num_classes is {m.num_classes}; leave the "
+                         "field out (0: the data file decides) or train on a file of "
+                         f"{m.num_classes} classes")
+    if m.class_names and tuple(m.class_names) != tuple(class_names):
+        raise InputError(f"{path}: names its classes {_shown(list(class_names))} (attribute "
+                         f"class_names), but config field model.class_names is "
+                         f"{_shown(list(m.class_names))}; leave the field out (the data "
+                         "file decides)")
+    model = dataclasses.replace(m, num_classes=num_classes, class_names=tuple(class_names))
+    return dataclasses.replace(cfg, model=model)
 
 
 def default() -> Config:
@@ -273,6 +317,10 @@ def _typed(value: Any, current: Any, name: str) -> Any:
     field. No silent conversions: ``"false"`` is not a bool, ``2.5`` is not an int; nor
     is a number past 64 bits, infinite or NaN a setting (it would overflow later)."""
     kind = type(current)
+    if kind is tuple:  # a list of names in JSON
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise InputError(f"config field {name} must be a list of strings, got {_shown(value)}")
+        return tuple(value)
     if kind is bool:
         ok = isinstance(value, bool)
     elif kind is int:
@@ -348,9 +396,9 @@ def for_resume(run_dir: str, overrides: Mapping[str, Any] | None = None) -> Conf
     """The config of the run in ``run_dir`` (its ``config.json``) with the allowed
     ``overrides`` applied. An override that would change what is trained (data, model,
     seed, batch, learning rate...) raises ``InputError`` naming the field."""
-    path = f"{run_dir.rstrip('/')}/config.json"
+    path = rundir.config_path(run_dir.rstrip("/"))
     if not os.path.exists(path):
-        raise InputError(f"{run_dir}: holds no config.json, so there is no run to --resume")
+        raise InputError(f"{run_dir}: holds no {rundir.CONFIG_FILE}, so there is no run to --resume")
     saved = resolve("liver2d", path, {"run_dir": run_dir})
     changes = {k: v for k, v in (overrides or {}).items() if v is not None and k != "run_dir"}
     for dotted, value in changes.items():

@@ -1,7 +1,7 @@
 """The per-rank run-log schema: the one place that says what a log line holds.
 
-Every rank of a run writes ``RUN/logs/rank-NNNNN.jsonl``: one JSON object per line,
-flushed per line, so a killed job leaves at most one truncated last line. Each object
+Every rank of a run writes ``RUN/logs/rank-NNNNN.jsonl`` (named by
+``distseg.core.rundir``): one JSON object per line, flushed per line, so a killed job leaves at most one truncated last line. Each object
 says what it is in its ``type`` field. This module is plain Python (no TensorFlow, no
 Horovod) so that ``analysis`` can import it to read logs.
 
@@ -58,34 +58,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+from distseg.core.errors import InputError
 
 SCHEMA_VERSION = 1
 
 #: Values of a data file's ``split`` dataset (``distseg.data``).
 SPLITS = {"train": 0, "val": 1, "test": 2}
-
-#: Log file name of a rank, relative to the run directory.
-LOG_DIR = "logs"
-CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"
-
-
-def existing_run(run_dir: str) -> str | None:
-    """The file that shows ``run_dir`` already holds a run (config or logs), or None."""
-    for name in (CONFIG_FILE, LOG_DIR):
-        if os.path.exists(os.path.join(run_dir, name)):
-            return name
-    return None
-
-
-def log_name(rank: int) -> str:
-    """Returns the file name of ``rank``'s log, e.g. ``rank-00003.jsonl``."""
-    return f"rank-{rank:05d}.jsonl"
-
 
 COMMON = ("type", "rank", "time")
 
@@ -180,16 +162,33 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+class RecordError(InputError):
+    """A log record that breaks the schema (``validate_record``); the message says how."""
+
+
+class UnknownRecordType(RecordError):
+    """The record's ``type`` is none of ``FIELDS``."""
+
+
+class MissingFields(RecordError):
+    """The record lacks required fields (``COMMON`` or ``FIELDS[type]``)."""
+
+
+class UnknownStatus(RecordError):
+    """An ``end`` record whose ``status`` is none of ``END_STATUSES``."""
+
+
 def validate_record(record: Mapping[str, Any]) -> None:
-    """Raises ``ValueError`` naming the first problem of a parsed log record."""
+    """Raises a ``RecordError`` naming the first problem of a parsed log record: the
+    subclass says which (``UnknownRecordType``, ``MissingFields``, ``UnknownStatus``)."""
     kind = record.get("type")
     if kind not in FIELDS:
-        raise ValueError(f"record type {kind!r} is not one of {sorted(FIELDS)}")
+        raise UnknownRecordType(f"record type {kind!r} is not one of {sorted(FIELDS)}")
     missing = [f for f in COMMON + FIELDS[kind] if f not in record]
     if missing:
-        raise ValueError(f"{kind} record lacks field(s) {', '.join(missing)}")
+        raise MissingFields(f"{kind} record lacks field(s) {', '.join(missing)}")
     if kind == "end" and record["status"] not in END_STATUSES:
-        raise ValueError(f"end record status {record['status']!r} is not one of {END_STATUSES}")
+        raise UnknownStatus(f"end record status {record['status']!r} is not one of {END_STATUSES}")
 
 
 def read_log(path: str) -> tuple[list[dict], list[str]]:
@@ -224,7 +223,6 @@ def parse_node_counts(text: str, option: str = "--nodes") -> tuple[int, ...]:
     sweep runs would share a run directory, and a projection would print a row twice.
     Raises ``InputError`` naming ``option``.
     """
-    from distseg.core.errors import InputError
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts or not all(p.isdigit() for p in parts):
         raise InputError(f"{option} {text!r}: expected node counts like 1,2,4,8")

@@ -16,10 +16,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg.core import config as config_lib
+from distseg.core.errors import InputError
 from distseg.data import slices as data
+from distseg.data import volumes
 from distseg.inference import sliding
 from distseg.networks import losses
-from distseg.data import volumes
 
 
 @dataclass
@@ -106,24 +107,47 @@ Feed = SliceFeed | VolumeFeed
 
 def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
     """The feed of ``cfg`` after every check of the data file against the run
-    (``check_labels``: read every mask once; rank 0 does, the others trust it).
+    (``check_labels``: read every mask once; rank 0 does, the others trust it). The
+    feed's ``cfg`` is ``cfg`` with the file's classes filled in (``with_data_classes``):
+    what the run builds, trains and saves.
 
     Raises:
       DatasetError: one line naming the file and what would fix it (a volume file
         given to the 2D model, or the reverse, included).
+        A class count or names in the config that differ from the file's included.
     """
     t = cfg.train
     if cfg.model.spatial_dims == 3:
-        info = volumes.inspect(cfg.data.path, check_labels=check_labels)
+        info = volumes.examine(cfg.data.path, check_labels=check_labels)
+        cfg = _with_file_classes(cfg, info)
         slab = volumes.check_fit(info, ranks=ranks, batch_size=t.batch_size,
                                  slab=volumes.parse_slab(cfg.data.slab),
                                  num_classes=cfg.model.num_classes)
         _check_pooling(cfg, slab)
         return VolumeFeed(cfg, info, slab)
-    info = data.inspect(cfg.data.path, check_labels=check_labels)
+    info = data.examine(cfg.data.path, check_labels=check_labels)
+    cfg = _with_file_classes(cfg, info)
     data.check_fit(info, ranks=ranks, batch_size=t.batch_size, image_size=cfg.model.image_size,
                    resize=cfg.data.resize, num_classes=cfg.model.num_classes)
     return SliceFeed(cfg, info)
+
+
+def with_classes(cfg: config_lib.Config) -> config_lib.Config:
+    """``cfg`` with its data file's classes filled in, from the file's metadata alone
+    (on this rank only: no collective; ``open_feed`` does the same among its checks).
+
+    Raises:
+      DatasetError: as ``open_feed``.
+    """
+    reader = volumes if cfg.model.spatial_dims == 3 else data
+    return _with_file_classes(cfg, reader.examine(cfg.data.path, check_labels=False))
+
+
+def _with_file_classes(cfg: config_lib.Config, info) -> config_lib.Config:
+    try:
+        return config_lib.with_data_classes(cfg, info.path, info.num_classes, info.class_names)
+    except InputError as e:  # a data error, as every other mismatch of file and run
+        raise data.DatasetError(str(e)) from None
 
 
 def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
@@ -133,7 +157,7 @@ def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
         return (cfg.model.image_size, cfg.model.image_size)
     slab = volumes.parse_slab(cfg.data.slab)
     if slab == "full":
-        slab = volumes.resolve_slab(volumes.inspect(cfg.data.path, check_labels=False), slab)
+        slab = volumes.resolve_slab(volumes.examine(cfg.data.path, check_labels=False), slab)
     return tuple(int(x) for x in slab)
 
 

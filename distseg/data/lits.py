@@ -87,7 +87,7 @@ def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
                "axial slabs of 16 slices as case ids, slabs 0-5 train, 6 buffer (test), 7 val",
         hu_window=HU_WINDOW, spacing=(np.nan, np.nan, np.nan))
-    return data.inspect(out)
+    return data.examine(out)
 
 
 def convert_volumes(out: str, source_dir: str | None = None) -> volumes.VolumeInfo:

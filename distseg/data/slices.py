@@ -36,8 +36,7 @@ from typing import Iterable, Iterator, Sequence
 import h5py
 import numpy as np
 
-from distseg.core import errors
-from distseg.core import schema
+from distseg.core import errors, schema
 
 FORMAT_VERSION = 1
 SPLITS = schema.SPLITS
@@ -52,6 +51,10 @@ LAYOUT_USE = {
     "volumes": "the 3D path (distseg-train --model unet3d --slab D,H,W|full), or write "
                "slices with distseg-data synth/lits-sample/convert without --ndim 3",
 }
+
+#: What a 3-class file without a ``class_names`` attribute holds (the phantom's and
+#: LiTS' classes, the format's documented meaning).
+LIVER_CLASSES = ("background", "liver", "lesion")
 
 #: Hounsfield-unit window of every distseg dataset (phantom and LiTS alike): soft tissue,
 #: liver and lesions span it, while air and bone clip to 0 and 1.
@@ -83,24 +86,53 @@ class DatasetInfo:
     train_indices: np.ndarray
     val_indices: np.ndarray
     attrs: dict
+    class_names: tuple[str, ...]
+    """One name per class, from the attribute ``class_names`` (``default_class_names``
+    when the file has none)."""
+    splits: np.ndarray
+    """(N,) each slice's split; ``case_ids`` (N,) its case."""
+    case_ids: np.ndarray
 
     def summary(self) -> dict:
-        return {
-            "path": os.path.abspath(self.path),
-            "samples": self.samples,
-            "train_samples": int(len(self.train_indices)),
-            "val_samples": int(len(self.val_indices)),
-            "image_size": [self.height, self.width],
-            "dtype": self.dtype,
-            "num_classes": self.num_classes,
-            "source": self.attrs.get("source", ""),
-        }
+        """What ``distseg-data info`` prints and a run logs as ``dataset``: the keys of
+        ``summary_of`` (shared with volume files), plus ``image_size``."""
+        return {**summary_of(self.path, "slices", self.attrs, self.dtype, self.num_classes,
+                             self.class_names, self.case_ids, self.splits, self.splits),
+                "image_size": [self.height, self.width]}
+
+
+#: What one sample of each layout is (``summary_of``'s ``sample``).
+SAMPLE_WORDS = {"slices": "slice", "volumes": "slab"}
+
+
+def summary_of(path: str, layout: str, attrs: dict, dtype: str, num_classes: int,
+               class_names: Sequence[str], case_ids: np.ndarray, case_splits: np.ndarray,
+               sample_splits: np.ndarray, sample: str | None = None) -> dict:
+    """The keys every data summary has, whatever the layout: the file (``path``,
+    ``layout``, ``format_version``, ``source``, ``dtype``), its classes (``num_classes``,
+    ``class_names``), its samples per split (``samples``, ``train_samples``,
+    ``val_samples``, ``test_samples``: slices, or a 3D run's slabs) and its cases per
+    split (``cases``, ``train_cases``, ...). ``case_splits`` holds one split per entry
+    of ``case_ids`` (per slice in a slice file), ``sample_splits`` one per sample."""
+    cases = {}
+    for name, code in (("", None), *((f"{k}_", v) for k, v in SPLITS.items())):
+        rows = case_ids if code is None else case_ids[case_splits == code]
+        cases[f"{name}cases"] = int(len(np.unique(rows)))
+    counts = {"samples": int(len(sample_splits))}
+    counts.update({f"{k}_samples": int((sample_splits == v).sum()) for k, v in SPLITS.items()})
+    return {
+        "path": os.path.abspath(path), "layout": layout,
+        "format_version": int(attrs.get("format_version", FORMAT_VERSION)),
+        "source": attrs.get("source", ""), "dtype": dtype,
+        "num_classes": int(num_classes), "class_names": list(class_names),
+        "sample": sample or SAMPLE_WORDS[layout], **counts, **cases,
+    }
 
 
 def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.ndarray,
                   split: np.ndarray, *, source: str, hu_window: Sequence[float],
                   spacing: Sequence[float] = (math.nan, math.nan, math.nan),
-                  class_names: Sequence[str] = ("background", "liver", "lesion")) -> None:
+                  class_names: Sequence[str] = LIVER_CLASSES) -> None:
     """Writes arrays in the distseg format (one chunk per slice), atomically."""
     images = np.asarray(images)
     if images.ndim == 3:
@@ -278,7 +310,34 @@ def num_classes_of(path: str, f: h5py.File) -> int:
     return value
 
 
-def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
+def default_class_names(num_classes: int) -> tuple[str, ...]:
+    """Names for a file that records none: the format's documented three classes, or
+    ``background``, ``class1``, ``class2``, ... for another count."""
+    if num_classes == len(LIVER_CLASSES):
+        return LIVER_CLASSES
+    return ("background",) + tuple(f"class{c}" for c in range(1, num_classes))
+
+
+def class_names_of(path: str, f: h5py.File, num_classes: int) -> tuple[str, ...]:
+    """The ``class_names`` attribute (``default_class_names`` when absent), refusing
+    anything but ``num_classes`` distinct, non-empty, printable strings."""
+    if "class_names" not in f.attrs:
+        return default_class_names(num_classes)
+    raw = f.attrs["class_names"]
+    names = None
+    if isinstance(raw, np.ndarray) and raw.ndim == 1:
+        try:
+            names = tuple(v.decode() if isinstance(v, bytes) else v for v in raw.tolist())
+        except UnicodeDecodeError:
+            names = None
+    if (names is None or len(names) != num_classes or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and n.strip() and n.isprintable() for n in names)):
+        raise DatasetError(f"{path}: attribute class_names is {shown(raw)}, expected "
+                           f"{num_classes} distinct names (attribute num_classes={num_classes})")
+    return names
+
+
+def examine(path: str, check_labels: bool = True) -> DatasetInfo:
     """Validates a data file's structure and returns what it holds.
 
     Reads metadata plus, with ``check_labels``, every mask once (slice by slice, uint8,
@@ -291,6 +350,7 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
         n, h, w = _layout(path, f)
         images, masks = f["images"], f["masks"]
         num_classes = num_classes_of(path, f)
+        class_names = class_names_of(path, f, num_classes)
         split = f["split"][:]
         case_id = f["case_id"][:]
         if not np.isin(split, list(SPLITS.values())).all():
@@ -310,10 +370,10 @@ def inspect(path: str, check_labels: bool = True) -> DatasetInfo:
         attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
         return DatasetInfo(
             path=path, samples=n, height=h, width=w, dtype=str(images.dtype),
-            num_classes=num_classes,
+            num_classes=num_classes, class_names=class_names,
             train_indices=np.flatnonzero(split == SPLITS["train"]),
             val_indices=np.flatnonzero(split == SPLITS["val"]),
-            attrs=attrs,
+            attrs=attrs, splits=split, case_ids=case_id,
         )
 
 

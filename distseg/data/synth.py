@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from distseg.core.errors import InputError
 from distseg.data import slices as data
 from distseg.data import volumes
 from distseg.data.slices import HU_WINDOW, window
-from distseg.core.errors import InputError
 
 #: Nominal geometry of a phantom: a 350 mm field of view in-plane, 5 mm slices.
 FIELD_OF_VIEW_MM, SLICE_MM = 350.0, 5.0
@@ -84,7 +84,7 @@ def make_dataset(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
         source=f"distseg synthetic phantom (seed={seed}, cases={cases}, size={size})",
         hu_window=HU_WINDOW,
         spacing=(SLICE_MM, FIELD_OF_VIEW_MM / size, FIELD_OF_VIEW_MM / size))
-    return data.inspect(path)
+    return data.examine(path)
 
 
 def _val_cases(rng: np.random.Generator, cases: int, val_fraction: float) -> set:
@@ -129,7 +129,7 @@ def make_volumes(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
     except BaseException:
         writer.abort()
         raise
-    return volumes.inspect(path)
+    return volumes.examine(path)
 
 
 def make(path: str, *, ndim: int, cases: int, size: int, seed: int = 0,

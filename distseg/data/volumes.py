@@ -100,7 +100,7 @@ class VolumeWriter:
         return k
 
     def finish(self, *, source: str, hu_window: Sequence[float],
-               class_names: Sequence[str] = ("background", "liver", "lesion"),
+               class_names: Sequence[str] = data.LIVER_CLASSES,
                spacing: Sequence[float] | None = None, extra: dict | None = None) -> None:
         """Writes the per-case tables and the attributes, closes and renames the file.
         ``spacing`` (the file's nominal one) defaults to the median of the cases'."""
@@ -144,6 +144,8 @@ class VolumeInfo:
     path: str
     dtype: str
     num_classes: int
+    class_names: tuple[str, ...]
+    """One name per class (``data.class_names_of``)."""
     case_ids: np.ndarray
     splits: np.ndarray
     shapes: np.ndarray
@@ -169,19 +171,21 @@ class VolumeInfo:
         return self.rows("val")
 
     def summary(self, slab: Sequence[int] | None = None) -> dict:
-        """What ``distseg-data info`` prints; with ``slab``, the grid it makes."""
-        out = {
-            "path": os.path.abspath(self.path), "layout": LAYOUT, "cases": self.cases,
-            "train_cases": int(len(self.train_cases)), "val_cases": int(len(self.val_cases)),
-            "shape_min": self.shapes.min(axis=0).tolist(),
-            "shape_max": self.shapes.max(axis=0).tolist(),
-            "voxels": int(self.shapes.prod(axis=1).sum()), "dtype": self.dtype,
-            "num_classes": self.num_classes, "source": self.attrs.get("source", ""),
-        }
+        """What ``distseg-data info`` prints and a 3D run logs as ``dataset``: the keys
+        every data summary has (``data.summary_of``), where a sample is a slab of
+        ``slab`` (a whole volume without one, as ``--slab full``), plus the shapes and,
+        with ``slab``, the grid it makes."""
+        grid = SlabGrid.of(self.shapes, slab if slab is not None else self.shapes.max(axis=0))
+        per_sample = np.repeat(self.splits, grid.counts.prod(axis=1))
+        out = data.summary_of(self.path, LAYOUT, self.attrs, self.dtype, self.num_classes,
+                              self.class_names, self.case_ids, self.splits, per_sample,
+                              sample=None if slab is not None else "volume")
+        out.update(shape_min=self.shapes.min(axis=0).tolist(),
+                   shape_max=self.shapes.max(axis=0).tolist(),
+                   voxels=int(self.shapes.prod(axis=1).sum()))
         if slab is not None:
-            grid = SlabGrid.of(self.shapes, slab)
-            out.update(slab=list(grid.slab), train_slabs=int(len(grid.ids(self.train_cases))),
-                       val_slabs=int(len(grid.ids(self.val_cases))),
+            out.update(slab=list(grid.slab), train_slabs=out["train_samples"],
+                       val_slabs=out["val_samples"],
                        padded_cases=[int(self.case_ids[k]) for k in grid.padded()])
         return out
 
@@ -255,7 +259,7 @@ def _check_labels(path: str, f: h5py.File, k: int, case_id: int, num_classes: in
 
 
 def read_info(path: str, f: h5py.File, check_labels: bool = False) -> VolumeInfo:
-    """``inspect`` on an open file."""
+    """``examine`` on an open file."""
     with data.damaged(path):
         case_ids = _table(path, f, "case_id", None)
         k = len(case_ids)
@@ -264,18 +268,19 @@ def read_info(path: str, f: h5py.File, check_labels: bool = False) -> VolumeInfo
                    else np.full((k, 3), np.nan))
         _check_tables(path, case_ids, splits, shapes)
         num_classes = data.num_classes_of(path, f)
+        class_names = data.class_names_of(path, f, num_classes)
         for row in range(k):
             _check_case(path, f, row, int(case_ids[row]), tuple(int(s) for s in shapes[row]))
             if check_labels:
                 _check_labels(path, f, row, int(case_ids[row]), num_classes)
         attrs = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in f.attrs.items()}
         dtype = str(f["volumes/0/image"].dtype)
-    return VolumeInfo(path=path, dtype=dtype, num_classes=num_classes,
+    return VolumeInfo(path=path, dtype=dtype, num_classes=num_classes, class_names=class_names,
                       case_ids=case_ids.astype(np.int64), splits=splits.astype(np.uint8),
                       shapes=shapes.astype(np.int64), spacing=spacing, attrs=attrs)
 
 
-def inspect(path: str, check_labels: bool = True) -> VolumeInfo:
+def examine(path: str, check_labels: bool = True) -> VolumeInfo:
     """Validates a volume file's structure and returns what it holds.
 
     With ``check_labels``, reads every mask once (16 slices at a time) to catch labels
@@ -301,9 +306,9 @@ def describe(path: str, slab: str | None = None) -> dict:
         if slab:
             raise DatasetError(f"{path}: --slab applies to volume files, and this one holds "
                                "2D slices")
-        found = data.inspect(path)
+        found = data.examine(path)
         return {**found.summary(), "attrs": found.attrs}
-    found = inspect(path)
+    found = examine(path)
     shape = resolve_slab(found, parse_slab(slab)) if slab else None
     return {**found.summary(shape), "attrs": found.attrs}
 
@@ -564,5 +569,5 @@ def write_volumes(path: str, images: Sequence[np.ndarray], masks: Sequence[np.nd
     except BaseException:
         writer.abort()
         raise
-    return inspect(path)
+    return examine(path)
 

@@ -1,5 +1,11 @@
-"""Sliding-window inference over whole volumes, per-case Dice counts, and the split of
-validation cases over ranks. Plain numpy: the model comes in as a ``predict`` callable.
+"""Sliding-window inference over whole volumes, and the split of cases over ranks: the
+one inferer of 3D validation and of ``distseg-predict`` (2D and 3D). Plain numpy: the
+model comes in as a ``predict`` callable.
+
+A 3D U-Net is run on windows of its training slab shape; a 2D U-Net on windows of one
+slice, (1, H, W), through ``slicewise``, which drops the depth axis for it. One window
+per slice then covers the volume, each exactly once, and the result is the model's
+output itself (a single window's weight divides out exactly).
 
 ``sliding_window`` tiles a volume with windows of the training slab shape, overlapping
 by ``overlap`` (nnU-Net's scheme: evenly spaced origins, the last window ending at the
@@ -16,8 +22,8 @@ are exact when the windows agree; a voxel's result is then their value bit for b
 constant model, or one that maps each voxel's intensity to a value), and otherwise the
 correctly rounded weighted mean. Where a Gaussian falls below 2**-22 of its peak (the
 far corners of a window) it weighs 1, like nnU-Net's floor at its smallest non-zero
-weight. Memory: a float64 sum of the (padded) volume x classes, plus one float64
-weight per voxel.
+weight. Memory: a float64 sum of the (padded) volume x classes, one float64 weight
+per voxel, and the float32 result: (12 x classes + 8) bytes per voxel.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from distseg.data.volumes import PAD_IMAGE
 
 #: The largest Gaussian weight; the smallest is 1 (never 0: every voxel gets a vote).
 WEIGHT_SCALE = 2 ** 22
+#: The Gaussian's sigma as a share of the window's edge (nnU-Net's 1/8).
+SIGMA_SCALE = 0.125
 
 
 def window_starts(n: int, w: int, overlap: float) -> np.ndarray:
@@ -43,7 +51,7 @@ def window_starts(n: int, w: int, overlap: float) -> np.ndarray:
     return np.round(np.linspace(0, n - w, count)).astype(np.int64)
 
 
-def gaussian_weights(window: Sequence[int], sigma_scale: float = 0.125) -> np.ndarray:
+def gaussian_weights(window: Sequence[int], sigma_scale: float = SIGMA_SCALE) -> np.ndarray:
     """(d, h, w) float64 integer weights 1..``WEIGHT_SCALE``: a Gaussian centred on the
     window with sigma ``sigma_scale`` x each edge, scaled so its peak is WEIGHT_SCALE."""
     profiles = []
@@ -93,7 +101,7 @@ def _predicted(predict: Callable, x: np.ndarray, window: tuple) -> np.ndarray:
 
 
 def sliding_window(predict: Callable[[np.ndarray], np.ndarray], volume: np.ndarray,
-                   window: Sequence[int], overlap: float = 0.5, sigma_scale: float = 0.125,
+                   window: Sequence[int], overlap: float = 0.5, sigma_scale: float = SIGMA_SCALE,
                    batch: int = 1) -> np.ndarray:
     """Class probabilities (D, H, W, C) float32 of a whole volume, window by window.
 
@@ -126,19 +134,36 @@ def sliding_window(predict: Callable[[np.ndarray], np.ndarray], volume: np.ndarr
         for box, p in zip(boxes, probs):
             total[box] += p * weights[..., None]
             norm[box] += weights
-    out = total / norm[..., None]
+    total /= norm[..., None]  # in place: no second float64 volume
     d, h, w = volume.shape
-    return out[:d, :h, :w].astype(np.float32)
+    return total[:d, :h, :w].astype(np.float32)
+
+
+def slicewise(predict2d: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """A 2D model as a 3D ``predict`` for windows of depth 1: (B, 1, H, W, 1) windows
+    go to ``predict2d`` as (B, H, W, 1) slices, and its (B, H, W, C) probabilities come
+    back as (B, 1, H, W, C).
+
+    Raises (when called):
+      ValueError: a window deeper than one slice.
+    """
+    def predict(x: np.ndarray) -> np.ndarray:
+        if x.ndim != 5 or x.shape[1] != 1:
+            raise ValueError(f"a 2D model takes windows of depth 1, got input {x.shape}")
+        return np.asarray(predict2d(x[:, 0]))[:, None]
+    return predict
 
 
 def shard_cases(cases: Sequence[int], rank: int, size: int,
                 voxels: Sequence[int] | None = None) -> np.ndarray:
-    """This rank's validation cases: every case exactly once over the ranks.
+    """This rank's cases (validation volumes, or ``distseg-predict``'s scans): every
+    case exactly once over the ranks.
 
     Without ``voxels``, contiguous shards of counts differing by at most one. With
     ``voxels`` (each case's size), cases go largest first to the least-loaded rank
-    (ties: the lowest rank), so ranks get similar work; every rank computes the same
-    assignment. A rank may get none (fewer cases than ranks). Returned ascending.
+    (ties: the earlier case, then the lowest rank), so ranks get similar work; every
+    rank computes the same assignment. A rank may get none (fewer cases than ranks).
+    Returned ascending.
     """
     cases = np.asarray(cases, dtype=np.int64)
     if not 0 <= rank < size:

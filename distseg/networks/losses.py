@@ -65,21 +65,60 @@ def soft_dice_per_class(probs, masks, num_classes: int):
     return dice_from_sums(*soft_dice_sums(probs, masks, num_classes))
 
 
-def cross_entropy(probs, masks):
-    """Mean categorical cross-entropy of softmax ``probs`` against integer ``masks``."""
+def loss_sums(probs, masks, num_classes: int):
+    """What the loss of a batch is computed from, and what adds up over batches and
+    ranks: [I (C), D (C), cross-entropy summed over voxels, voxels], float32."""
     import keras
     import tensorflow as tf
-    return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(tf.cast(masks, tf.int32), probs))
+    inter, denom = soft_dice_sums(probs, masks, num_classes)
+    ce = keras.losses.sparse_categorical_crossentropy(tf.cast(masks, tf.int32), probs)
+    voxels = tf.cast(tf.size(masks), tf.float32)
+    return tf.concat([tf.cast(inter, tf.float32), tf.cast(denom, tf.float32),
+                      [tf.reduce_sum(tf.cast(ce, tf.float32)), voxels]], 0)
+
+
+def loss_from_sums(sums, num_classes: int, kind: str = "dice"):
+    """The loss (``dice`` or ``dice_ce``) of everything ``sums`` (``loss_sums``,
+    ``volume_loss_sums``, summed) covers; numpy or TensorFlow in, the same out."""
+    check_loss(kind)
+    c = num_classes
+    dice = dice_from_sums(sums[:c], sums[c:2 * c])
+    loss = -sum(dice[k] for k in range(c)) / c
+    if kind == "dice_ce":
+        loss = loss + sums[2 * c] / sums[2 * c + 1]
+    return loss
 
 
 def segmentation_loss(probs, masks, num_classes: int, kind: str = "dice"):
-    """The training loss of a batch: ``dice`` or ``dice_ce`` (module docstring)."""
+    """The loss of one batch on its own (module docstring)."""
+    return loss_from_sums(loss_sums(probs, masks, num_classes), num_classes, kind)
+
+
+def global_loss(probs, masks, num_classes: int, kind: str, sum_over_ranks, ranks: int):
+    """The loss of the global batch, whose parts sit on ``ranks`` ranks: returns
+    (its value, this rank's surrogate).
+
+    ``sum_over_ranks`` sums a tensor over the ranks (an allreduce in the forward pass;
+    the identity on one rank). With the global sums I, D (and the cross-entropy total
+    and voxel count T, V) held constant, this rank's surrogate is
+
+        ranks * ( -(1/C) sum_c [2 I_rc / (D_c + s) - (2 I_c + s) D_rc / (D_c + s)^2] + T_r / V )
+
+    whose gradient, averaged over ranks as the train step averages gradients, is the
+    gradient of the loss of the whole global batch: the soft Dice's derivative is linear
+    in dI and dD, and I and D are sums over the ranks' parts. ``T_r/V`` enters only for
+    ``dice_ce``. On one rank it is the gradient of ``segmentation_loss`` itself.
+    """
     import tensorflow as tf
-    check_loss(kind)
-    loss = -tf.reduce_mean(soft_dice_per_class(probs, masks, num_classes))
+    c = num_classes
+    local = loss_sums(probs, masks, c)
+    total = tf.stop_gradient(sum_over_ranks(local))
+    inter, denom = total[:c], total[c:2 * c]
+    d = denom + SMOOTH
+    part = -tf.reduce_mean(2.0 * local[:c] / d - (2.0 * inter + SMOOTH) * local[c:2 * c] / (d * d))
     if kind == "dice_ce":
-        loss = loss + cross_entropy(probs, masks)
-    return loss
+        part = part + local[2 * c] / total[2 * c + 1]
+    return loss_from_sums(total, c, kind), float(ranks) * part
 
 
 def dice_counts(probs, masks, num_classes: int):
@@ -122,24 +161,27 @@ def volume_dice_counts(probs: np.ndarray, mask: np.ndarray, num_classes: int) ->
                      confusion.sum(axis=0)]).astype(np.float64)
 
 
-def volume_loss(probs: np.ndarray, mask: np.ndarray, num_classes: int, kind: str = "dice") -> float:
-    """``segmentation_loss`` of one whole volume in float64 numpy, ``_CHUNK`` slices at
-    a time (the 3D validation loss).
+def volume_loss_sums(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:
+    """``loss_sums`` of one whole volume in float64 numpy, ``_CHUNK`` slices at a time.
 
     Raises:
-      ValueError: an unknown ``kind``, shapes that differ, or a label out of range.
+      ValueError: shapes that differ, or a label out of range.
     """
-    check_loss(kind)
     _check_volume(probs, mask, num_classes)
-    inter, denom = np.zeros(num_classes), np.zeros(num_classes)
-    ce_sum = 0.0
+    out = np.zeros(2 * num_classes + 2)
     for z in range(0, mask.shape[0], _CHUNK):
         p = probs[z:z + _CHUNK].reshape(-1, num_classes).astype(np.float64)
         labels = mask[z:z + _CHUNK].reshape(-1).astype(np.int64)
         onehot = np.eye(num_classes)[labels]
-        inter += (p * onehot).sum(axis=0)
-        denom += p.sum(axis=0) + onehot.sum(axis=0)
-        if kind == "dice_ce":
-            ce_sum += float(-np.log(np.clip(p[np.arange(len(labels)), labels], 1e-7, 1.0 - 1e-7)).sum())
-    loss = float(-np.mean(dice_from_sums(inter, denom)))
-    return loss + ce_sum / max(mask.size, 1) if kind == "dice_ce" else loss
+        out[:num_classes] += (p * onehot).sum(axis=0)
+        out[num_classes:2 * num_classes] += p.sum(axis=0) + onehot.sum(axis=0)
+        # Clipped as Keras' cross-entropy clips (epsilon 1e-7).
+        picked = np.clip(p[np.arange(len(labels)), labels], 1e-7, 1.0 - 1e-7)
+        out[2 * num_classes] -= float(np.log(picked).sum())
+    out[2 * num_classes + 1] = mask.size
+    return out
+
+
+def volume_loss(probs: np.ndarray, mask: np.ndarray, num_classes: int, kind: str = "dice") -> float:
+    """``segmentation_loss`` of one whole volume (numpy, float64)."""
+    return float(loss_from_sums(volume_loss_sums(probs, mask, num_classes), num_classes, kind))

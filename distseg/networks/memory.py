@@ -1,7 +1,8 @@
 """Peak training memory of a distseg U-Net, estimated by arithmetic and measured.
 
 The estimate (``estimate``) is pure arithmetic on the U-Net's layer list
-(``layer_list``, the tensors ``distseg.model.build_unet`` creates, level by level), in
+(``layer_list``, the tensors ``distseg.networks.unet.build`` creates from the same
+``distseg.networks.spec.UNetSpec``, level by level), in
 six terms:
 
 * **parameters**: every weight in float32 (the master copy, also under bfloat16),
@@ -13,7 +14,7 @@ six terms:
   (``Tensor.kept``), from TensorFlow's gradient functions: a convolution keeps its
   input, a norm keeps its input, ReLU, softmax and max-pooling keep their output,
   pooling also its input, the loss its one-hot truth. With ``recompute`` a
-  convolution unit keeps only its inputs (``distseg.model.ConvUnit``; a decoder's
+  convolution unit keeps only its inputs (``distseg.networks.unet.ConvUnit``; a decoder's
   first unit also recomputes the upsampling). Plus the input batch itself (float32
   images, uint8 masks);
 * **workspace**: what the backward pass holds at once on top of them (activation
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import subprocess
@@ -50,6 +50,7 @@ import sys
 from dataclasses import dataclass, field
 
 from distseg.core.errors import InputError, RunError
+from distseg.networks.spec import UNetSpec
 
 ACT_BYTES = {"float32": 4, "bfloat16": 2}
 """Bytes per activation value of each precision (weights stay float32)."""
@@ -61,63 +62,15 @@ float32-sized tensors the backward pass holds at its peak on top of the kept
 activations (calibrated, docs/memory.md; in bfloat16 the measured workspace does not
 halve, so it is counted in float32 sizes for both precisions)."""
 
-RUNTIME_BYTES = 165 * 2 ** 20
-"""Peak RSS beyond TensorFlow's tensor allocations at small inputs (calibrated,
-docs/memory.md)."""
-
-
-def level_precision(precision: str, spatial: tuple[int, ...], level: int) -> str:
-    """The precision U-Net level ``level`` computes in: ``precision``, except that a
-    bfloat16 3D level with an extent of 2 or less computes in float32. oneDNN's bfloat16
-    3D convolution filter gradient (TensorFlow 2.18.1, AVX512_BF16) intermittently
-    returns non-finite values when an extent is 2 (5 to 14 of 30 random calls on
-    2x2x2, 2x4x4 and 2x8x8 inputs here), which made bfloat16 runs diverge to NaN within
-    tens of steps; such levels hold a negligible share of the activations."""
-    if precision == "bfloat16" and len(spatial) == 3 and min(s // 2 ** level for s in spatial) <= 2:
-        return "float32"
-    return precision
+RUNTIME_BYTES = 200 * 2 ** 20
+"""Peak RSS beyond the other terms at small inputs (calibrated, docs/memory.md): Keras
+objects, the traced step, oneDNN's primitive cache, and a one-rank Horovod (its
+libraries, background thread and fusion buffer), since ``measure`` times training's own
+step. 165 MiB without Horovod; with it the peak at 16^3 and 32^3 x 4 filters rose
+from about 155 to 205 and 208 MiB (2 runs each)."""
 
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-
-
-@dataclass(frozen=True)
-class UNetSpec:
-    """What decides a distseg U-Net's memory (see ``distseg.model.build_unet``)."""
-
-    spatial: tuple[int, ...]
-    """Input extents, (H, W) or (D, H, W); each divisible by 2**depth."""
-    depth: int = 4
-    base_filters: int = 16
-    in_channels: int = 1
-    num_classes: int = 3
-    """Output classes; 1 means one sigmoid output (the reference study's model)."""
-    norm: str = "batch"
-    conv_bias: bool = False
-    """A bias on convolutions followed by a norm (distseg drops it; the reference keeps it)."""
-    recompute: bool = False
-    precision: str = "float32"
-
-    def __post_init__(self):
-        pool = 2 ** self.depth
-        if self.depth < 1 or self.base_filters < 1 or self.num_classes < 1:
-            raise InputError("need depth >= 1, base filters >= 1 and classes >= 1")
-        if len(self.spatial) not in (2, 3) or any(s < 1 or s % pool for s in self.spatial):
-            raise InputError(f"input {'x'.join(map(str, self.spatial))}: expected 2 or 3 extents, "
-                             f"each a multiple of 2**depth = {pool}")
-        if self.precision not in ACT_BYTES:
-            raise InputError(f"precision must be one of {tuple(ACT_BYTES)}, got {self.precision!r}")
-
-    @property
-    def spatial_dims(self) -> int:
-        return len(self.spatial)
-
-    @classmethod
-    def reference(cls, spatial=(144, 144, 144)) -> "UNetSpec":
-        """The 3D U-Net of the Intel/Dell BraTS study (Intel's ``unet_3d``): 16 base
-        filters, 4 poolings, a bias on every convolution, 1 FLAIR channel, 1 sigmoid
-        output; 5,650,801 parameters."""
-        return cls(tuple(spatial), conv_bias=True, num_classes=1)
 
 
 @dataclass(frozen=True)
@@ -146,22 +99,22 @@ def _unit(spec: UNetSpec, name: str, level: int, cin: int, filters: int, i: int)
     """conv -> norm -> ReLU. The conv output is kept by the norm after it (not with
     ``recompute``: then only the unit's output, the next layer's input, is kept)."""
     voxels, a = _voxels(spec, level), _itemsize(spec, level)
-    bias = filters if (spec.conv_bias or spec.norm == "none") else 0
+    bias = filters if spec.has_bias() else 0
     out = [Tensor(f"{name}_conv{i}", level, filters, voxels, a, 3 ** spec.spatial_dims * cin * filters + bias,
                   kept=spec.norm != "none" and not spec.recompute)]
     if spec.norm != "none":
-        out.append(Tensor(f"{name}_{'bn' if spec.norm == 'batch' else 'gn'}{i}", level, filters, voxels, a,
+        out.append(Tensor(spec.norm_name(name, i), level, filters, voxels, a,
                           2 * filters, 2 * filters if spec.norm == "batch" else 0))
     out.append(Tensor(f"{name}_relu{i}", level, filters, voxels, a, kept=True))
     return out
 
 
 def _itemsize(spec: UNetSpec, level: int) -> int:
-    return ACT_BYTES[level_precision(spec.precision, spec.spatial, level)]
+    return ACT_BYTES[spec.precision_of(level)]
 
 
 def _voxels(spec: UNetSpec, level: int) -> int:
-    return math.prod(s // 2 ** level for s in spec.spatial)
+    return spec.voxels(level)
 
 
 def _head(spec: UNetSpec, cin: int) -> list[Tensor]:
@@ -182,21 +135,20 @@ def layer_list(spec: UNetSpec) -> list[Tensor]:
     """The U-Net's tensors in build order, as ``distseg.model.build_unet`` names them
     (the bfloat16 cast of the image, the concatenation and the units' internals have no
     Keras layer of their own)."""
-    f = spec.base_filters
     # The float32 image is the input batch; a bfloat16 copy is what the first conv keeps.
     out = [Tensor("image", 0, spec.in_channels, _voxels(spec, 0), _itemsize(spec, 0),
                   kept=_itemsize(spec, 0) != 4)]
     cin = spec.in_channels
     for level in range(spec.depth):
-        width = f * 2 ** level
+        width = spec.filters(level)
         out += _unit(spec, f"down{level}", level, cin, width, 1) + _unit(spec, f"down{level}", level, width, width, 2)
         out.append(Tensor(f"pool{level}", level + 1, width, _voxels(spec, level + 1),
                           _itemsize(spec, level + 1), kept=True))
         cin = width
-    width = f * 2 ** spec.depth
+    width = spec.filters(spec.depth)
     out += _unit(spec, "bottleneck", spec.depth, cin, width, 1) + _unit(spec, "bottleneck", spec.depth, width, width, 2)
     for level in reversed(range(spec.depth)):
-        cin, width = width, f * 2 ** level
+        cin, width = width, spec.filters(level)
         # Not kept: the concatenation does not need it, and with recompute the first
         # decoder unit upsamples and concatenates itself.
         out.append(Tensor(f"up{level}", level, width, _voxels(spec, level), _itemsize(spec, level),
@@ -253,8 +205,7 @@ def _levels(spec: UNetSpec, tensors: list[Tensor]) -> tuple[Level, ...]:
     rows = []
     for level in range(spec.depth + 1):
         mine = [t for t in tensors if t.level == level]
-        rows.append(Level(level, tuple(s // 2 ** level for s in spec.spatial),
-                          spec.base_filters * 2 ** level, sum(t.params + t.stats for t in mine),
+        rows.append(Level(level, spec.shape(level), spec.filters(level), sum(t.params + t.stats for t in mine),
                           sum(t.nbytes for t in mine if t.kept)))
     return tuple(rows)
 
@@ -401,9 +352,10 @@ def _reset_peak_rss() -> None:
 
 
 def _probe(request: dict) -> dict:
-    """The measuring process: build, then time ``steps`` train steps (forward, the
-    segmentation loss, backward, Adam: what ``steps.make_train_step`` does without the
-    allreduce) on random data."""
+    """The measuring process: build, then time ``steps`` train steps on random data.
+    The step is training's own (``steps.make_train_step``: forward, the segmentation
+    loss, backward, the allreduce of a one-rank Horovod, Adam), so what is measured is
+    what a training rank holds; Horovod starts before the baseline is read."""
     import time
 
     import numpy as np
@@ -413,47 +365,34 @@ def _probe(request: dict) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
-    from distseg.networks import unet as model_lib
+    from distseg.networks import unet
+    from distseg.training import distributed as dist
+    from distseg.training import steps
+    dist.init()
     spec = UNetSpec(**{**request["spec"], "spatial": tuple(request["spec"]["spatial"])})
     batch = request["batch"]
     float(tf.reduce_sum(tf.constant([1.0, 2.0])))  # TensorFlow's runtime is up
     baseline = _status_bytes("VmRSS")
     _reset_peak_rss()
-    model = model_lib.build_unet(input_shape=spec.spatial, spatial_dims=spec.spatial_dims,
-                                 depth=spec.depth, base_filters=spec.base_filters,
-                                 num_classes=spec.num_classes, in_channels=spec.in_channels,
-                                 norm=spec.norm, recompute=spec.recompute, precision=spec.precision)
-    step = _train_step(model, keras.optimizers.Adam(1e-3), spec.num_classes)
+    model = unet.build(spec)
+    step = steps.make_train_step(model, keras.optimizers.Adam(1e-3), spec.spatial,
+                                 spec.num_classes, "dice")
     rng = np.random.default_rng(0)
     images = rng.normal(size=(batch, *spec.spatial, spec.in_channels)).astype(np.float32)
     masks = rng.integers(0, spec.num_classes, size=(batch, *spec.spatial)).astype(np.uint8)
-    step(images, masks).numpy()
+    flags = np.zeros(2, np.float32)
+    step(images, masks, flags)[0].numpy()
     tf.config.experimental.reset_memory_stats("CPU:0")
     seconds, cpu = [], []
     for _ in range(max(1, request["steps"] - 1)):
         started, started_cpu = time.perf_counter(), time.process_time()
-        step(images, masks).numpy()
+        step(images, masks, flags)[0].numpy()
         seconds.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
+    dist.shutdown()
     return {"peak_rss": _status_bytes("VmHWM") - baseline, "baseline": baseline,
             "tf_peak": tf.config.experimental.get_memory_info("CPU:0")["peak"],
             "step_seconds": seconds, "step_cpu_seconds": cpu}
-
-
-def _train_step(model, optimizer, num_classes: int):
-    import tensorflow as tf
-
-    from distseg.networks import losses
-
-    @tf.function
-    def train_step(images, masks):
-        with tf.GradientTape() as tape:
-            loss = losses.segmentation_loss(model(images, training=True), masks, num_classes)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
 
 
 if __name__ == "__main__":

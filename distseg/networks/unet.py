@@ -14,7 +14,8 @@ BraTS study of Intel and Dell. Their 3D U-Net (Intel's ``unet_3d``: the same top
 with a bias on every convolution before its BatchNorm, one FLAIR input channel and one
 sigmoid output) has 5,650,801 (5,647,857 trainable); ours drops the 1,472 biases that
 BatchNorm's offset makes redundant and has 3 softmax outputs instead of 1 sigmoid
-(+34). ``distseg.memory`` reproduces both counts by arithmetic.
+(+34). ``distseg.networks.memory`` reproduces both counts from the same
+``distseg.networks.spec.UNetSpec``.
 
 Two options trade time or precision for memory on large 3D inputs (docs/memory.md):
 ``recompute`` (gradient checkpointing of every convolution unit of every level) and
@@ -32,8 +33,8 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from distseg.core.config import PRECISIONS, ModelConfig
-from distseg.networks import memory
+from distseg.core.config import ModelConfig
+from distseg.networks.spec import NORM_SUFFIX, UNetSpec
 
 #: Keras dtype policy per precision; None is Keras' global policy (float32 unless a
 #: caller, such as a benchmark comparing policies, set another).
@@ -157,15 +158,16 @@ class ConvUnit(layers.Layer):
     """
 
     def __init__(self, filters: int, spatial_dims: int, norm: str, bn_momentum: float,
-                 name: str, index: int, dtype=None, up_name: str | None = None, up_dtype=None):
+                 name: str, index: int, dtype=None, up_name: str | None = None, up_dtype=None,
+                 use_bias: bool = False):
         super().__init__(name=f"{name}_unit{index}", dtype=dtype)
         conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
         up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
         # Created first, so the variables come in the plain model's order (up, conv, norm).
         self.up = up(filters, 2, strides=2, name=up_name, dtype=up_dtype) if up_name else None
-        self.conv = conv(filters, 3, padding="same", use_bias=norm == "none",
+        self.conv = conv(filters, 3, padding="same", use_bias=use_bias,
                          kernel_initializer="he_normal", name=f"{name}_conv{index}", dtype=dtype)
-        self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{_NORM_SUFFIX.get(norm, '')}{index}",
+        self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{NORM_SUFFIX.get(norm, '')}{index}",
                                 dtype=dtype)
 
     def call(self, inputs, training=False):
@@ -215,9 +217,6 @@ class ConvUnit(layers.Layer):
         return inputs, grads[len(again):]
 
 
-_NORM_SUFFIX = {"batch": "bn", "group": "gn"}
-
-
 def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype):
     """The normalisation after a convolution, or None for ``norm="none"``."""
     if norm == "batch":
@@ -229,74 +228,71 @@ def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype):
 
 @dataclasses.dataclass(frozen=True)
 class _Parts:
-    """What every level of one U-Net is built from."""
+    """Makes the layers of one ``UNetSpec``, level by level (names, filters and
+    precisions from the spec)."""
 
-    spatial: tuple
-    norm: str
+    spec: UNetSpec
     bn_momentum: float
-    recompute: bool
-    precision: str
-
-    @property
-    def spatial_dims(self) -> int:
-        return len(self.spatial)
 
     def dtype(self, level: int) -> str | None:
-        """The Keras dtype policy of ``level``'s layers (see ``memory.level_precision``:
-        bfloat16 3D levels with an extent of 2 compute in float32)."""
-        return _POLICIES[memory.level_precision(self.precision, self.spatial, level)]
+        """The Keras dtype policy of ``level``'s layers (``UNetSpec.precision_of``)."""
+        return _POLICIES[self.spec.precision_of(level)]
 
-    def decoder_block(self, below, skip, filters: int, level: int):
+    def unit(self, filters: int, block: str, level: int, i: int, **up) -> ConvUnit:
+        """A checkpointed convolution unit (``recompute``)."""
+        s = self.spec
+        return ConvUnit(filters, s.spatial_dims, s.norm, self.bn_momentum, block, i,
+                        dtype=self.dtype(level), use_bias=s.has_bias(), **up)
+
+    def decoder_block(self, below, skip, level: int):
         """Decoder ``level``: upsampling of the level below, the skip concatenation and
         two convolution units."""
-        if self.recompute:  # the first unit upsamples and concatenates (both recomputed)
-            x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 1,
-                         dtype=self.dtype(level), up_name=f"up{level}",
-                         up_dtype=self.dtype(level + 1))([below, skip])
-            return ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, f"dec{level}", 2,
-                            dtype=self.dtype(level))(x)
-        up = self.up(below, filters, level)
+        filters = self.spec.filters(level)
+        if self.spec.recompute:  # the first unit upsamples and concatenates (both recomputed)
+            x = self.unit(filters, f"dec{level}", level, 1, up_name=f"up{level}",
+                          up_dtype=self.dtype(level + 1))([below, skip])
+            return self.unit(filters, f"dec{level}", level, 2)(x)
+        up = self.up(below, level)
         x = layers.Concatenate(name=f"skip{level}", dtype=self.dtype(level))([up, skip])
-        return self.block(x, filters, f"dec{level}", level)
+        return self.block(x, f"dec{level}", level)
 
-    def block(self, x, filters: int, name: str, level: int):
+    def block(self, x, block: str, level: int):
         """Two convolution units (conv, norm, ReLU)."""
-        dtype = self.dtype(level)
-        if self.recompute:
+        s, dtype, filters = self.spec, self.dtype(level), self.spec.filters(level)
+        if s.recompute:
             for i in (1, 2):
-                x = ConvUnit(filters, self.spatial_dims, self.norm, self.bn_momentum, name, i,
-                             dtype=dtype)(x)
+                x = self.unit(filters, block, level, i)(x)
             return x
-        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
+        conv = layers.Conv2D if s.spatial_dims == 2 else layers.Conv3D
         for i in (1, 2):
-            x = conv(filters, 3, padding="same", use_bias=self.norm == "none",
-                     kernel_initializer="he_normal", name=f"{name}_conv{i}", dtype=dtype)(x)
-            norm = _norm_layer(self.norm, filters, self.bn_momentum,
-                               f"{name}_{_NORM_SUFFIX.get(self.norm, '')}{i}", dtype=dtype)
+            x = conv(filters, 3, padding="same", use_bias=s.has_bias(),
+                     kernel_initializer="he_normal", name=f"{block}_conv{i}", dtype=dtype)(x)
+            norm = _norm_layer(s.norm, filters, self.bn_momentum, s.norm_name(block, i), dtype=dtype)
             if norm is not None:
                 x = norm(x)
-            x = layers.Activation("relu", name=f"{name}_relu{i}", dtype=dtype)(x)
+            x = layers.Activation("relu", name=f"{block}_relu{i}", dtype=dtype)(x)
         return x
 
     def pool(self, x, level: int):
         """Max-pooling from ``level`` to ``level + 1``, in the precision of the latter."""
-        pool = layers.MaxPooling2D if self.spatial_dims == 2 else layers.MaxPooling3D
+        pool = layers.MaxPooling2D if self.spec.spatial_dims == 2 else layers.MaxPooling3D
         return pool(2, name=f"pool{level}", dtype=self.dtype(level + 1))(x)
 
-    def up(self, x, filters: int, level: int):
+    def up(self, x, level: int):
         """Transposed convolution from ``level + 1`` to ``level``, in the precision of the
         former (its filter gradient is computed on the smaller extents)."""
-        up = layers.Conv2DTranspose if self.spatial_dims == 2 else layers.Conv3DTranspose
-        return up(filters, 2, strides=2, name=f"up{level}", dtype=self.dtype(level + 1))(x)
+        up = layers.Conv2DTranspose if self.spec.spatial_dims == 2 else layers.Conv3DTranspose
+        return up(self.spec.filters(level), 2, strides=2, name=f"up{level}", dtype=self.dtype(level + 1))(x)
 
-    def head(self, x, num_classes: int):
+    def head(self, x):
         """Per-class probabilities, always float32. In bfloat16 the 1x1 convolution runs
         in bfloat16 and only its logits are cast for the softmax (a float32 1x1 conv would
         keep a float32 copy of the last level's features for its backward pass)."""
-        conv = layers.Conv2D if self.spatial_dims == 2 else layers.Conv3D
-        if self.precision == "float32":
-            return conv(num_classes, 1, activation="softmax", dtype="float32", name="probs")(x)
-        logits = conv(num_classes, 1, dtype=self.dtype(0), name="logits")(x)
+        conv = layers.Conv2D if self.spec.spatial_dims == 2 else layers.Conv3D
+        classes = self.spec.num_classes
+        if self.spec.precision == "float32":
+            return conv(classes, 1, activation="softmax", dtype="float32", name="probs")(x)
+        logits = conv(classes, 1, dtype=self.dtype(0), name="logits")(x)
         return layers.Activation("softmax", dtype="float32", name="probs")(logits)
 
 
@@ -317,21 +313,13 @@ def spatial_shape(image_size: int, input_shape: Sequence[int] | None, spatial_di
     return shape
 
 
-def _check(depth: int, base_filters: int, num_classes: int, norm: str, precision: str) -> None:
-    if depth < 1 or base_filters < 1 or num_classes < 2:
-        raise ValueError("need depth >= 1, base_filters >= 1 and num_classes >= 2")
-    if norm not in ("batch", "group", "none"):
-        raise ValueError(f"norm must be 'batch', 'group' or 'none', got {norm!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-
 def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = None,
                spatial_dims: int = 2, depth: int = 4, base_filters: int = 64,
                num_classes: int = 3, in_channels: int = 1, dropout: float = 0.0,
                norm: str = "batch", bn_momentum: float = 0.9, recompute: bool = False,
                precision: str = "float32", name: str = "unet") -> keras.Model:
-    """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps.
+    """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps: the
+    ``UNetSpec`` of these arguments, made by ``build``.
 
     Args:
       image_size: spatial extent on every axis (square/cubic input) when
@@ -341,7 +329,7 @@ def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = Non
       spatial_dims: 2 for slices, 3 for volumes.
       depth: number of poolings.
       base_filters: filters at the first level, doubled at each pooling.
-      num_classes: output channels (softmax over classes).
+      num_classes: output channels (softmax over classes, so at least 2).
       in_channels: input channels.
       dropout: dropout rate in the bottleneck.
       norm: ``batch``, ``group`` (GroupNorm: no moving statistics, so training and
@@ -357,25 +345,42 @@ def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = Non
       ValueError: a hyper-parameter that cannot build a valid network.
     """
     shape = spatial_shape(image_size, input_shape, spatial_dims, depth)
-    _check(depth, base_filters, num_classes, norm, precision)
-    parts = _Parts(shape, norm, bn_momentum, recompute, precision)
-    inputs = keras.Input(shape + (in_channels,), name="image")
+    if num_classes < 2:
+        raise ValueError(f"need num_classes >= 2 (softmax), got {num_classes}")
+    spec = UNetSpec(shape, depth=depth, base_filters=base_filters, in_channels=in_channels,
+                    num_classes=num_classes, norm=norm, recompute=recompute, precision=precision)
+    return build(spec, dropout=dropout, bn_momentum=bn_momentum, name=name)
+
+
+def build(spec: UNetSpec, *, dropout: float = 0.0, bn_momentum: float = 0.9,
+          name: str = "unet") -> keras.Model:
+    """The Keras model of ``spec`` (softmax outputs, so ``spec.num_classes >= 2``)."""
+    if spec.num_classes < 2 or spec.conv_bias:
+        raise ValueError("distseg builds softmax U-Nets without convolution biases before a "
+                         f"norm: num_classes >= 2 and conv_bias False, got {spec.num_classes}, "
+                         f"{spec.conv_bias}")
+    parts = _Parts(spec, bn_momentum)
+    inputs = keras.Input(spec.spatial + (spec.in_channels,), name="image")
     x, skips = inputs, []
-    for level in range(depth):
-        x = parts.block(x, base_filters * 2 ** level, f"down{level}", level)
+    for level in range(spec.depth):
+        x = parts.block(x, f"down{level}", level)
         skips.append(x)
         x = parts.pool(x, level)
-    x = parts.block(x, base_filters * 2 ** depth, "bottleneck", depth)
+    x = parts.block(x, "bottleneck", spec.depth)
     if dropout:
-        x = layers.Dropout(dropout, name="dropout", dtype=parts.dtype(depth))(x)
-    for level in reversed(range(depth)):
-        x = parts.decoder_block(x, skips[level], base_filters * 2 ** level, level)
-    return keras.Model(inputs, parts.head(x, num_classes), name=name)
+        x = layers.Dropout(dropout, name="dropout", dtype=parts.dtype(spec.depth))(x)
+    for level in reversed(range(spec.depth)):
+        x = parts.decoder_block(x, skips[level], level)
+    return keras.Model(inputs, parts.head(x), name=name)
 
 
 def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> keras.Model:
     """The U-Net of a ``ModelConfig``, for inputs of ``input_shape`` (the 2D slice or
-    the 3D slab; None: ``image_size`` on every axis)."""
+    the 3D slab; None: ``image_size`` on every axis). The config's classes must have
+    been read from the data file (``feeds.with_classes``) or set."""
+    if not cfg.num_classes:
+        raise ValueError("model.num_classes is 0, which means 'from the data file': "
+                         "resolve it with distseg.data.feeds.with_classes first")
     return build_unet(cfg.image_size, input_shape=input_shape, spatial_dims=cfg.spatial_dims,
                       depth=cfg.depth, base_filters=cfg.base_filters,
                       num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,

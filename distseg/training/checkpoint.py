@@ -1,6 +1,7 @@
 """Checkpoints of a run: everything needed to continue it exactly, saved by rank 0.
 
-Layout under ``RUN/checkpoints/``, one stem per checkpoint::
+Layout under ``RUN/checkpoints/``, one stem per checkpoint (the names are
+``distseg.core.rundir``'s)::
 
     epoch-0003.weights.h5           Keras weights after 3 finished epochs (rank 0's)
     epoch-0003.state.npz            optimizer variables; every rank's local variables
@@ -28,20 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distseg.core import schema
+from distseg.core import rundir
 from distseg.core.errors import InputError
-
-LATEST = "latest.json"
-
-
-def directory(run_dir: str) -> str:
-    return os.path.join(run_dir, schema.CHECKPOINT_DIR)
-
-
-def stem_name(epoch: int, step: int = 0) -> str:
-    """``epoch-0003`` (3 epochs done) or ``epoch-0003-step-000012`` (12 steps into
-    epoch index 3); names sort in training order."""
-    return f"epoch-{epoch:04d}" + (f"-step-{step:06d}" if step else "")
 
 
 def write_json_atomic(path: str, obj) -> None:
@@ -108,32 +97,36 @@ def save(run_dir: str, position: Position, model, optimizer, ranks: list[RankSta
     """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
     and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
     (gathered). Returns the stem's path."""
-    ckdir = directory(run_dir)
+    ckdir = rundir.checkpoint_dir(run_dir)
     os.makedirs(ckdir, exist_ok=True)
-    name = stem_name(position.epoch, position.step)
-    stem = os.path.join(ckdir, name)
-    model.save_weights(f"{stem}.tmp.weights.h5")
-    os.replace(f"{stem}.tmp.weights.h5", f"{stem}.weights.h5")
-    with open(f"{stem}.tmp.state.npz", "wb") as f:
+    name = rundir.checkpoint_stem(position.epoch, position.step)
+    files = {kind: os.path.join(ckdir, rundir.checkpoint_file(name, kind))
+             for kind in rundir.CHECKPOINT_FILES}
+    temporary = {kind: os.path.join(ckdir, rundir.temporary_file(name, kind))
+                 for kind in rundir.CHECKPOINT_FILES}
+    model.save_weights(temporary["weights"])
+    os.replace(temporary["weights"], files["weights"])
+    with open(temporary["state"], "wb") as f:
         np.savez(f, **_state_arrays(optimizer, ranks))
-    os.replace(f"{stem}.tmp.state.npz", f"{stem}.state.npz")
+    os.replace(temporary["state"], files["state"])
     manifest = {**position.__dict__, "format": 1, "files": {
-        kind: {"name": f"{name}.{kind}.{ext}", "sha256": sha256(f"{stem}.{kind}.{ext}")}
-        for kind, ext in (("weights", "h5"), ("state", "npz"))}}
-    write_json_atomic(f"{stem}.json", manifest)  # last: a manifest means a whole checkpoint
-    write_json_atomic(os.path.join(ckdir, LATEST), {"manifest": f"{name}.json",
-                                                    "epoch": position.epoch,
-                                                    "step": position.step})
+        kind: {"name": os.path.basename(path), "sha256": sha256(path)}
+        for kind, path in files.items()}}
+    # Last: a manifest means a whole checkpoint.
+    write_json_atomic(os.path.join(ckdir, rundir.manifest_name(name)), manifest)
+    write_json_atomic(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
+                      {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
+                       "step": position.step})
     rotate(ckdir, keep)
-    return stem
+    return os.path.join(ckdir, name)
 
 
 def stems(ckdir: str) -> list[str]:
     """Checkpoint stems present in ``ckdir``, oldest first (temporary files ignored)."""
     if not os.path.isdir(ckdir):
         return []
-    return sorted({f.split(".")[0] for f in os.listdir(ckdir)
-                   if f.startswith("epoch-") and ".tmp." not in f})
+    return sorted({rundir.stem_of(f) for f in os.listdir(ckdir)
+                   if rundir.stem_of(f) and not rundir.is_temporary(f)})
 
 
 def rotate(ckdir: str, keep: int) -> list[str]:
@@ -142,7 +135,7 @@ def rotate(ckdir: str, keep: int) -> list[str]:
     removed = stems(ckdir)[:-keep] if keep > 0 else []
     for old in removed:
         for f in os.listdir(ckdir):
-            if f.split(".")[0] == old:
+            if rundir.stem_of(f) == old:
                 os.remove(os.path.join(ckdir, f))
     return removed
 
@@ -167,13 +160,13 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
 def find(run_dir: str, verify: bool = True) -> tuple[dict | None, list[str]]:
     """The newest whole checkpoint of a run, and a warning for each newer one that was
     damaged and skipped. ``(None, warnings)`` when the run has none."""
-    ckdir = directory(run_dir)
+    ckdir = rundir.checkpoint_dir(run_dir)
     warnings = []
     for stem in reversed(stems(ckdir)):
-        if not os.path.exists(os.path.join(ckdir, f"{stem}.json")):
+        if not os.path.exists(os.path.join(ckdir, rundir.manifest_name(stem))):
             continue  # an older layout, or a save cut short before its manifest
         try:
-            return manifest_entry(ckdir, f"{stem}.json", verify), warnings
+            return manifest_entry(ckdir, rundir.manifest_name(stem), verify), warnings
         except InputError as e:
             warnings.append(f"skipped checkpoint {stem}: {e}")
     return None, warnings

@@ -27,8 +27,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from distseg.core import config as config_lib
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.core.errors import Interrupted, RunError
+from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
 from distseg.data import slices as data
 from distseg.training import checkpoint, resume, steps, stopping
@@ -71,14 +72,14 @@ def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
-    found = schema.existing_run(run_dir) if ctx.is_root() else None
+    found = rundir.existing_run(run_dir) if ctx.is_root() else None
     if found:
         raise RunError(f"{run_dir}: already holds a run ({found} exists); "
                        "choose a new --run-dir", exit_code=2)
 
 
 def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
-    logs = os.path.join(run_dir, schema.LOG_DIR)
+    logs = rundir.log_dir(run_dir)
     probe = os.path.join(logs, f".probe-{ctx.rank}-{os.getpid()}")
     try:
         os.makedirs(logs, exist_ok=True)
@@ -92,8 +93,8 @@ def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
 def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
     # Chief-only side effect: one config per run, written before any rank logs.
     if ctx.is_root():
-        checkpoint.write_json_atomic(os.path.join(cfg.run_dir, schema.CONFIG_FILE), cfg.to_dict())
-        os.makedirs(checkpoint.directory(cfg.run_dir), exist_ok=True)
+        checkpoint.write_json_atomic(rundir.config_path(cfg.run_dir), cfg.to_dict())
+        os.makedirs(rundir.checkpoint_dir(cfg.run_dir), exist_ok=True)
 
 
 def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
@@ -194,7 +195,7 @@ class Session:
     """``perf_counter`` at the agreed start; log times count from here."""
     start_time: float
     """Unix time of the agreed start on rank 0's clock, the same on every rank."""
-    stop: stopping.StopFlag
+    stop: StopFlag
     resumed: resume.Resumed | None = None
     start: tuple[int, int] = (0, 0)
     """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
@@ -265,7 +266,7 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
-    stop = stopping.StopFlag()
+    stop = StopFlag()
     stopping.install(stop, resources, stopping.stop_signals(dist.is_elastic()))
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
@@ -296,8 +297,7 @@ def _on_hang(s: Session, where: str, waited: float) -> None:
     the log, give the other waiting ranks a moment to say so too, then name the ranks
     that did not (they stopped answering), write the ``end`` record and exit."""
     t = time.perf_counter() - s.t0
-    paths = {r: os.path.join(s.cfg.run_dir, schema.LOG_DIR, schema.log_name(r))
-             for r in range(s.ctx.size)}
+    paths = rundir.log_paths(s.cfg.run_dir, s.ctx.size)
     try:
         s.log.write("stalled", t=t, waited=waited, where=where)
         time.sleep(min(15.0, max(3.0, waited / 10)))
@@ -559,8 +559,7 @@ def _lost_ranks(s: Session, error: BaseException) -> str:
     if not dist.lost_peer(error):
         return ""
     time.sleep(0.5)  # let the surviving ranks write their own ending first
-    paths = {r: os.path.join(s.cfg.run_dir, schema.LOG_DIR, schema.log_name(r))
-             for r in range(s.ctx.size)}
+    paths = rundir.log_paths(s.cfg.run_dir, s.ctx.size)
     lost = stopping.silent_ranks(paths, s.ctx.rank)
     return (f"lost rank(s) {', '.join(map(str, lost))}: killed or exited without an end record; "
             if lost else "lost another rank: ")
@@ -640,10 +639,12 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     threads = configure_threads(cfg.train, ctx.cores)
     if dist.is_elastic():
         # No collective before the elastic loop: a rank that joins later runs this alone.
+        cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
         state = build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
         elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
         return dist.run_elastic(elastic_launch, elastic, cfg, resuming, state, threads)
     feed = dist.agree(check_inputs, cfg, ctx)
+    cfg = feed.cfg  # with the data file's classes: what is built, trained and saved
     state, resumed = start_state(cfg, ctx, feed, resuming)
     return launch(cfg, ctx, feed, state, resumed, threads)
 

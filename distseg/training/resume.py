@@ -1,5 +1,5 @@
 """Checkpointing and resuming a run across ranks (the collective side of
-``distseg.checkpoint``).
+``distseg.training.checkpoint``).
 
 ``save`` gathers every rank's local state to rank 0, which writes the checkpoint;
 ``restore`` has rank 0 find, verify and load the newest whole checkpoint and every rank
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
 from distseg.training import checkpoint
 from distseg.training import distributed as dist
@@ -58,18 +59,19 @@ def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
     """Rank 0: the checkpoint to resume at ``size`` ranks. A checkpoint inside an epoch
     written at another number of ranks cannot be continued step for step (its shards
     were cut for the old size): the newest epoch-boundary checkpoint is used instead."""
+    ckdir = rundir.checkpoint_dir(run_dir)
     entry, warnings = checkpoint.find(run_dir)
     if entry is None:
-        raise InputError(f"{checkpoint.directory(run_dir)}: holds no whole checkpoint to resume from")
+        raise InputError(f"{ckdir}: holds no whole checkpoint to resume from")
     pos = entry["position"]
     if pos.step and pos.size != size:
-        boundary = [c for c in checkpoint.stems(checkpoint.directory(run_dir))
-                    if "-step-" not in c and c < checkpoint.stem_name(pos.epoch, pos.step)]
+        boundary = [c for c in checkpoint.stems(ckdir) if not rundir.is_inside_epoch(c)
+                    and c < rundir.checkpoint_stem(pos.epoch, pos.step)]
         if not boundary:
             raise InputError(f"{entry['manifest']}: written {pos.step} steps into an epoch at "
                              f"{pos.size} ranks; resume at {pos.size} ranks (no epoch-boundary "
                              "checkpoint to resume from at another size)")
-        older = checkpoint.manifest_entry(checkpoint.directory(run_dir), f"{boundary[-1]}.json", True)
+        older = checkpoint.manifest_entry(ckdir, rundir.manifest_name(boundary[-1]), True)
         warnings.append(f"{entry['manifest']} is {pos.step} steps into epoch {pos.epoch} at "
                         f"{pos.size} ranks; resuming at {size} ranks from {older['manifest']} "
                         f"({pos.global_step - older['position'].global_step} steps redone)")

@@ -1,6 +1,6 @@
-"""Per-rank JSON-lines run logs (schema in ``distseg.schema``).
+"""Per-rank JSON-lines run logs (schema in ``distseg.core.schema``).
 
-Every rank writes its own file, ``RUN/logs/rank-NNNNN.jsonl``, one record per line,
+Every rank writes its own file, ``RUN/logs/rank-NNNNN.jsonl`` (``distseg.core.rundir``), one record per line,
 flushed per line so that a killed job loses at most the line being written. Logs are
 opened for appending: a resumed run continues its files.
 """
@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from distseg.core import schema
+from distseg.core import rundir
 
 
 def _clean(value: Any) -> Any:
@@ -34,7 +34,7 @@ class RunLog:
 
     def __init__(self, run_dir: str, rank: int):
         self.rank = rank
-        self.path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+        self.path = rundir.log_path(run_dir, rank)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
 

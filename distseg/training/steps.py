@@ -37,6 +37,50 @@ def _input_spec(spatial_shape: Sequence[int]):
     return [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
 
 
+def loss_and_grads(model, images, masks, num_classes: int, loss: str):
+    """Forward and backward on this rank's batch: (local loss, gradients of the
+    trainable variables). Traced inside the steps below; a benchmark or a test that
+    needs the step without its allreduce calls this, not a copy."""
+    import tensorflow as tf
+
+    from distseg.networks import losses
+    with tf.GradientTape() as tape:
+        probs = model(images, training=True)
+        local_loss = losses.segmentation_loss(probs, masks, num_classes, loss)
+    return local_loss, tape.gradient(local_loss, model.trainable_variables)
+
+
+def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
+    """``loss_and_grads`` with what the step needs to skip an update: (BatchNorm
+    statistics, their values before the forward pass, local loss, gradients, 1.0 if
+    the loss or a gradient is not finite on this rank)."""
+    import tensorflow as tf
+    # BatchNorm's moving statistics change in the forward pass itself: keep a copy
+    # to put back when the step is skipped, so a NaN batch cannot poison them.
+    stats = list(model.non_trainable_weights)
+    before = [tf.identity(v) for v in stats]
+    local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)), tf.float32)
+    return stats, before, local_loss, grads, nonfinite
+
+
+def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
+    """Applies ``grads`` unless ``skip_flag`` > 0; then puts ``stats`` back to ``before``."""
+    import tensorflow as tf
+
+    def apply():
+        optimizer.apply_gradients(zip(grads, variables))
+        return tf.constant(True)
+
+    def skip():
+        for v, old in zip(stats, before):
+            v.assign(old)
+        return tf.constant(False)
+
+    return tf.cond(skip_flag > 0, skip, apply)
+
+
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str):
     """Compiles ``train_step(images, masks, flags) -> (loss, mean loss, any flags)``.
 
@@ -50,36 +94,15 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     """
     import tensorflow as tf
 
-    from distseg.networks import losses
-
     @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)])
     def train_step(images, masks, flags):
-        # BatchNorm's moving statistics change in the forward pass itself: keep a copy
-        # to put back when the step is skipped, so a NaN batch cannot poison them.
-        stats = list(model.non_trainable_weights)
-        before = [tf.identity(v) for v in stats]
-        with tf.GradientTape() as tape:
-            probs = model(images, training=True)
-            local_loss = losses.segmentation_loss(probs, masks, num_classes, loss)
-        grads = tape.gradient(local_loss, model.trainable_variables)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)),
-                                  tf.float32)
+        stats, before, local_loss, grads, nonfinite = checked_loss_and_grads(
+            model, images, masks, num_classes, loss)
         # Horovod: average gradients, the loss (for logging) and the flags in one
         # grouped allreduce.
         grads, (mean_loss, mean_flags) = dist.average_gradients(
             grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
-
-        def apply():
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return tf.constant(True)
-
-        def skip():
-            for v, old in zip(stats, before):
-                v.assign(old)
-            return tf.constant(False)
-
-        tf.cond(mean_flags[2] > 0, skip, apply)
+        apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
         return local_loss, mean_loss, mean_flags
 
     return train_step

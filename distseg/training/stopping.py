@@ -1,6 +1,6 @@
-"""Asking a run to stop: signals and a vanished launcher set one flag, and the training
-loop stops every rank together at the next step (the flag rides in the step's
-allreduce), after a checkpoint.
+"""Asking a run to stop: signals and a vanished launcher set one flag
+(``distseg.core.stopflag.StopFlag``), and the training loop stops every rank together
+at the next step (the flag rides in the step's allreduce), after a checkpoint.
 
 Raising from the signal handler instead would interrupt whatever runs at that moment,
 a Horovod collective included, and leave the other ranks waiting in it.
@@ -12,29 +12,18 @@ import os
 import signal
 import threading
 
+from distseg.core.stopflag import StopFlag
+
 #: Signals that ask for a clean stop: SIGTERM (Slurm at the time limit, ``kill``,
 #: ``docker stop``) and SIGUSR1 (``sbatch --signal=USR1@...`` before the limit).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: Launcher processes the ranks watch. ``horovodrun`` turns itself into ``sh -c mpirun
-#: ...`` (MPI) or stays a Python parent (Gloo); killed alone, it left ``mpirun`` and the
-#: ranks training on. So a rank stops when the nearest of these ancestors dies or is
-#: orphaned (its parent, the killed ``horovodrun`` or batch script, is gone).
-LAUNCHERS = ("horovodrun", "mpirun", "mpiexec", "orterun")
-
-
-class StopFlag:
-    """Set once, from a signal handler or the watchdog thread; read by the loop."""
-
-    def __init__(self):
-        self.reason: str | None = None
-
-    @property
-    def requested(self) -> bool:
-        return self.reason is not None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
+#: Names of the launcher processes whose death stops the ranks (not the choices of
+#: ``distseg-jobs --launcher``, which are ``distseg.cluster.jobs.LAUNCHERS``).
+#: ``horovodrun`` turns itself into ``sh -c mpirun ...`` (MPI) or stays a Python parent
+#: (Gloo); killed alone, it left ``mpirun`` and the ranks training on. So a rank stops
+#: when the nearest of these ancestors dies or is orphaned (its parent, the killed
+#: ``horovodrun`` or batch script, is gone).
+WATCHED_LAUNCHERS = ("horovodrun", "mpirun", "mpiexec", "orterun")
 
 
 def stop_signals(elastic: bool) -> tuple:
@@ -77,11 +66,11 @@ def _parent(pid: int) -> int:
 
 
 def find_launcher(pid: int | None = None) -> int | None:
-    """The nearest ancestor process that is one of ``LAUNCHERS``, or None."""
+    """The nearest ancestor process that is one of ``WATCHED_LAUNCHERS``, or None."""
     pid = _parent(os.getpid() if pid is None else pid)
     while pid > 1:
         args = _cmdline(pid)
-        if any(os.path.basename(a) in LAUNCHERS for a in args[:2]):
+        if any(os.path.basename(a) in WATCHED_LAUNCHERS for a in args[:2]):
             return pid
         pid = _parent(pid)
     return None

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 
 CLASSES = ("background", "liver", "lesion")
 
@@ -181,12 +181,12 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
 def write_run(run_dir: str, spec: RunSpec | None = None, **changes) -> str:
     """Writes a run directory for ``spec`` (with ``changes`` applied); returns it."""
     spec = dataclasses.replace(spec or RunSpec(), **changes)
-    os.makedirs(os.path.join(run_dir, schema.LOG_DIR), exist_ok=True)
-    os.makedirs(os.path.join(run_dir, schema.CHECKPOINT_DIR), exist_ok=True)
-    with open(os.path.join(run_dir, schema.CONFIG_FILE), "w") as f:
+    os.makedirs(rundir.log_dir(run_dir), exist_ok=True)
+    os.makedirs(rundir.checkpoint_dir(run_dir), exist_ok=True)
+    with open(rundir.config_path(run_dir), "w") as f:
         json.dump(config(spec, run_dir), f)
     for rank in range(spec.size):
-        path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+        path = rundir.log_path(run_dir, rank)
         with open(path, "w") as f:
             for rec in records(spec, rank, run_dir):
                 if isinstance(rec, str):
@@ -235,8 +235,8 @@ def end_record(rank: int, t: float, status: str = "ok", reason: str = "finished"
 
 def write_log(run_dir: str, rank: int, lines: Sequence[dict | str]) -> str:
     """Writes ``rank``'s log of hand-built records (a ``str`` is written as it is)."""
-    os.makedirs(os.path.join(run_dir, schema.LOG_DIR), exist_ok=True)
-    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    os.makedirs(rundir.log_dir(run_dir), exist_ok=True)
+    path = rundir.log_path(run_dir, rank)
     with open(path, "w") as f:
         for rec in lines:
             f.write(rec if isinstance(rec, str) else json.dumps(rec, separators=(",", ":")) + "\n")

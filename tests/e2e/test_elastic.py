@@ -18,7 +18,8 @@ from analysis.logs import load_run
 from distseg.core import schema
 from distseg.data import slices as data
 
-from support import BIN, command_env, wait_for_log
+from proc_group import horovodrun_cmd
+from support import command_env, wait_for_log
 from support import log_records as records
 
 TIMEOUT = 300
@@ -38,10 +39,12 @@ def _discovery(tmp_path, hosts: list[str]) -> tuple[str, str]:
 
 def _elastic_launch(script: str, tiny: str, run_dir: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [f"{BIN}/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--gloo",
-         "--host-discovery-script", script, "--network-interface", "lo",
-         f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
-         "--epochs", str(EPOCHS), "--intra-op-threads", "1", "--inter-op-threads", "1"],
+        horovodrun_cmd(
+            "distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
+            "--epochs", str(EPOCHS), "--intra-op-threads", "1", "--inter-op-threads", "1",
+            controller="gloo", local_hosts=False,
+            launcher_args=["--min-np", "1", "--max-np", "2", "--host-discovery-script", script,
+                           "--network-interface", "lo"]),
         env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
@@ -77,7 +80,7 @@ def test_a_host_leaves_and_the_run_finishes_on_the_rest(tiny, tmp_path):
     assert 1 <= first_at_one < EPOCHS
 
     # Every epoch logged, each exactly covered by the ranks of the launch that finished it.
-    train_ids = data.inspect(tiny).train_indices
+    train_ids = data.examine(tiny).train_indices
     train = schema.sample_digest(train_ids)
     by_epoch: dict[int, list] = {}
     for rank in (0, 1):

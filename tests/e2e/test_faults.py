@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.data import slices as data
 
 from proc_group import run_group
@@ -35,7 +35,7 @@ def horovodrun(*args, controller="mpi"):
 def records(run_dir: str, rank: int) -> list[dict]:
     """Rank ``rank``'s whole records: a line still being written (no newline yet, as
     while the run goes on, or cut by a kill) is not one."""
-    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    path = rundir.log_path(run_dir, rank)
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
@@ -90,7 +90,7 @@ class Launch:
 
 
 def _no_tmp(run_dir):
-    return not [f for f in os.listdir(os.path.join(run_dir, "checkpoints")) if ".tmp" in f]
+    return not [f for f in os.listdir(rundir.checkpoint_dir(run_dir)) if ".tmp" in f]
 
 
 @pytest.mark.parametrize("controller", ["mpi", "gloo"])
@@ -116,7 +116,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_a_checkpoint(tiny, tmp_path,
     ends = run.ends()
     assert ends[1][0] == "interrupted" and ends[1][1].startswith("received signal 15 (SIGTERM)")
     assert ends[0][0] == "interrupted" and "another rank was asked to stop" in ends[0][1]
-    latest = json.load(open(os.path.join(run.run_dir, "checkpoints", "latest.json")))
+    latest = json.load(open(rundir.latest_path(run.run_dir)))
     assert latest["epoch"] * 16 + latest["step"] >= 20  # no finished step lost
     assert _no_tmp(run.run_dir)
 
@@ -167,7 +167,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny, tmp_path):
     for pid in pids:  # Slurm at the time limit: every rank gets SIGTERM
         os.kill(pid, signal.SIGTERM)
     run.seconds_until_gone(pids, 10)
-    cp = json.load(open(os.path.join(cut, "checkpoints", "latest.json")))
+    cp = json.load(open(rundir.latest_path(cut)))
     # Inside an epoch (mid-epoch resume is the point), before the full run's end. CI under
     # load once saw the ranks reach the end of epoch 1 before the signal arrived.
     assert cp["epoch"] in (1, 2) and cp["step"] > 0, cp
@@ -193,7 +193,7 @@ def test_resume_at_another_size_keeps_coverage_exact(tiny, tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     again = horovodrun("--run-dir", run_dir, "--resume", "--epochs", "3")
     assert again.returncode == 0, again.stdout[-3000:]
-    train_ids = data.inspect(tiny).train_indices
+    train_ids = data.examine(tiny).train_indices
     by_epoch: dict[int, list] = {}
     for rank in (0, 1):
         for r in records(run_dir, rank):
@@ -220,13 +220,13 @@ def test_resume_refuses_what_would_change_the_result(tiny, tmp_path, args, messa
                        "--max-steps-per-epoch", "2", "--no-validate"],
                       timeout=TIMEOUT, env=command_env())
     assert first.returncode == 0, first.stderr[-2000:]
-    before = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    before = sorted(os.listdir(rundir.checkpoint_dir(run_dir)))
     out = run_group([f"{BIN}/distseg-train", "--run-dir", run_dir, "--resume", *args],
                     timeout=TIMEOUT, env=command_env())
     assert out.returncode == 2, out.stderr[-2000:]
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
-    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == before
+    assert sorted(os.listdir(rundir.checkpoint_dir(run_dir))) == before
 
 
 def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):

@@ -14,7 +14,7 @@ import time
 import pytest
 from test_jobs import _slurm_env, cli
 
-from distseg.core import schema
+from distseg.core import rundir
 
 from support import BIN, wait_for_log
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def _records(run_dir, rank):
-    path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    path = rundir.log_path(run_dir, rank)
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
@@ -55,7 +55,7 @@ def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
     assert "submit this script again to continue with --resume" in log
     ends = [_records(run_dir, r)[-1] for r in (0, 1)]
     assert [e["status"] for e in ends] == ["interrupted", "interrupted"], ends
-    latest = json.load(open(os.path.join(run_dir, "checkpoints", "latest.json")))
+    latest = json.load(open(rundir.latest_path(run_dir)))
     assert latest["epoch"] * 16 + latest["step"] >= 20
 
     # The requeued job: the same script continues the run from the checkpoint (stopped

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.data import synth
 
 from proc_group import run_group
@@ -206,7 +206,7 @@ def test_distseg_train_two_hosts(hosts, tmp_path):
     assert out.returncode == 0, out.stdout[-4000:]
     runs, steps = [], []
     for rank in (0, 1):
-        records, problems = schema.read_log(str(run_dir / "logs" / schema.log_name(rank)))
+        records, problems = schema.read_log(str(run_dir / "logs" / rundir.log_name(rank)))
         assert not problems
         runs.append(records[0])
         steps.append([r for r in records if r["type"] == "step"])

@@ -19,10 +19,11 @@ from distseg.core.errors import InputError
 from distseg.data import slices as data
 from distseg.data.convert import geometry, samples, sources
 from distseg.data.convert.intensity import Intensity
-from distseg.inference import metrics, predict
+from distseg.inference import metrics, predict, sliding
 
 from proc_group import run_group
 from support import BIN, command_env
+from support import log_records as records
 
 TIMEOUT = 240
 SPACING = (0.7, 0.9, 3.0)
@@ -48,6 +49,12 @@ def prep(size):
     return predict.Preprocessing(Intensity.ct(), size, None, "test")
 
 
+def slices_net(fn, size, batch=8):
+    """A 2D "model" ``fn`` ((B, size, size, 1) -> (B, size, size, C)) as predict runs
+    it: sliding windows of one slice."""
+    return predict.Network(sliding.slicewise(fn), (1, size, size), batch)
+
+
 @pytest.mark.parametrize("orientation", ["PIL", "LPS", "RAS"])
 def test_the_label_comes_back_exactly_through_predict(orientation, tmp_path):
     hu, labels = samples.case_arrays(5, 24, 10, orientation)
@@ -55,10 +62,11 @@ def test_the_label_comes_back_exactly_through_predict(orientation, tmp_path):
     image, seg = str(tmp_path / "scan.nii.gz"), str(tmp_path / "scan_truth.nii.gz")
     samples.save_volume(image, hu, affine)
     samples.save_volume(seg, labels, affine)
-    opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path), batch_size=3)
-    job = predict.Job("scan", image, seg)
+    opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path))
+    scan = predict.Scan("scan", image, seg)
     # 24 -> 48 in-plane and back: exact even with linear interpolation of probabilities
-    result = predict.predict_job(job, prep(48), oracle(labels, affine, 48), 48, opts, 3)
+    result = predict.predict_scan(scan, prep(48), slices_net(oracle(labels, affine, 48), 48, 3),
+                                  opts, 3)
     out = nib.load(result.output)
     assert result.output == str(tmp_path / "scan_seg.nii.gz")
     assert out.shape == labels.shape and out.get_data_dtype() == np.uint8
@@ -67,7 +75,7 @@ def test_the_label_comes_back_exactly_through_predict(orientation, tmp_path):
     assert [(s.dice, s.hd95, s.nsd) for s in result.scores] == [(1.0, 0.0, 1.0)] * 2
     # Downsampled (24 -> 16 -> 24) a copying model is close, not exact.
     vol = sources.image_voxels(nib.load(image), image)
-    down = predict.segment(vol, affine, prep(16), oracle(labels, affine, 16), 16, batch_size=4)
+    down = predict.segment(vol, affine, prep(16), slices_net(oracle(labels, affine, 16), 16, 4))
     assert down.shape == labels.shape
     assert metrics.dice(labels == 1, down == 1) > 0.85
 
@@ -81,7 +89,8 @@ def test_a_model_trained_with_resize_gets_resized_slices(tmp_path):
     def model32(x):  # the data file holds 48x48 slices; the model takes 32x32
         seen.append(x.shape)
         return data.resize_nearest(inner(data.resize_bilinear(x, 48)), 32)
-    seg = predict.segment(sources.Voxels(np.zeros(labels.shape, np.int16)), affine, prep(48), model32, 32, 4)
+    seg = predict.segment(sources.Voxels(np.zeros(labels.shape, np.int16)), affine, prep(48),
+                          slices_net(model32, 32, 4))
     assert seen[0] == (4, 32, 32, 1) and seg.shape == labels.shape
     assert metrics.dice(labels > 0, seg > 0) > 0.9
 
@@ -93,8 +102,8 @@ def test_nrrd_input_is_written_as_nifti_on_its_grid(tmp_path):
     lab = sources.load(seg)
     labels = sources.label_array(lab, seg)
     opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path))
-    result = predict.predict_job(predict.Job("volume-0", image, seg), prep(16),
-                                 oracle(labels, lab.affine, 16), 16, opts, 3)
+    result = predict.predict_scan(predict.Scan("volume-0", image, seg), prep(16),
+                                  slices_net(oracle(labels, lab.affine, 16), 16), opts, 3)
     out = nib.load(result.output)
     np.testing.assert_allclose(out.affine, lab.affine, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(out.dataobj), labels)
@@ -109,37 +118,39 @@ def test_inputs_are_checked_from_their_headers(tmp_path):
     for name, label, words in (("two", None, ["two.nii", "2 channels", "model of RUN takes 1", "--channel"]),
                                ("flat", None, ["flat.nii", "(8, 8)", "model of RUN", "3-D"]),
                                ("vol", "lab", ["lab.nii", "(8, 8, 5)", "vol.nii is (8, 8, 4)"])):
-        job = predict.Job(name, str(tmp_path / f"{name}.nii"),
+        scan = predict.Scan(name, str(tmp_path / f"{name}.nii"),
                           str(tmp_path / f"{label}.nii") if label else None)
         with pytest.raises(InputError) as e:
-            predict.check_job(job, prep(16), "RUN")
+            predict.check_scan(scan, prep(16), "RUN")
         assert all(w in str(e.value) for w in words), str(e.value)
-    predict.check_job(predict.Job("two", str(tmp_path / "two.nii"), None),
-                      predict.Preprocessing(Intensity.mr(), 16, 1, "flag"), "RUN")
+    assert predict.check_scan(predict.Scan("two", str(tmp_path / "two.nii"), None),
+                              predict.Preprocessing(Intensity.mr(), 16, 1, "flag"), "RUN") == 8 * 8 * 4
 
 
-def test_jobs_from_files_folders_and_subsets(tmp_path):
+def test_scans_from_files_folders_and_subsets(tmp_path):
     root = str(tmp_path / "Task")
     samples.write_task(root, 3, size=16, slices=4, test_cases=2)
-    jobs = predict.collect_jobs(predict.Options("r", (root,), "o"), None)
-    assert [(j.name, j.label) for j in jobs] == [("liver_3", None), ("liver_4", None)]
+    found = predict.collect_scans(predict.Options("r", (root,), "o"), None)
+    assert [(j.name, j.label) for j in found] == [("liver_3", None), ("liver_4", None)]
     table = {"liver_0": 0, "liver_1": 1, "liver_2": 1}
-    val = predict.collect_jobs(predict.Options("r", (root,), "o", subset="val"), table)
+    val = predict.collect_scans(predict.Options("r", (root,), "o", subset="val"), table)
     assert [j.name for j in val] == ["liver_1", "liver_2"] and val[0].label.endswith("labelsTr/liver_1.nii.gz")
-    assert len(predict.collect_jobs(predict.Options("r", (root,), "o", subset="all"), None)) == 5
+    assert len(predict.collect_scans(predict.Options("r", (root,), "o", subset="all"), None)) == 5
     with pytest.raises(InputError, match="needs the case table"):
-        predict.collect_jobs(predict.Options("r", (root,), "o", subset="val"), None)
+        predict.collect_scans(predict.Options("r", (root,), "o", subset="val"), None)
     pairs = str(tmp_path / "pairs")
     samples.write_task(pairs, 2, kind="pairs", size=16, slices=4)
-    files = predict.collect_jobs(predict.Options("r", (f"{pairs}/volume-1.nii.gz",), "o", labels=pairs), None)
+    files = predict.collect_scans(predict.Options("r", (f"{pairs}/volume-1.nii.gz",), "o", labels=pairs), None)
     assert files[0].label == f"{pairs}/segmentation-1.nii.gz"
     with pytest.raises(InputError, match="outputs would overwrite each other"):
-        predict.collect_jobs(predict.Options("r", (f"{pairs}/volume-1.nii.gz",) * 2, "o"), None)
+        predict.collect_scans(predict.Options("r", (f"{pairs}/volume-1.nii.gz",) * 2, "o"), None)
     with pytest.raises(InputError, match="no such file or folder"):
-        predict.collect_jobs(predict.Options("r", ("missing.nii",), "o"), None)
-    # ranks share the cases out, each exactly once
-    everyone = sorted(j.name for r in range(3) for j in predict.assign(jobs + val, r, 3))
-    assert everyone == sorted(j.name for j in jobs + val)
+        predict.collect_scans(predict.Options("r", ("missing.nii",), "o"), None)
+    # ranks share the cases out, each exactly once, the largest alone
+    scans, sizes = found + val, [10, 10, 10, 25]
+    shares = [predict.mine(scans, sizes, r, 3) for r in range(3)]
+    assert sorted(s.name for share in shares for s in share) == sorted(s.name for s in scans)
+    assert [s.name for s in shares[0]] == ["liver_2"]
 
 
 # ---------------------------------------------------------------- end to end
@@ -240,8 +251,9 @@ def test_a_checkpoint_of_another_model_or_class_count_is_one_line(trained):
     with pytest.raises(InputError) as e:
         predict.build_model(config_lib.resolve("liver2d", file=str(bad / "config.json")), str(bad))
     assert "weights.h5: cannot be loaded into this model" in str(e.value)
-    assert "config.json describes a U-Net of 3 classes" in str(e.value) and "base filters 8" in str(e.value)
+    assert "config.json describes a 2D U-Net of 3 classes" in str(e.value) and "base filters 8" in str(e.value)
     cfg["model"]["base_filters"], cfg["model"]["num_classes"] = 4, 4
+    cfg["model"].pop("class_names", None)  # (the run's names are the data file's 3)
     with open(bad / "config.json", "w") as f:
         json.dump(cfg, f)
     res = predict_cmd("--checkpoint", bad, trained["task"], "--out", trained["root"] / "x")
@@ -249,3 +261,142 @@ def test_a_checkpoint_of_another_model_or_class_count_is_one_line(trained):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0] == (f"error: {trained['h5']}: 3 classes, but the model of "
                                             f"{bad} predicts 4"), res.stderr
+
+
+# ---------------------------------------------------------------- 3D runs
+
+SLAB3D = (8, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def trained3d(tmp_path_factory):
+    """A phantom task converted to volumes (``--ndim 3``) and a small smoke3d run on
+    8x16x16 slabs (25 short epochs, about 40 s)."""
+    root = tmp_path_factory.mktemp("e2e3d")
+    task = str(root / "Task03_Liver")
+    samples.write_task(task, 6, size=32, slices=16, orientations=("RAS", "LPS", "PIR"),
+                       spacing_ras=SPACING)
+    h5 = str(root / "volumes.h5")
+    out = run_group([f"{BIN}/distseg-data", "convert", task, h5, "--ndim", "3",
+                     "--val-fraction", "0.2", "--no-progress"], timeout=TIMEOUT, env=command_env())
+    assert out.returncode == 0, out.stderr
+    run = str(root / "run")
+    out = run_group([f"{BIN}/distseg-train", "--preset", "smoke3d", "--data", h5, "--run-dir", run,
+                     "--slab", ",".join(map(str, SLAB3D)), "--epochs", "25", "--batch-size", "4",
+                     "--lr", "0.01", "--loss", "dice_ce", "--base-filters", "8",
+                     "--foreground-fraction", "0.5"], timeout=TIMEOUT, env=command_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {"task": task, "h5": h5, "run": run, "root": root}
+
+
+def test_a_3d_run_segments_a_scan_on_its_own_grid(trained3d):
+    # An unseen phantom of another shape, in LPS order with anisotropic voxels and an
+    # offset origin: the segmentation must come back on exactly that grid.
+    root = trained3d["root"]
+    hu, labels = samples.case_arrays(77, 40, 20, "LPS")
+    affine = samples.affine_for("LPS", SPACING)
+    os.makedirs(root / "scans", exist_ok=True)
+    os.makedirs(root / "truth", exist_ok=True)
+    samples.save_volume(str(root / "scans/phantom.nii.gz"), hu, affine)
+    samples.save_volume(str(root / "truth/phantom.nii.gz"), labels, affine)
+    out = root / "pred3d"
+    res = predict_cmd("--checkpoint", trained3d["run"], root / "scans/phantom.nii.gz",
+                      "--labels", root / "truth", "--out", out, "--no-overlays")
+    assert res.returncode == 0, res.stderr[-3000:]
+    seg = nib.load(out / "phantom_seg.nii.gz")
+    assert seg.shape == hu.shape and seg.get_data_dtype() == np.uint8
+    np.testing.assert_array_equal(seg.affine, nib.load(root / "scans/phantom.nii.gz").affine)
+    np.testing.assert_allclose(seg.affine, affine, atol=1e-5)  # (NIfTI stores float32)
+    pred = np.asarray(seg.dataobj)
+    assert set(np.unique(pred)) <= {0, 1, 2}
+    assert metrics.dice(labels == 1, pred == 1) > 0.35  # liver everywhere would score 0.04
+    assert "each scan's own grid" in res.stdout and "windows of 8x16x16" in res.stdout
+
+
+def test_a_3d_validation_case_scores_as_training_validated_it(trained3d):
+    # The same case through predict (from its NIfTI) and through training's validation
+    # (from the converted file): the same preprocessing and inferer give the same Dice.
+    out = trained3d["root"] / "val3d"
+    res = predict_cmd("--checkpoint", trained3d["run"], trained3d["task"], "--subset", "val",
+                      "--out", out, "--no-overlays")
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(out / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))[:-1]
+    assert [r["case"] for r in rows] == _split_names(trained3d["h5"], "val") == ["liver_3"]
+    last = [r for r in records(trained3d["run"], 0) if r["type"] == "epoch"][-1]
+    validated = last["val_cases_local"]["3"]
+    for name in ("liver", "cancer"):
+        assert float(rows[0][f"dice_{name}"]) == pytest.approx(validated[name], abs=1e-4), name
+
+
+def test_a_volume_file_for_a_2d_run_is_one_line(trained, trained3d):
+    res = predict_cmd("--checkpoint", trained["run"], trained["task"], "--data", trained3d["h5"],
+                      "--out", trained["root"] / "y")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"error: {trained3d['h5']}: holds 3D volumes, but the model of "
+                                  f"{trained['run']} is a 2D U-Net trained on 2D slices")
+
+
+# ---------------------------------------------------------------- export
+
+#: Loads the exported model where distseg cannot be imported and predicts a batch.
+LOAD_WITHOUT_DISTSEG = r"""
+import importlib.abc, sys
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "distseg":
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+try:
+    import distseg  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker does not work")
+import keras
+import numpy as np
+
+model = keras.models.load_model(sys.argv[1])
+np.save(sys.argv[3], model.predict_on_batch(np.load(sys.argv[2])))
+print("LAYERS=" + ",".join(sorted({type(l).__module__.split(".")[0] for l in model.layers})))
+"""
+
+
+@pytest.mark.parametrize("which", ["trained", "trained3d"])
+def test_the_exported_model_loads_without_distseg_and_predicts_the_same(which, request):
+    import subprocess
+    import sys
+    run = request.getfixturevalue(which)
+    export_dir = run["root"] / "export"
+    res = predict_cmd("--checkpoint", run["run"], "--export", export_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(export_dir / "model.json") as f:
+        convention = json.load(f)
+    dims = 3 if which == "trained3d" else 2
+    window = list(SLAB3D) if dims == 3 else [1, 32, 32]
+    spatial = window if dims == 3 else window[1:]
+    assert convention["spatial_dims"] == dims and convention["window"] == window
+    assert convention["layout"] == "channels_last"
+    assert convention["input"]["shape"] == [None] + spatial + [1]
+    assert convention["input"]["dtype"] == "float32" and convention["input"]["range"] == [0.0, 1.0]
+    assert convention["intensity"]["window"] == [-150.0, 250.0]
+    assert convention["class_names"] == ["background", "liver", "cancer"]
+    assert convention["output"]["shape"] == [None] + spatial + [3]
+    assert "softmax probabilities" in convention["output"]["meaning"]
+    x = np.random.default_rng(0).random([3] + spatial + [1], dtype=np.float32)
+    np.save(export_dir / "x.npy", x)
+    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_DISTSEG,
+                             str(export_dir / "model.keras"), str(export_dir / "x.npy"),
+                             str(export_dir / "y.npy")],
+                            capture_output=True, text=True, timeout=TIMEOUT, env=command_env())
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert "LAYERS=keras\n" in loaded.stdout
+    from distseg.core import config as config_lib
+    cfg = config_lib.resolve("liver2d", file=str(os.path.join(run["run"], "config.json")))
+    ours = predict.build_model(cfg, run["run"], tuple(spatial))(x, training=False).numpy()
+    theirs = np.load(export_dir / "y.npy")
+    assert theirs.shape == ours.shape == tuple([3] + spatial + [3])
+    np.testing.assert_allclose(theirs, ours, atol=2e-6)

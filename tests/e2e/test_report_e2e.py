@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 
 from proc_group import run_group
 
@@ -40,7 +40,7 @@ def _run(cmd):
 
 
 def _records(run_dir, rank):
-    recs, problems = schema.read_log(os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank)))
+    recs, problems = schema.read_log(rundir.log_path(run_dir, rank))
     assert not problems
     return recs
 

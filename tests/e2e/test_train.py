@@ -19,6 +19,7 @@ from distseg.core import schema
 from distseg.data import synth
 from distseg.training.distributed import physical_cores
 
+import proc_group
 from proc_group import run_group
 from support import BIN, command_env, wait_for_log
 from support import log_records as records
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 
 
 def horovodrun(*args, np_=2):
-    cmd = [f"{BIN}/horovodrun", "-np", str(np_), "-H", f"localhost:{np_}",
-           f"{BIN}/distseg-train", *args]
-    return run_group(cmd, timeout=TIMEOUT, env=command_env())
+    return proc_group.horovodrun("distseg-train", *args, ranks=np_, timeout=TIMEOUT)
 
 
 def test_learning_rate_is_scaled_and_warmed_up_in_the_logs(tiny, tmp_path):

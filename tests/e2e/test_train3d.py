@@ -11,6 +11,7 @@ from analysis.logs import load_run
 from distseg.core import schema
 from distseg.data import synth, volumes
 
+import proc_group
 from proc_group import run_group
 from support import BIN, command_env
 from support import log_records as records
@@ -30,14 +31,12 @@ def tiny3d(tmp_path_factory):
 
 def test_two_ranks_train_unique_slabs_and_validate_whole_volumes(tiny3d, tmp_path):
     run_dir = str(tmp_path / "run")
-    out = run_group(
-        [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
-         f"{BIN}/distseg-train", "--preset", "smoke3d", "--data", tiny3d, "--run-dir", run_dir,
-         "--epochs", "2", "--foreground-fraction", "0.5", "--intra-op-threads", "1",
-         "--inter-op-threads", "1"],
-        timeout=TIMEOUT, env=command_env())
+    out = proc_group.horovodrun(
+        "distseg-train", "--preset", "smoke3d", "--data", tiny3d, "--run-dir", run_dir,
+        "--epochs", "2", "--foreground-fraction", "0.5", "--intra-op-threads", "1",
+        "--inter-op-threads", "1", controller="gloo", timeout=TIMEOUT)
     assert out.returncode == 0, out.stdout[-3000:]
-    info = volumes.inspect(tiny3d)
+    info = volumes.examine(tiny3d)
     train_ids = volumes.slab_ids(info, SLAB, "train")
     val_ids = {str(int(info.case_ids[k])) for k in info.val_cases}
     by_epoch: dict[int, list] = {}

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.data import synth
 
 from proc_group import run_group
@@ -48,7 +48,7 @@ def test_two_ranks_one_epoch_loss_goes_down(tiny, tmp_path):
         for r in recs:
             known = set(schema.COMMON + schema.FIELDS[r["type"]] + schema.OPTIONAL[r["type"]])
             assert not set(r) - known, (r["type"], set(r) - known)
-    with open(os.path.join(run_dir, "config.json")) as f:
+    with open(rundir.config_path(run_dir)) as f:
         assert json.load(f)["data"]["path"] == tiny
 
 
@@ -127,6 +127,12 @@ def _newer_format(d):
     return ["--data", path]
 
 
+def _other_classes(d, tiny):
+    config = d / "four.json"  # the data file decides: its 3 classes, not the config's 4
+    config.write_text('{"model": {"num_classes": 4}}')
+    return ["--data", tiny, "--config", str(config)]
+
+
 #: name -> (how to make the bad input in a directory, the message every rank prints)
 BAD_INPUTS = {
     "missing file": (lambda d, tiny: ["--data", str(d / "missing.h5")],
@@ -141,6 +147,8 @@ BAD_INPUTS = {
                    "slices are 32x32 but --image-size is 64"),
     "run dir": (_unwritable_run_dir, "run directory is not writable"),
     "newer format": (lambda d, tiny: _newer_format(d), "format_version 99 is newer"),
+    "classes": (_other_classes, "holds 3 classes (attribute num_classes), but config field "
+                                "model.num_classes is 4"),
 }
 
 

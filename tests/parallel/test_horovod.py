@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from distseg.core import config as config_lib
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.core.errors import RunError
 from distseg.data import slices as data
 from distseg.data import synth
@@ -143,13 +143,9 @@ def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
 
 
 def local_step(model, opt, images, masks):
-    """One optimizer step on this rank's gradients, without Horovod (the control)."""
-    import tensorflow as tf
-
-    from distseg.networks import losses
-    with tf.GradientTape() as tape:
-        loss = losses.segmentation_loss(model(images, training=True), masks, 3)
-    grads = tape.gradient(loss, model.trainable_variables)
+    """One optimizer step on this rank's gradients, without Horovod (the control):
+    the trainer's own forward and backward, then the update."""
+    _, grads = steps.loss_and_grads(model, images, masks, 3, "dice")
     opt.apply_gradients(zip(grads, model.trainable_variables))
 
 
@@ -188,10 +184,10 @@ def _train_in_own_cwd(ctx, shared_dir, path):
 
 
 def _what_this_rank_wrote(run_dir):
-    logs = sorted(os.listdir(os.path.join(run_dir, "logs")))
+    logs = sorted(os.listdir(rundir.log_dir(run_dir)))
     config = None
-    if os.path.exists(os.path.join(run_dir, "config.json")):
-        with open(os.path.join(run_dir, "config.json")) as f:
+    if os.path.exists(rundir.config_path(run_dir)):
+        with open(rundir.config_path(run_dir)) as f:
             config = json.load(f)["train"]["epochs"]
     checkpoints = len(glob.glob(os.path.join(run_dir, "checkpoints", "*.weights.h5")))
     return logs, config, checkpoints
@@ -203,15 +199,15 @@ def test_training_run(ctx, shared_dir):
     if ctx.is_root():
         synth.make_dataset(path, cases=6, size=32, seed=1, slices_per_case=8)
     dist.barrier()
-    info = data.inspect(path)
+    info = data.examine(path)
     cfg, code, run_dir = _train_in_own_cwd(ctx, shared_dir, path)
 
     # Only rank 0 wrote the config and checkpoints; every rank wrote its own log only.
     wrote = dist.allgather_object(_what_this_rank_wrote(run_dir))
-    assert wrote == [([schema.log_name(0)], 2, 2)] + [
-        ([schema.log_name(r)], None, 0) for r in range(1, ctx.size)]
+    assert wrote == [([rundir.log_name(0)], 2, 2)] + [
+        ([rundir.log_name(r)], None, 0) for r in range(1, ctx.size)]
 
-    records, problems = schema.read_log(os.path.join(run_dir, "logs", schema.log_name(ctx.rank)))
+    records, problems = schema.read_log(rundir.log_path(run_dir, ctx.rank))
     for r in records:
         schema.validate_record(r)  # the same file layout on every rank: fails on all or none
     run, kinds = records[0], [r["type"] for r in records]
@@ -311,7 +307,7 @@ def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
     if ctx.is_root():
         synth.make_dataset(good, cases=6, size=32, seed=1, slices_per_case=8)
     dist.barrier()
-    info = data.inspect(good)
+    info = data.examine(good)
     cfg = config_lib.resolve("smoke", overrides={"data.path": good, "train.epochs": 2,
                                                    "run_dir": os.path.join(shared_dir, "run")})
     last = ctx.size - 1
@@ -329,7 +325,7 @@ def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
                                                    "run_dir": cfg.run_dir})
 
     error = _agreed_error(train.run, cfg)
-    records, problems = schema.read_log(os.path.join(cfg.run_dir, "logs", schema.log_name(ctx.rank)))
+    records, problems = schema.read_log(rundir.log_path(cfg.run_dir, ctx.rank))
     end = records[-1] if records else {}  # never fail before the gather below
     epochs = [r["epoch"] for r in records if r["type"] == "epoch"]
     everyone = dist.allgather_object((error, problems, (end.get("type"), end.get("status"),

@@ -20,7 +20,7 @@ from analysis import logs, tables
 from analysis.cli import report as report_cmd
 from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
-from distseg.core import schema
+from distseg.core import rundir, schema
 from tests.analysis_fixtures.runs import Launch, RunSpec, note_lines, one_row, shards, write_run
 
 from support import BIN, command_env
@@ -29,7 +29,7 @@ H = 3600.0
 
 
 def _log(run_dir, rank):
-    return os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+    return rundir.log_path(run_dir, rank)
 
 
 def _rewrite(path, edit):
@@ -368,9 +368,9 @@ def test_empty_log_and_log_without_run_record(tmp_path):
     open(_log(run, 1), "w").close()
     rep = build([run])
     assert one_row(rep.tables.time_per_epoch, run="np2")["epochs"] == 3
-    bare = tmp_path / "bare" / "logs"
-    bare.mkdir(parents=True)
-    (bare / "rank-00000.jsonl").write_text('{"type":"step","rank":0,"t":1}\n')
+    os.makedirs(rundir.log_dir(str(tmp_path / "bare")))
+    with open(rundir.log_path(str(tmp_path / "bare"), 0), "w") as f:
+        f.write('{"type":"step","rank":0,"t":1}\n')
     rep = build([str(tmp_path / "bare")])
     assert any("no run record" in n for n in note_lines(rep))
     write(rep, str(tmp_path / "out"))  # renders with nothing to show

@@ -4,7 +4,7 @@ on a healthy one, and reaches the report's Warnings section."""
 import pytest
 
 from analysis import checks, outline
-from analysis.model import Role
+from analysis.document import Role
 from analysis.report import ReportOptions, build
 from tests.analysis_fixtures.runs import Launch, RunSpec, write_run
 

@@ -14,7 +14,7 @@ import pytest
 
 from analysis import coverage, logs
 from analysis.coverage import Basis, EpochShards, Expected
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.core.errors import InputError
 from distseg.data import slices as data
 from tests.analysis_fixtures.runs import RunSpec, run_record, write_log, write_run
@@ -104,7 +104,7 @@ def test_votes_across_runs_of_one_dataset_give_the_reference(tmp_path):
 def test_a_capped_run_is_partial_by_design(tmp_path):
     run_dir = write_run(str(tmp_path / "capped"), RunSpec(size=2, epochs=2))
     for rank in (0, 1):  # as if max_steps_per_epoch had cut 4 steps to 2
-        path = os.path.join(run_dir, schema.LOG_DIR, schema.log_name(rank))
+        path = rundir.log_path(run_dir, rank)
         with open(path) as f:
             text = f.read().replace('"steps_per_epoch":4', '"steps_per_epoch":2')
         with open(path, "w") as f:
@@ -146,3 +146,40 @@ def test_the_command_refuses_a_newer_data_file_with_one_line_and_exit_2(tmp_path
     assert proc.stderr == (f"error: {path}: format_version 99 is newer than this distseg "
                            f"reads ({data.FORMAT_VERSION}); upgrade distseg to read it\n")
     assert not (tmp_path / "r").exists()
+
+
+def _volume_file(path):
+    """10 cases of 4x8x16 voxels: 2 slabs of 4x8x8 each, cases 0-7 train (slab ids
+    0..15, the ids the fixture runs cover), 8-9 validate (ids 16..19)."""
+    from distseg.data import volumes
+    shape = (4, 8, 16)
+    volumes.write_volumes(str(path), [np.zeros(shape, np.float32)] * 10,
+                          [np.zeros(shape, np.uint8)] * 10, list(range(10)), [0] * 8 + [1] * 2,
+                          source="coverage test", hu_window=data.HU_WINDOW)
+    return str(path)
+
+
+def _run3d(tmp_path, path, slab, name="np2"):
+    dataset = {"layout": "volumes", "sample": "slab", "slab": slab, "train_slabs": 16,
+               "val_slabs": 4}
+    return logs.load_run(write_run(str(tmp_path / name), RunSpec(
+        size=2, epochs=2, data_path=path, extra_dataset_fields=dataset,
+        extra_model_fields={"name": "unet3d", "input_shape": slab})))
+
+
+def test_a_3d_run_is_checked_against_the_slabs_of_its_data_file(tmp_path):
+    path = _volume_file(tmp_path / "v.h5")
+    run = _run3d(tmp_path, path, [4, 8, 8])
+    assert coverage.data_file_digest(run) == (schema.sample_digest(range(16)),
+                                              "train split of the data file")
+    cov = coverage.coverage([run])
+    assert list(cov["status"]) == ["covered", "covered"]
+    assert list(cov["reference"]) == ["train split of the data file"] * 2
+    # another slab cuts other ids from the same file: not a reference for this run
+    other = _run3d(tmp_path, path, [4, 8, 16], name="other")
+    assert coverage.data_file_digest(other) == (
+        None, f"data file {path} now holds 10 samples, 8 train (the run logged 20, 16)")
+    # a 3D run record without a slab cannot be cut
+    bare = logs.load_run(write_run(str(tmp_path / "bare"), RunSpec(size=2, epochs=1,
+                                                                   data_path=path)))
+    assert coverage.data_file_digest(bare) == (None, f"data file {path} unreadable (ValueError)")

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis import logs
-from distseg.core import schema
+from distseg.core import rundir, schema
 from distseg.core.errors import InputError
 from tests.analysis_fixtures.runs import (
     Launch,
@@ -57,7 +57,7 @@ def _read(run_dir):
 
 
 def test_read_rank_log_files_records_by_type_and_places_steps_after_run_records(resumed):
-    log = logs.read_rank_log(os.path.join(resumed, "logs", "rank-00000.jsonl"), 0)
+    log = logs.read_rank_log(rundir.log_path(resumed, 0), 0)
     assert [r["run_id"] for r in log.runs] == ["a", "b"]
     assert [r["_segment"] for r in log.epochs] == [0, 1]
     assert [r["_segment"] for r in log.ends] == [1]
@@ -139,7 +139,7 @@ def test_read_logs_keeps_the_curve_of_the_rank_with_most_steps(resumed):
     sizes = []
     read = logs.read_logs(logs.check_run_dir(resumed), progress=sizes.append)
     assert read.curve_rank == 1 and read.curve.records == 4 and len(read.curve.thin) == 4
-    assert sizes == [os.path.getsize(os.path.join(resumed, "logs", schema.log_name(r)))
+    assert sizes == [os.path.getsize(rundir.log_path(resumed, r))
                      for r in (0, 1)]
     # the largest t of each launch in each file: steps, epoch and end records
     assert [log.tmax for log in read.logs] == [{0: 3.0, 1: 4.0}, {0: 3.5, 1: 3.2}]
@@ -270,10 +270,10 @@ def test_rank_notes_name_missing_and_extra_ranks():
 
 def test_read_config_notes_a_missing_or_broken_config(tmp_path):
     assert logs.read_config(str(tmp_path), "r")[1][0].level == "info"
-    (tmp_path / schema.CONFIG_FILE).write_text("{not json")
+    (tmp_path / rundir.CONFIG_FILE).write_text("{not json")
     config, (note,) = logs.read_config(str(tmp_path), "r")
     assert config is None and note.level == "warning" and "cannot be read as JSON" in note.message
-    (tmp_path / schema.CONFIG_FILE).write_text(json.dumps({"train": {"seed": 3}}))
+    (tmp_path / rundir.CONFIG_FILE).write_text(json.dumps({"train": {"seed": 3}}))
     assert logs.read_config(str(tmp_path), "r") == ({"train": {"seed": 3}}, [])
 
 
@@ -285,7 +285,7 @@ def test_load_run_combines_the_steps(resumed):
     assert run.curve_rank == 1 and int(run.step_stats.query("basis == 'all'")["steps"].sum()) == 7
     assert run.dataset == {"train_samples": 16}
     assert [n.message for n in run.notes] == [
-        f"{os.path.join(resumed, schema.CONFIG_FILE)} is missing; config comparisons use the "
+        f"{rundir.config_path(resumed)} is missing; config comparisons use the "
         "run records only",
         "resumed run: 2 launches; wall-clock time is the sum of their durations"]
 

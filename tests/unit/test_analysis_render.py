@@ -1,4 +1,4 @@
-"""``analysis.model``, ``analysis.outline`` and ``analysis.render``: the report model
+"""``analysis.document``, ``analysis.outline`` and ``analysis.render``: the report's document
 is a leaf, renderers choose by role (never by title), and the structure stays small.
 """
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import outline, plots, render, tables
-from analysis.model import (
+from analysis.document import (
     HOURS,
     MINUTES,
     SECONDS,
@@ -48,15 +48,15 @@ def _imports_of(module: str) -> set[str]:
     return out
 
 
-def test_the_model_is_a_leaf_and_render_depends_only_on_it():
-    assert _imports_of("model") == set()
-    assert _imports_of("render") == {"model"}
+def test_the_document_is_a_leaf_and_render_depends_only_on_it():
+    assert _imports_of("document") == set()
+    assert _imports_of("render") == {"document"}
     assert "report" not in _imports_of("outline") | _imports_of("render")
-    code = ("import sys, analysis.model; "
+    code = ("import sys, analysis.document; "
             "print(sorted(m for m in sys.modules if m.startswith('analysis')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, timeout=60, check=True).stdout
-    assert out.strip() == "['analysis', 'analysis.model']"
+    assert out.strip() == "['analysis', 'analysis.document']"
 
 
 def test_no_import_cycle_between_analysis_modules():

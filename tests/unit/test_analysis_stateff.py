@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from analysis import outline, progress, reduce, stateff
-from analysis.model import Role
+from analysis.document import Role
 from analysis.report import ReportOptions, build, write
-from distseg.core import schema
+from distseg.core import rundir
 from tests.analysis_fixtures.runs import (
     Launch,
     RunSpec,
@@ -196,7 +196,7 @@ def test_lost_records_and_missing_ranks_are_made_up_and_said(tmp_path):
     assert any("steps of launch(es) 1 logged by fewer ranks than ran them are scaled up"
                in n for n in note_lines(rep))
     # Without rank 1's log: rank 0's 8 x 2 samples stand for both ranks (x 2).
-    os.remove(os.path.join(run, schema.LOG_DIR, schema.log_name(1)))
+    os.remove(rundir.log_path(run, 1))
     rep = build([run], ReportOptions(target_loss=(-0.55,)))
     assert one_row(rep.tables.hours_to_target, target=-0.55)["samples"] == 32.0
     assert any("launch(es) 0, 1 logged by fewer ranks" in n for n in note_lines(rep))

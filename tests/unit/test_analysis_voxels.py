@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from analysis import coverage, outline, plots, render, tables
+from analysis.document import Role
 from analysis.logs import load_run
-from analysis.model import Role
 from analysis.report import build, write
 from tests.analysis_fixtures.runs import RunSpec, write_run
 

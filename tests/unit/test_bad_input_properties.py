@@ -1,5 +1,5 @@
 """Bad input, systematically (issue #11): property-based tests of the config loader
-(``config.resolve``) and the HDF5 readers (``data.inspect``, ``data.check_fit``,
+(``config.resolve``) and the HDF5 readers (``data.examine``, ``data.check_fit``,
 ``data.SliceReader``).
 
 The property, for every generated input: the call succeeds, or it raises
@@ -97,7 +97,8 @@ json_values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3)
                            | st.dictionaries(texts, kids, max_size=3), max_leaves=8)
 #: Values of each field's own type, often valid, so that inputs also get past the type
 #: checks to validate() and sometimes resolve.
-TYPED = {bool: st.booleans(), int: st.integers(-2, 300), float: st.floats(-0.5, 2.0), str: words}
+TYPED = {bool: st.booleans(), int: st.integers(-2, 300), float: st.floats(-0.5, 2.0), str: words,
+         tuple: st.lists(words, max_size=4)}  # model.class_names: a list of names in JSON
 FIELD_VALUES = {f"{s}.{f.name}": TYPED[type(getattr(cls(), f.name))]
                 for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 
@@ -380,7 +381,7 @@ def test_data_readers_succeed_or_name_the_file(workdir, spec, ranks, batch, imag
                                                classes, picks):
     path = _data_path(workdir, spec)
     hdf5 = spec[0] == "hdf5"
-    info = _refused_or(lambda: data.inspect(path), path)
+    info = _refused_or(lambda: data.examine(path), path)
     event(f"{spec[0]}: inspect {'refused' if info is None else 'accepted'}")
     if info is None and hdf5:
         _closed(path)
@@ -393,7 +394,7 @@ def test_data_readers_succeed_or_name_the_file(workdir, spec, ranks, batch, imag
         _closed(path)
     if hdf5:
         # A well-formed HDF5 file gets a message about what it holds, not "damaged".
-        for call in (lambda: data.inspect(path), lambda: data.SliceReader(path).close()):
+        for call in (lambda: data.examine(path), lambda: data.SliceReader(path).close()):
             try:
                 call()
             except errors.InputError as e:
@@ -441,7 +442,7 @@ END_TO_END = [
 def test_distseg_data_info_exits_2_with_one_error_line(workdir, spec):
     path = _data_path(workdir, spec)
     with pytest.raises(errors.InputError) as err:
-        data.inspect(path)
+        data.examine(path)
     out = run_group([os.path.join(BIN, "distseg-data"), "info", path], env=command_env(),
                     timeout=60)
     assert out.returncode == 2, out

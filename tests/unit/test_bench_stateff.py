@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from distseg.core import schema
+from distseg.core import rundir, schema
 
 from support import REPO
 
@@ -27,9 +27,9 @@ LIVER = [0.30, 0.90, 0.70, 0.95]
 def write_logs(run_dir, ranks: int, epochs: int, per_rank: int, liver, *, skip_last_on=None):
     """Per-rank JSON-lines logs with ``epoch`` records: ``per_rank`` samples per rank and
     epoch, rank r's time 10*(epoch+1)+r, the same global val_dice on every rank."""
-    os.makedirs(os.path.join(run_dir, "logs"))
+    os.makedirs(rundir.log_dir(run_dir))
     for rank in range(ranks):
-        with open(os.path.join(run_dir, "logs", schema.log_name(rank)), "w") as f:
+        with open(rundir.log_path(run_dir, rank), "w") as f:
             f.write(json.dumps({"type": "run", "rank": rank, "size": ranks}) + "\n")
             for e in range(epochs):
                 if rank == skip_last_on and e == epochs - 1:
@@ -42,7 +42,7 @@ def write_logs(run_dir, ranks: int, epochs: int, per_rank: int, liver, *, skip_l
 
 
 def read(run_dir, ranks: int) -> list[list[dict]]:
-    return [schema.read_log(os.path.join(run_dir, "logs", schema.log_name(r)))[0]
+    return [schema.read_log(rundir.log_path(run_dir, r))[0]
             for r in range(ranks)]
 
 

@@ -86,7 +86,7 @@ def test_every_orientation_gives_the_same_slices_and_records_its_geometry(same_c
         assert liver_cols.mean() < 10
         pre = json.loads(f.attrs["preprocessing"])
         assert pre["orientation"] == "RAS" and pre["window"] == [-150.0, 250.0] and pre["size"] == 20
-    info = data.inspect(str(out))  # the training's own reader accepts it
+    info = data.examine(str(out))  # the training's own reader accepts it
     data.check_fit(info, ranks=2, batch_size=4, image_size=32, resize=True, num_classes=3)
     with data.SliceReader(str(out), image_size=32, resize=True) as reader:
         imgs, msks = reader.read([0, 39, 5])
@@ -109,7 +109,7 @@ def test_volumes_keep_each_case_on_its_own_grid(tmp_path):
     res = convert(root, tmp_path / "v.h5", "--ndim", 3, "--val-fraction", 0.34)
     assert res.exit_code == 0, res.output
     assert res.output.startswith(f"wrote {tmp_path / 'v.h5'}: 3 volumes (29 slices) (2 train, 1 val)")
-    info = volumes.inspect(str(tmp_path / "v.h5"))
+    info = volumes.examine(str(tmp_path / "v.h5"))
     assert info.shapes.tolist() == [list(s) for s in shapes]
     np.testing.assert_allclose(info.spacing, [SPACING[::-1]] * 3, rtol=1e-6)
     with volumes.SlabReader(str(tmp_path / "v.h5"), (8, 16, 16)) as reader, \
@@ -127,7 +127,7 @@ def test_volumes_keep_each_case_on_its_own_grid(tmp_path):
     one_line_error(convert(root, tmp_path / "x.h5", "--ndim", 3, "--size", 64),
                    "--size 64", "--ndim 3")
     with pytest.raises(data.DatasetError, match="holds 3D volumes"):
-        data.inspect(str(tmp_path / "v.h5"))
+        data.examine(str(tmp_path / "v.h5"))
 
 
 @pytest.mark.parametrize("orientation", ["RAS", "LPS", "PIR", "ILA", "SAL"])
@@ -222,7 +222,7 @@ def test_msd_task_split_by_case_seeded_and_recorded(msd, tmp_path):
     assert sorted(split_a) == [f"liver_{i}" for i in range(6)]  # imagesTs are not converted
     assert sum(v == data.SPLITS["val"] for v in split_a.values()) == 2
     assert how == {"by": "case", "seed": 3, "val_fraction": 0.34, "folds": 0, "fold": 0}
-    info = data.inspect(str(a))  # also checks each case sits in one split
+    info = data.examine(str(a))  # also checks each case sits in one split
     assert info.attrs["class_names"] == ["background", "liver", "cancer"]
     assert len(info.val_indices) == 24 and len(info.train_indices) == 48
     # k folds: each case validates in exactly one fold
@@ -312,7 +312,7 @@ def test_a_bad_case_stops_with_one_line_or_is_skipped(problem, tmp_path):
     res = convert(root, out, "--size", 16, "--on-error", "skip")
     assert res.exit_code == 0, res.output
     assert "skipped 1 case(s):" in res.stdout and BAD[problem] in res.stdout
-    info = data.inspect(str(out))
+    info = data.examine(str(out))
     assert info.samples == 18 and "volume-9" in info.attrs["skipped"][0]
     with h5py.File(out) as f:
         assert [n.decode() for n in f["cases/name"][:]] == ["volume-0", "volume-1", "volume-2"]
@@ -400,7 +400,7 @@ def test_memory_stays_at_one_volume_whatever_the_number_of_cases(tmp_path):
                         env=command_env())
         assert res.returncode == 0, res.stderr
         peaks[name] = _peak(res.stdout)
-    assert data.inspect(str(tmp_path / "many.h5")).samples == 24 * 64
+    assert data.examine(str(tmp_path / "many.h5")).samples == 24 * 64
     assert peaks["many"] < peaks["few"] + 25, peaks
     assert peak_rss_mib() > 0
 
@@ -424,4 +424,4 @@ def test_interrupted_conversion_leaves_no_complete_looking_file(tmp_path):
             assert "interrupted" in err and not os.path.exists(f"{out}.partial")
         else:  # no chance to clean up: the partial name still says so
             with pytest.raises(data.DatasetError):
-                data.inspect(str(out))
+                data.examine(str(out))

@@ -242,17 +242,17 @@ def test_bad_files_get_one_clear_line(tmp_path, change, message):
     path = str(tmp_path / "bad.h5")
     _write(path, **arrays)
     with pytest.raises(data.DatasetError, match=message) as err:
-        data.inspect(path)
+        data.examine(path)
     assert str(err.value).startswith(path) and "\n" not in str(err.value)
 
 
 def test_missing_and_unreadable_files(tmp_path):
     with pytest.raises(data.DatasetError, match="no such data file"):
-        data.inspect(str(tmp_path / "nope.h5"))
+        data.examine(str(tmp_path / "nope.h5"))
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"this is not HDF5" * 10)
     with pytest.raises(data.DatasetError, match="not a readable HDF5 file"):
-        data.inspect(str(junk))
+        data.examine(str(junk))
 
 
 def test_dataset_errors_are_input_errors_that_exit_2():
@@ -285,7 +285,7 @@ def test_a_newer_format_version_is_refused_by_every_reader(tiny, tmp_path):
     want = (f"{path}: format_version {data.FORMAT_VERSION + 1} is newer than this distseg reads "
             f"({data.FORMAT_VERSION}); upgrade distseg to read it")
     with pytest.raises(data.DatasetError) as err:
-        data.inspect(path)
+        data.examine(path)
     assert str(err.value) == want
     with pytest.raises(data.DatasetError) as err:
         data.SliceReader(path)
@@ -293,20 +293,20 @@ def test_a_newer_format_version_is_refused_by_every_reader(tiny, tmp_path):
     # The refusing reader closed the file: it can be opened for writing again.
     with h5py.File(path, "r+") as f:
         f.attrs["format_version"] = data.FORMAT_VERSION
-    assert data.inspect(path).samples == 160
+    assert data.examine(path).samples == 160
 
 
 def test_a_format_version_that_is_not_a_number_is_refused(tiny, tmp_path):
     path = _with_version(tiny, tmp_path / "odd.h5", "one")
     with pytest.raises(data.DatasetError) as err:
-        data.inspect(path)
+        data.examine(path)
     assert str(err.value) == f"{path}: format_version is 'one', expected an integer <= {data.FORMAT_VERSION}"
 
 
 def test_files_without_a_format_version_read_as_version_1(tmp_path):
     path = str(tmp_path / "old.h5")
     _write(path, **_good())  # no format_version attribute, as hand-made files have
-    assert data.inspect(path).samples == 4
+    assert data.examine(path).samples == 4
 
 
 # ---------------------------------------------------------------- distseg-data exits 2 on bad input
@@ -491,6 +491,91 @@ def test_slice_files_say_their_layout(phantom, tmp_path):
     with h5py.File(odd, "r+") as f:
         f.attrs["layout"] = np.array([1, 2])
     with pytest.raises(data.DatasetError) as err:
-        data.inspect(odd)
+        data.examine(odd)
     assert str(err.value) == (f"{odd}: attribute layout is an array of shape (2,), "
                               "expected 'slices' or 'volumes'")
+
+
+# ---------------------------------------------------------------- classes: the file decides
+
+
+def _two_classes(path, names=("background", "lesion")):
+    masks = np.zeros((8, 16, 16), np.uint8)
+    masks[:, 4:8, 4:8] = 1
+    data.write_dataset(str(path), np.zeros((8, 16, 16), np.float32), masks, np.arange(8) // 2,
+                       np.r_[np.zeros(6), np.ones(2)].astype(np.uint8), source="test",
+                       hu_window=data.HU_WINDOW, class_names=names)
+    return str(path)
+
+
+def _smoke(path, **overrides):
+    from distseg.core import config as config_lib
+    return config_lib.resolve("smoke", None, {"data.path": path, "run_dir": "r",
+                                              "model.image_size": 16, "train.batch_size": 2,
+                                              **overrides})
+
+
+@pytest.mark.parametrize("preset", ["liver2d", "demo", "smoke", "liver3d", "smoke3d"])
+def test_presets_leave_the_classes_to_the_data_file(preset):
+    from distseg.core import config as config_lib
+    model = config_lib.PRESETS[preset]().model
+    assert (model.num_classes, model.class_names) == (0, ())
+
+
+def test_the_feed_fills_the_classes_from_the_file_and_refuses_a_contradiction(tmp_path):
+    from distseg.data import feeds
+    path = _two_classes(tmp_path / "two.h5")
+    info = data.examine(path)
+    assert (info.num_classes, info.class_names) == (2, ("background", "lesion"))
+    feed = feeds.open_feed(_smoke(path), ranks=1, check_labels=True)
+    assert (feed.cfg.model.num_classes, feed.cfg.model.class_names) == (2, ("background", "lesion"))
+    assert feeds.with_classes(_smoke(path)) == feed.cfg  # the elastic path's, alike
+    # the same values given explicitly agree with the file
+    agreed = _smoke(path, **{"model.num_classes": 2, "model.class_names": ["background", "lesion"]})
+    assert feeds.open_feed(agreed, ranks=1, check_labels=False).cfg == feed.cfg
+    for overrides, said in [
+        ({"model.num_classes": 3}, f"{path}: holds 2 classes (attribute num_classes), but "
+                                   "config field model.num_classes is 3; leave the field out"),
+        ({"model.class_names": ["bg", "tumour"]},
+         f"{path}: names its classes ['background', 'lesion'] (attribute class_names), but "
+         "config field model.class_names is ['bg', 'tumour']; leave the field out"),
+    ]:
+        with pytest.raises(data.DatasetError) as e:
+            feeds.open_feed(_smoke(path, **overrides), ranks=1, check_labels=False)
+        assert str(e.value).startswith(said) and "\n" not in str(e.value)
+
+
+def test_class_names_absent_default_and_bad_ones_are_refused(tmp_path):
+    path = _two_classes(tmp_path / "two.h5")
+    with h5py.File(path, "a") as f:
+        del f.attrs["class_names"]
+    assert data.examine(path).class_names == ("background", "class1")
+    with h5py.File(path, "a") as f:
+        f.attrs["num_classes"] = 3
+    assert data.examine(path).class_names == ("background", "liver", "lesion")
+    for bad in (["background", "background", "x"], ["a", "b"], [""] * 3, 7):
+        with h5py.File(path, "a") as f:
+            f.attrs["class_names"] = bad
+        with pytest.raises(data.DatasetError, match=r"attribute class_names is .*, expected 3 "
+                                                    r"distinct names \(attribute num_classes=3\)"):
+            data.examine(path)
+
+
+def test_config_class_fields_are_checked(tmp_path):
+    from distseg.core import config as config_lib
+    from distseg.core.errors import InputError
+    for overrides, said in [
+        ({"model.num_classes": 1}, "config field model.num_classes must be >= 2 (or 0: from "
+                                   "the data file), got 1"),
+        ({"model.class_names": "ab"}, "config field model.class_names must be a list of "
+                                      "strings, got 'ab'"),
+        ({"model.class_names": ["a", "b"], "model.num_classes": 3},
+         "config field model.class_names must be 3 distinct non-empty names"),
+    ]:
+        with pytest.raises(InputError) as e:
+            _smoke("x.h5", **overrides)
+        assert str(e.value).startswith(said)
+    saved = tmp_path / "config.json"  # a resolved config round-trips through JSON
+    cfg = _smoke("x.h5", **{"model.num_classes": 2, "model.class_names": ["a", "b"]})
+    saved.write_text(json.dumps(cfg.to_dict()))
+    assert config_lib.resolve("liver2d", str(saved)) == cfg

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from distseg.cli.jobs import jobs as jobs_cli
 from distseg.cluster import jobs as jobs_lib
-from distseg.core import errors, schema
+from distseg.core import errors, rundir, schema
 from distseg.data import synth
 from distseg.training import distributed
 
@@ -241,10 +241,24 @@ def test_render_refuses_missing_data_and_an_existing_run(tmp_path, tiny):
     ok = cli("render", "--partition", "generic", "--nodes", "1", "--data", str(tmp_path / "nope.h5"),
              "--preset", "smoke", "--runs-dir", str(tmp_path), "--no-check-data")
     assert ok.exit_code == 0, ok.output
-    (tmp_path / "distseg-n1" / "logs").mkdir(parents=True)
+    os.makedirs(rundir.log_dir(str(tmp_path / "distseg-n1")))
     out = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
               "--runs-dir", str(tmp_path))
     assert out.exit_code == 2 and "already holds a run (logs exists)" in _err(out)
+
+
+def test_job_scripts_spell_the_run_directory_as_rundir_does():
+    """The bash of jobs/ cannot import ``distseg.core.rundir``, so it repeats its names:
+    a resumed job looks for the checkpoint pointer, a fresh one refuses a directory
+    that holds a run, the report job looks for rank logs."""
+    def template(name):
+        with open(os.path.join(jobs_lib.templates_dir(), name), encoding="utf-8") as f:
+            return f.read()
+    common, report = template("common.sh.in"), template("report.sbatch")
+    assert f'"$RUN_DIR/{rundir.CHECKPOINT_DIR}/{rundir.LATEST_CHECKPOINT}"' in common
+    assert f"for f in {' '.join(rundir.RUN_MARKERS)}; do" in common
+    assert f'"$RUN_DIR/{rundir.JOB_FILE}"' in common
+    assert f'"$d/{rundir.LOG_DIR}/{rundir.LOG_GLOB}"' in report
 
 
 def test_render_passes_the_3d_model_and_recompute_on_and_checks_the_file(tiny, tmp_path):
@@ -405,16 +419,16 @@ def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
     code, log = _run_script(script, _slurm_env(nodes=1, tasks=2, per_node=2, cpus=2))
     assert code == 0, log[-5000:]
     run_dir = runs / "local-n1"
-    job_txt = (run_dir / "job.txt").read_text().splitlines()
+    job_txt = (run_dir / rundir.JOB_FILE).read_text().splitlines()
     assert "launcher: mpirun" in job_txt
     # The job printed the settings in force: distseg's own values, as exported.
     assert {f"{k}={v}" for k, v in EXPECTED_ENV.items()} <= set(job_txt)
-    assert sorted(os.listdir(run_dir / "logs")) == ["rank-00000.jsonl", "rank-00001.jsonl"]
-    with open(run_dir / "config.json") as f:
+    assert sorted(os.listdir(rundir.log_dir(run_dir))) == ["rank-00000.jsonl", "rank-00001.jsonl"]
+    with open(rundir.config_path(run_dir)) as f:
         config = json.load(f)
     assert config["train"]["seed"] == 3 and config["data"]["path"] == tiny
     for rank in (0, 1):
-        records, problems = schema.read_log(str(run_dir / "logs" / schema.log_name(rank)))
+        records, problems = schema.read_log(rundir.log_path(run_dir, rank))
         assert not problems
         run, end = records[0], records[-1]
         assert run["size"] == 2 and run["local_size"] == 2
@@ -449,7 +463,7 @@ def test_distseg_jobs_imports_neither_tensorflow_nor_horovod(tiny, tmp_path):
         "import sys\n"
         "sys.modules['tensorflow'] = None\n"
         "sys.modules['horovod'] = None\n"
-        "from distseg.jobs_cli import jobs\n"
+        "from distseg.cli.jobs import jobs\n"
         "jobs(['render', '--partition', 'knl', '--nodes', '1', '--data', sys.argv[1], '--preset', 'smoke',\n"
         "      '--runs-dir', sys.argv[2]])\n"
     )

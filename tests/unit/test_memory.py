@@ -11,14 +11,15 @@ import pytest
 
 from distseg.core.errors import InputError
 from distseg.networks import memory
+from distseg.networks import spec as spec_lib
 
 BIN = os.path.dirname(sys.executable)
 MIB = 2 ** 20
 
 
-def tiny(**kwargs) -> memory.UNetSpec:
+def tiny(**kwargs) -> spec_lib.UNetSpec:
     # 8x8 slices, one pooling, 2 base filters, 1 channel in, 2 classes.
-    return memory.UNetSpec((8, 8), depth=1, base_filters=2, num_classes=2, **kwargs)
+    return spec_lib.UNetSpec((8, 8), depth=1, base_filters=2, num_classes=2, **kwargs)
 
 
 def test_tiny_network_by_hand():
@@ -50,12 +51,12 @@ def test_tiny_network_by_hand():
 
 
 def test_bfloat16_levels_with_an_extent_of_2_are_float32():
-    # oneDNN's bf16 Conv3D filter gradient is unreliable there (memory.level_precision).
+    # oneDNN's bf16 Conv3D filter gradient is unreliable there (spec_lib.level_precision).
     spatial = (16, 32, 32)
-    assert [memory.level_precision("bfloat16", spatial, lvl) for lvl in range(4)] == \
+    assert [spec_lib.level_precision("bfloat16", spatial, lvl) for lvl in range(4)] == \
         ["bfloat16", "bfloat16", "bfloat16", "float32"]
-    assert memory.level_precision("bfloat16", (16, 16), 3) == "bfloat16"  # 2D is not affected
-    assert memory.level_precision("float32", spatial, 0) == "float32"
+    assert spec_lib.level_precision("bfloat16", (16, 16), 3) == "bfloat16"  # 2D is not affected
+    assert spec_lib.level_precision("float32", spatial, 0) == "float32"
 
 
 def test_tiny_network_recomputed_and_in_bfloat16():
@@ -75,24 +76,22 @@ def test_tiny_network_recomputed_and_in_bfloat16():
 def test_reference_and_liver3d_parameter_counts():
     # Intel's unet_3d of the BraTS study: 5,650,801 (5,647,857 trainable); distseg's
     # liver3d U-Net drops 1,472 conv biases and has 3 softmax outputs: 5,649,363.
-    assert memory.count_params(memory.UNetSpec.reference()) == (5_650_801, 5_647_857)
-    assert memory.count_params(memory.UNetSpec((32, 128, 128))) == (5_649_363, 5_646_419)
+    assert memory.count_params(spec_lib.UNetSpec.reference()) == (5_650_801, 5_647_857)
+    assert memory.count_params(spec_lib.UNetSpec((32, 128, 128))) == (5_649_363, 5_646_419)
     # The 2D livermask-sized default: ~31.0M (tests/test_model.py builds it).
-    assert memory.count_params(memory.UNetSpec((240, 240), base_filters=64)) == (31_048_387, 31_036_611)
+    assert memory.count_params(spec_lib.UNetSpec((240, 240), base_filters=64)) == (31_048_387, 31_036_611)
 
 
 def test_layer_list_matches_the_keras_model():
-    # One architecture, two descriptions: every named tensor of the estimator has the
-    # shape of the Keras layer of that name, and the parameter counts agree.
-    pytest.importorskip("tensorflow")
+    # One spec, read twice: every named tensor of the estimator has the shape of the
+    # Keras layer of that name in the model built from the same spec, and the
+    # parameter counts agree.
     from distseg.networks import unet as model_lib
-    for spec in [memory.UNetSpec((16, 32, 16), depth=2, base_filters=2),
-                 memory.UNetSpec((32, 64), depth=3, base_filters=3, norm="none", precision="bfloat16"),
-                 memory.UNetSpec((16, 16), depth=2, base_filters=2, norm="group", num_classes=4),
-                 memory.UNetSpec((16, 32, 32), depth=3, base_filters=2, precision="bfloat16")]:
-        m = model_lib.build_unet(input_shape=spec.spatial, spatial_dims=spec.spatial_dims, depth=spec.depth,
-                                 base_filters=spec.base_filters, num_classes=spec.num_classes,
-                                 norm=spec.norm, precision=spec.precision)
+    for spec in [spec_lib.UNetSpec((16, 32, 16), depth=2, base_filters=2),
+                 spec_lib.UNetSpec((32, 64), depth=3, base_filters=3, norm="none", precision="bfloat16"),
+                 spec_lib.UNetSpec((16, 16), depth=2, base_filters=2, norm="group", num_classes=4),
+                 spec_lib.UNetSpec((16, 32, 32), depth=3, base_filters=2, precision="bfloat16")]:
+        m = model_lib.build(spec)
         assert memory.count_params(spec)[0] == m.count_params()
         names = {layer.name for layer in m.layers}
         checked = 0
@@ -108,14 +107,14 @@ def test_layer_list_matches_the_keras_model():
 
 
 def test_largest_batch_and_input_are_the_edge_of_the_budget():
-    spec = memory.UNetSpec((64, 64, 64))
+    spec = spec_lib.UNetSpec((64, 64, 64))
     budget = memory.parse_bytes("3GB")
     b = memory.largest_batch(spec, budget)
     assert memory.estimate(spec, b).total <= budget < memory.estimate(spec, b + 1).total
     shape = memory.largest_input(spec, 2, budget)
     bigger = tuple(s + 16 for s in shape)
-    assert memory.estimate(memory.UNetSpec(shape), 2).total <= budget
-    assert memory.estimate(memory.UNetSpec(bigger), 2).total > budget
+    assert memory.estimate(spec_lib.UNetSpec(shape), 2).total <= budget
+    assert memory.estimate(spec_lib.UNetSpec(bigger), 2).total > budget
     assert memory.largest_input(spec, 2, memory.parse_bytes("1MB")) is None
 
 
@@ -175,7 +174,7 @@ def test_cli_answers_the_reference_rows():
         assert f"budget {memory.human(memory.parse_bytes(budget))}: fits" in out
         bottom = "x".join(str(int(e) // 16) for e in size.split(",") * (3 if "," not in size else 1))
         assert f"\nbottom {bottom} " in out and "largest batch at" in out
-    est = memory.estimate(memory.UNetSpec((240, 240, 144)), 16)
+    est = memory.estimate(spec_lib.UNetSpec((240, 240, 144)), 16)
     assert 110 * 2 ** 30 < est.total < 200 * 2 ** 30  # ~1.1 KB per voxel per sample
     small = _cli("--model", "unet3d", "--input", "240,240,144", "--batch", "16", "--budget", "64GB")
     assert "does not fit: needs" in small.stdout

@@ -134,6 +134,24 @@ def test_bad_arguments_and_a_model_of_the_wrong_shape():
         sliding.sliding_window(lambda x: np.ones((1, 4, 4, 2)), v, (4, 4, 4))
 
 
+def test_a_2d_model_runs_as_windows_of_one_slice_and_comes_back_exactly():
+    # What distseg-predict does with a 2D run: one window per slice, each exactly once,
+    # and the model's own output, bit for bit (a single window's weight divides out).
+    volume = _volume((7, 12, 12), seed=2)
+    seen = []
+
+    def model2d(x):  # (B, H, W, 1) -> (B, H, W, 2), not voxelwise: a slice's mean
+        seen.append(x.shape)
+        m = x.mean(axis=(1, 2), keepdims=True)
+        return np.concatenate([x * m, np.float32(1) - x * m], axis=-1).astype(np.float32)
+
+    probs = sliding.sliding_window(sliding.slicewise(model2d), volume, (1, 12, 12), batch=3)
+    assert seen == [(3, 12, 12, 1), (3, 12, 12, 1), (1, 12, 12, 1)]
+    np.testing.assert_array_equal(probs, model2d(volume[..., None]))
+    with pytest.raises(ValueError, match="windows of depth 1"):
+        sliding.sliding_window(sliding.slicewise(model2d), volume, (2, 12, 12))
+
+
 # ---------------------------------------------------------------- Dice
 
 

@@ -4,11 +4,13 @@ schedule, the weight checksum, and a checkpoint that comes back as it was saved.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
 import pytest
 
+from distseg.core import rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
 from distseg.training import checkpoint, steps
@@ -72,7 +74,7 @@ def test_checkpoint_round_trip_and_rotation(tmp_path):
     for epoch in (1, 2, 3):
         _save(run_dir, model, opt, epoch)
     _save(run_dir, model, opt, 3, step=4, seen=[7, 9, 11])
-    assert checkpoint.stems(checkpoint.directory(run_dir)) == ["epoch-0003", "epoch-0003-step-000004"]
+    assert checkpoint.stems(rundir.checkpoint_dir(run_dir)) == ["epoch-0003", "epoch-0003-step-000004"]
     saved = steps.weight_checksum(model.weights + opt.variables)
 
     other, other_opt = _tiny_state(2)  # different weights and optimizer state
@@ -99,8 +101,37 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path):
     entry, warnings = checkpoint.find(run_dir)
     assert entry["epoch"] == 1
     assert len(warnings) == 1 and "epoch-0002.weights.h5: missing or damaged" in warnings[0]
-    os.remove(os.path.join(checkpoint.directory(run_dir), "epoch-0001.state.npz"))
+    os.remove(os.path.join(rundir.checkpoint_dir(run_dir), "epoch-0001.state.npz"))
     assert checkpoint.find(run_dir)[0] is None
+
+
+def test_the_files_of_a_checkpoint_are_those_rundir_names(tmp_path):
+    model, opt = _tiny_state(1)
+    run_dir = str(tmp_path)
+    stem = _save(run_dir, model, opt, 2, step=5, seen=[1])
+    name = rundir.checkpoint_stem(2, 5)
+    assert stem == os.path.join(rundir.checkpoint_dir(run_dir), name)
+    assert sorted(os.listdir(rundir.checkpoint_dir(run_dir))) == sorted(
+        [rundir.checkpoint_file(name, k) for k in rundir.CHECKPOINT_FILES]
+        + [rundir.manifest_name(name), rundir.LATEST_CHECKPOINT])
+    with open(rundir.latest_path(run_dir)) as f:
+        assert json.load(f) == {"manifest": rundir.manifest_name(name), "epoch": 2, "step": 5}
+
+
+def test_resuming_at_another_size_falls_back_to_the_epoch_boundary(tmp_path):
+    from distseg.training import resume
+    model, opt = _tiny_state(1)
+    run_dir = str(tmp_path)
+    _save(run_dir, model, opt, 1)
+    state = checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights])
+    checkpoint.save(run_dir, checkpoint.Position(epoch=1, step=3, global_step=13, size=2),
+                    model, opt, [state, state], keep=3)
+    same, warnings = resume._find_for_size(run_dir, 2)
+    assert same["position"].step == 3 and warnings == []
+    entry, warnings = resume._find_for_size(run_dir, 1)
+    assert entry["manifest"] == os.path.join(rundir.checkpoint_dir(run_dir),
+                                             rundir.manifest_name(rundir.checkpoint_stem(1)))
+    assert len(warnings) == 1 and "(3 steps redone)" in warnings[0]
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_one_line(tmp_path):
@@ -110,7 +141,7 @@ def test_a_checkpoint_of_another_model_is_refused_with_one_line(tmp_path):
     bigger = model_lib.build_unet(16, depth=1, base_filters=4)
     with pytest.raises(InputError) as err:
         checkpoint.load(checkpoint.latest(str(tmp_path)), bigger)
-    assert str(err.value).startswith(os.path.join(str(tmp_path), "checkpoints", "epoch-0001"))
+    assert str(err.value).startswith(os.path.join(rundir.checkpoint_dir(str(tmp_path)), "epoch-0001"))
     assert "\n" not in str(err.value)
 
 

@@ -295,7 +295,7 @@ def test_cli_synth_info_and_lits_sample_in_3d(tmp_path):
     assert res.exit_code == 0, res.output
     import json
     shown = json.loads(res.output)
-    info = volumes.inspect(out)
+    info = volumes.examine(out)
     assert shown["layout"] == "volumes" and shown["cases"] == 4
     assert shown["train_slabs"] == len(volumes.slab_ids(info, SLAB, "train"))
     assert shown["padded_cases"] == [int(info.case_ids[k]) for k in
@@ -319,15 +319,15 @@ def test_each_reader_refuses_the_other_layout_with_what_to_use(mixed, tmp_path):
     slices = str(tmp_path / "slices.h5")
     synth.make_dataset(slices, cases=2, size=16, seed=0, slices_per_case=4)
     assert data.file_layout(path) == "volumes" and data.file_layout(slices) == "slices"
-    for call in (lambda: data.inspect(path), lambda: data.SliceReader(path)):
+    for call in (lambda: data.examine(path), lambda: data.SliceReader(path)):
         with pytest.raises(data.DatasetError) as err:
             call()
         assert str(err.value).startswith(f"{path}: holds 3D volumes (attribute layout='volumes'), "
                                          "not 2D slices; use the 3D path (distseg-train --model unet3d")
     with h5py.File(slices, "r+") as f:
         del f.attrs["layout"]  # as files written before volumes existed
-    assert data.inspect(slices).samples == 8  # read as before
-    for call in (lambda: volumes.inspect(slices), lambda: volumes.SlabReader(slices, SLAB)):
+    assert data.examine(slices).samples == 8  # read as before
+    for call in (lambda: volumes.examine(slices), lambda: volumes.SlabReader(slices, SLAB)):
         with pytest.raises(data.DatasetError) as err:
             call()
         assert str(err.value).startswith(f"{slices}: holds 2D slices (no attribute layout), not "
@@ -335,7 +335,7 @@ def test_each_reader_refuses_the_other_layout_with_what_to_use(mixed, tmp_path):
     with h5py.File(slices, "r+") as f:
         f.attrs["layout"] = "cubes"
     with pytest.raises(data.DatasetError, match="attribute layout is 'cubes', expected 'slices' or 'volumes'"):
-        data.inspect(slices)
+        data.examine(slices)
 
 
 def _copy(src: str, dst: str) -> str:
@@ -378,8 +378,8 @@ def test_bad_volume_files_are_one_line_naming_file_and_field(mixed, tmp_path, pr
     damage, expected = BAD[problem]
     with h5py.File(path, "r+") as f:
         damage(f)
-    calls = [volumes.inspect]
-    if problem != "label 3":  # labels are checked by inspect (rank 0, at start-up) alone
+    calls = [volumes.examine]
+    if problem != "label 3":  # labels are checked by examine (rank 0, at start-up) alone
         calls.append(lambda p: volumes.SlabReader(p, SLAB))
     for call in calls:
         with pytest.raises(data.DatasetError) as err:
@@ -415,3 +415,33 @@ def test_parse_slab_refuses(text):
 def test_a_bad_foreground_fraction_is_refused(mixed):
     with pytest.raises(ValueError, match="--foreground-fraction 1.5: expected 0..1"):
         volumes.SlabReader(mixed[0], SLAB, foreground_fraction=1.5)
+
+
+#: The facts every data summary names alike, whatever the layout (``data.summary_of``).
+SHARED_KEYS = {"path", "layout", "format_version", "source", "dtype", "num_classes",
+               "class_names", "sample", "samples", "train_samples", "val_samples",
+               "test_samples", "cases", "train_cases", "val_cases", "test_cases"}
+
+
+def test_both_layouts_summarise_the_same_facts_under_the_same_keys(mixed, tmp_path):
+    path, info, _ = mixed
+    flat = synth.make_dataset(str(tmp_path / "s.h5"), cases=5, size=16, seed=0,
+                              slices_per_case=4).summary()
+    cut, whole = info.summary(SLAB), info.summary()
+    assert SHARED_KEYS <= set(cut) and SHARED_KEYS <= set(whole)
+    assert set(flat) == SHARED_KEYS | {"image_size"}
+    assert set(cut) - SHARED_KEYS == {"shape_min", "shape_max", "voxels", "slab", "train_slabs",
+                                      "val_slabs", "padded_cases"}
+    grid = volumes.SlabGrid.of(info.shapes, SLAB)
+    assert (flat["layout"], flat["sample"], cut["layout"], cut["sample"], whole["sample"]) == (
+        "slices", "slice", "volumes", "slab", "volume")
+    assert (flat["samples"], flat["train_samples"] + flat["val_samples"], flat["cases"]) == (20, 20, 5)
+    # a 3D sample is a slab of the grid (a whole volume without a slab, as --slab full)
+    assert cut["samples"] == grid.total and cut["train_samples"] == cut["train_slabs"] == len(
+        grid.ids(info.train_cases))
+    assert cut["val_samples"] == cut["val_slabs"] == len(grid.ids(info.val_cases))
+    assert (whole["samples"], whole["train_samples"], whole["val_samples"]) == (5, 4, 1)
+    for s in (cut, whole):
+        assert (s["cases"], s["train_cases"], s["val_cases"], s["test_cases"]) == (5, 4, 1, 0)
+        assert (s["format_version"], s["num_classes"], s["class_names"]) == (
+            1, 3, ["background", "liver", "lesion"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import multiprocessing
 import os
 import resource
@@ -25,12 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distseg.core.errors import InputError, Interrupted
+from distseg.core.stopflag import StopFlag
 from distseg.data import slices as data
 from distseg.data.convert import geometry, sources, splits
 from distseg.data.convert.intensity import Intensity, modality_kind
 from distseg.data.convert.sources import Case, Source, VolumeError
 from distseg.data.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
-from distseg.core.errors import InputError, Interrupted
 
 #: Chosen by benchmarks/bench_convert.py (docs/data.md#choosing-the-compression).
 DEFAULT_COMPRESSION = "lzf"
@@ -254,30 +256,23 @@ def prepared_in_order(cases, opts: Options, intensity: Intensity, class_names):
                 fut.cancel()
 
 
-class StopFlag:
-    """Set by SIGTERM or Ctrl-C; the conversion stops at the next case boundary.
+def _on_signal(flag: StopFlag, signum, frame) -> None:
+    """SIGTERM or Ctrl-C: the conversion stops at the next case boundary (``flag``).
 
-    The handler only records the signal: raising from it could land in a finaliser,
-    where Python prints and drops the exception. A second signal raises at once.
+    Only recorded: raising here could land in a finaliser, where Python prints and
+    drops the exception. A second signal raises at once.
     """
-
-    def __init__(self):
-        self.signal: str | None = None
-
-    def handler(self, signum, frame):
-        if self.signal:
-            raise Interrupted(f"signal {signal.Signals(signum).name} (second)")
-        self.signal = signal.Signals(signum).name
-
-    def check(self) -> None:
-        if self.signal:
-            raise Interrupted(f"signal {self.signal}")
+    name = signal.Signals(signum).name
+    if flag.requested:
+        raise Interrupted(f"signal {name} (second)")
+    flag.request(f"signal {name}")
 
 
 @contextlib.contextmanager
 def _signals_stop(flag: StopFlag):
+    handler = functools.partial(_on_signal, flag)
     try:
-        previous = {s: signal.signal(s, flag.handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     except ValueError:  # not the main thread: leave signals alone
         yield
         return

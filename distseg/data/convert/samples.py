@@ -17,8 +17,7 @@ import os
 
 import numpy as np
 
-from distseg.data import lits
-from distseg.data import synth
+from distseg.data import lits, synth
 from distseg.data.convert import geometry
 
 _AXES = {"R": (0, 1), "L": (0, -1), "A": (1, 1), "P": (1, -1), "S": (2, 1), "I": (2, -1)}

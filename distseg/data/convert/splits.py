@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distseg.data import slices as data
 from distseg.core.errors import InputError
+from distseg.data import slices as data
 
 
 def assign(n_cases: int, seed: int, val_fraction: float = 0.2, folds: int = 0,

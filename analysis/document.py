@@ -1,4 +1,4 @@
-"""The report model: typed tables, sections and notes, shared by ``report`` and ``render``.
+"""The report's document: typed tables, sections and notes, shared by ``report`` and ``render``.
 
 A leaf module: it imports nothing else of ``analysis``, so the modules that compute a
 report (``report``) and the one that draws it (``render``) both depend on it and never

@@ -1,0 +1,170 @@
+"""``distseg-predict --export DIR``: a trained run as a Keras model file that loads
+without distseg, and the input convention beside it.
+
+distseg's U-Net uses its own layers for training speed and memory (``FusedBatchNorm``,
+``GroupNorm``, ``ConvUnit`` for ``--recompute``, bfloat16 policies): a ``.keras`` file of
+that model would need distseg to load. The export builds an inference twin from the
+one U-Net builder with Keras' own normalisation layers (``BatchNormalization`` and
+``GroupNormalization``: the same weights, names and inference results), without
+recomputation and in float32, copies the checkpoint's weights into it, and saves it.
+``keras.models.load_model(DIR/model.keras)`` then needs nothing but Keras.
+
+``DIR/model.json`` says what the model takes and gives (``convention``): spatial
+dimensions, the input shape and window, channels-last layout, dtype, the intensity
+window or normalisation and the slice layout of the training data, class names, and
+that the output holds softmax probabilities over the classes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from distseg.core import config as config_lib
+from distseg.core.errors import InputError
+from distseg.data.convert import geometry
+from distseg.inference import predict, sliding
+
+MODEL_FILE = "model.keras"
+CONVENTION_FILE = "model.json"
+FORMAT = "distseg-export"
+FORMAT_VERSION = 1
+
+
+@contextlib.contextmanager
+def keras_norm_layers():
+    """While open, the U-Net builder makes Keras' own normalisation layers."""
+    import keras
+
+    from distseg.networks import unet
+    original = dict(unet.NORM_LAYERS)
+    unet.NORM_LAYERS.update(batch=keras.layers.BatchNormalization,
+                            group=keras.layers.GroupNormalization)
+    try:
+        yield
+    finally:
+        unet.NORM_LAYERS.clear()
+        unet.NORM_LAYERS.update(original)
+
+
+def inference_twin(model_cfg: config_lib.ModelConfig, input_shape):
+    """distseg's U-Net of ``model_cfg`` for ``input_shape``, built of Keras layers only:
+    Keras' normalisation layers, no recomputation, float32."""
+    from distseg.networks import unet
+    plain = dataclasses.replace(model_cfg, recompute=False, precision="float32")
+    with keras_norm_layers():
+        return unet.from_config(plain, input_shape)
+
+
+def copy_weights(source, twin) -> None:
+    """Copies every weight of ``source`` into ``twin``, in the builder's order (a
+    ``ConvUnit`` creates its variables in the plain model's order).
+
+    Raises:
+      ValueError: the models' weights differ in count, kind or shape.
+    """
+    src, dst = source.weights, twin.weights
+    if len(src) != len(dst):
+        raise ValueError(f"the twin has {len(dst)} weights, the model {len(src)}")
+    for s, d in zip(src, dst):
+        if s.shape != d.shape or s.name != d.name:
+            raise ValueError(f"weight {s.path} {tuple(s.shape)} does not match the twin's "
+                             f"{d.path} {tuple(d.shape)}")
+        d.assign(np.asarray(s.numpy(), dtype=np.float32))
+
+
+def convention(cfg: config_lib.Config, known: predict.TrainingData, window, overlap: float,
+               run_dir: str, epoch: int) -> dict:
+    """What ``DIR/model.json`` holds: how to make the model's input from a scan and
+    what its output means."""
+    import keras
+    import tensorflow as tf
+    prep, dims = known.prep, cfg.model.spatial_dims
+    spatial = list(window[1:]) if dims == 2 else list(window)
+    n = cfg.model.num_classes
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "model_file": MODEL_FILE,
+        "spatial_dims": dims,
+        "layout": "channels_last",
+        "input": {"name": "image", "shape": [None] + spatial + [1], "dtype": "float32",
+                  "range": [0.0, 1.0],
+                  "axes": ("(batch, rows, columns, channel): one axial slice" if dims == 2 else
+                           "(batch, slices, rows, columns, channel): a window of axial slices")},
+        "window": list(window),
+        "slice_layout": geometry.LAYOUT,
+        "intensity": {**prep.intensity.describe(), "rule": _intensity_rule(prep.intensity)},
+        "channel": prep.channel,
+        "in_plane": ({"size": [prep.size, prep.size], "interpolation": "linear, edge to edge"}
+                     if prep.size else "each scan's own grid (not resampled)"),
+        "resize_to_input": ("bilinear" if dims == 2 and prep.size and prep.size != window[1]
+                            else None),
+        "sliding_window": ({"overlap": overlap, "sigma_scale": sliding.SIGMA_SCALE, "blend": "gaussian",
+                            "pad_value": float(sliding.PAD_IMAGE)} if dims == 3 else None),
+        "class_names": list(known.class_names),
+        "output": {"name": "probs", "shape": [None] + spatial + [n], "dtype": "float32",
+                   "meaning": "softmax probabilities over the classes (last axis, in "
+                              "class_names order); argmax gives the label"},
+        "preprocessing_from": prep.where,
+        "run": os.path.abspath(run_dir), "epoch": epoch,
+        "model": dataclasses.asdict(cfg.model),
+        "keras_version": keras.__version__, "tensorflow_version": tf.__version__,
+    }
+
+
+def _intensity_rule(intensity) -> str:
+    if intensity.kind == "ct":
+        return (f"(clip(HU, {intensity.low:g}, {intensity.high:g}) - ({intensity.low:g})) "
+                f"/ {intensity.high - intensity.low:g}")
+    return (f"clip to the volume's {intensity.low:g} and {intensity.high:g} percentiles of "
+            "its non-zero voxels, then scale that range to [0, 1]")
+
+
+def _save(obj_writer, path: str) -> None:
+    """Writes through a temporary file and renames it, so a reader never sees half."""
+    tmp = f"{path}.{os.getpid()}.tmp{os.path.splitext(path)[1]}"
+    try:
+        obj_writer(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def run(opts: predict.Options, out_dir: str) -> list[str]:
+    """Exports the run's newest checkpoint to ``out_dir``; returns the lines to print.
+
+    Raises:
+      InputError: inputs given too, or any of predict's start-up errors (run, data file,
+        checkpoint).
+    """
+    if opts.inputs or opts.out:
+        raise InputError(f"--export {out_dir}: writes the model only; predict INPUTS with "
+                         "--out in a separate distseg-predict")
+    cfg = predict.run_config(opts.run_dir)
+    known = predict.training_data(cfg, opts)
+    window = predict.model_window(cfg, known.path, opts.run_dir)
+    model = predict.build_model(cfg, opts.run_dir, predict.input_shape(cfg, window))
+    twin = inference_twin(cfg.model, predict.input_shape(cfg, window))
+    copy_weights(model, twin)
+    epoch = int(predict.checkpoint.latest(opts.run_dir)["epoch"])
+    overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
+    info = convention(cfg, known, window, overlap, opts.run_dir, epoch)
+    os.makedirs(out_dir, exist_ok=True)
+    model_path = os.path.join(out_dir, MODEL_FILE)
+    json_path = os.path.join(out_dir, CONVENTION_FILE)
+    _save(twin.save, model_path)
+    _save(lambda path: _write_json(path, info), json_path)
+    return [f"preprocessing: {known.prep.describe()}",
+            f"wrote {model_path} ({cfg.model.spatial_dims}D U-Net, input "
+            f"{tuple(twin.input_shape)}, float32; loads with keras.models.load_model) "
+            f"and {json_path} (its input convention)"]
+
+
+def _write_json(path: str, info: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
