@@ -63,6 +63,13 @@ class Expected:
         return self.basis in (Basis.BATCH_ONE, Basis.CAPPED)
 
 
+def _fixed_global_batch(rec: dict) -> int:
+    """The fixed global batch a run's shards are cut in (0: per-rank shards)."""
+    if rec.get("batch_policy") in ("global", "grown"):
+        return int(rec.get("global_batch_size") or 0)
+    return 0
+
+
 def expected_samples(run: RunData) -> Expected:
     """Samples one epoch should cover across ranks, and why (see ``shard_batches``)."""
     rec = run.run_record
@@ -71,14 +78,19 @@ def expected_samples(run: RunData) -> Expected:
         return Expected(math.nan, Basis.UNKNOWN, "unknown (no dataset.train_samples, "
                         "train_slabs or size in the run record)")
     n, size = int(n), int(size)
+    fixed = _fixed_global_batch(rec)
     if b is not None:
         b = int(b)
-        full = schema.steps_per_epoch(n, size, b)
+        full = schema.steps_per_epoch(n, size, b, fixed)
         spe = rec.get("steps_per_epoch")
         if spe is not None and int(spe) < full:
             return Expected(math.nan, Basis.CAPPED,
                             f"capped: {spe} of {full} steps per epoch (max_steps_per_epoch)")
-        if b == 1 and n % size:
+        if fixed and n % fixed:
+            return Expected(float(schema.epoch_samples(n, size, b, fixed)), Basis.BATCH_ONE,
+                            f"global batch {fixed}: {n % fixed} of {n} samples skipped per "
+                            "epoch by design (a new random few each epoch)")
+        if not fixed and b == 1 and n % size:
             return Expected(float(n - n % size), Basis.BATCH_ONE,
                             f"batch size 1: {n % size} of {n} samples skipped per epoch by "
                             "design (a new random few each epoch)")

@@ -272,10 +272,12 @@ def throughput(rank_records: list[list[dict]]) -> float | None:
 
 
 class SimRanks:
-    """N data-parallel ranks emulated in one process, step for step as ``distseg.train``:
+    """N data-parallel ranks emulated in one process, step for step as distseg's loop:
     each rank its own batch, forward and backward pass and BatchNorm moving statistics;
-    the gradients averaged (the allreduce) and applied by one Adam; the statistics
-    averaged over ranks at each epoch end (``steps.average_batchnorm``)."""
+    the global loss's sums added over the ranks (the forward allreduce: a first forward
+    pass per rank), the gradients of each rank's surrogate averaged (the allreduce) and
+    applied by one Adam; the statistics averaged over ranks at each epoch end
+    (``steps.average_batchnorm``)."""
 
     def __init__(self, cfg, ranks: int):
         import keras
@@ -291,19 +293,27 @@ class SimRanks:
         self.banks = [[v.numpy() for v in self.stats] for _ in range(ranks)]
         shape = [None, cfg.model.image_size, cfg.model.image_size]
         spec = [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
-        self.grad_step = tf.function(self._grads, input_signature=spec)
+        self.sums_step = tf.function(self._sums, input_signature=spec)
+        total = 2 * cfg.model.num_classes + 2
+        self.grad_step = tf.function(self._grads, input_signature=spec + [tf.TensorSpec([total], tf.float32)])
         self.eval_step = tf.function(self._eval, input_signature=spec)
         self.apply = tf.function(self._apply)
 
-    def _grads(self, images, masks):
+    def _sums(self, images, masks):
+        from distseg.networks import losses
+        probs = self.model(images, training=True)
+        return losses.loss_sums(probs, masks, self.cfg.model.num_classes)
+
+    def _grads(self, images, masks, total):
         import tensorflow as tf
 
         from distseg.networks import losses
         with tf.GradientTape() as tape:
             probs = self.model(images, training=True)
-            loss = losses.segmentation_loss(probs, masks, self.cfg.model.num_classes,
-                                               self.cfg.train.loss)
-        return loss, tape.gradient(loss, self.model.trainable_variables)
+            value, surrogate, _ = losses.global_loss(
+                probs, masks, self.cfg.model.num_classes, self.cfg.train.loss,
+                lambda local: total, self.ranks)
+        return value, tape.gradient(surrogate, self.model.trainable_variables)
 
     def _apply(self, grads):
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
@@ -315,11 +325,15 @@ class SimRanks:
 
     def step(self, batches: list, lr: float) -> float:
         """One synchronous step: ``batches[r]`` = rank r's (images, masks)."""
-        losses, total = [], None
+        losses, total, sums = [], None, 0.0
         for r, (images, masks) in enumerate(batches):
             for v, value in zip(self.stats, self.banks[r]):
                 v.assign(value)
-            loss, grads = self.grad_step(images, masks)
+            sums = sums + self.sums_step(images, masks).numpy()
+        for r, (images, masks) in enumerate(batches):
+            for v, value in zip(self.stats, self.banks[r]):
+                v.assign(value)
+            loss, grads = self.grad_step(images, masks, sums.astype("float32"))
             self.banks[r] = [v.numpy() for v in self.stats]
             losses.append(float(loss))
             total = grads if total is None else [a + b for a, b in zip(total, grads)]

@@ -64,3 +64,31 @@ def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 12
     out = proc.communicate()[0] if proc.stdout is not None else ""
     pytest.fail(f"{needle} not in {path} within {timeout} s (exit {proc.returncode}): "
                 f"{(out or '')[-3000:]}")
+
+
+def jobs_cli(*args: str, cwd: str | None = None):
+    """distseg-jobs in this process (the real click command), from ``cwd``."""
+    from click.testing import CliRunner
+
+    from distseg.cli.jobs import jobs
+
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        return CliRunner().invoke(jobs, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+def slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str]:
+    """What Slurm would set in a batch job on one node called localhost."""
+    env = {k: v for k, v in command_env().items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
+    env.update(SLURM_JOB_ID="4242", SLURM_JOBID="4242", SLURM_JOB_NAME="distseg-local",
+               SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(tasks),
+               SLURM_NPROCS=str(tasks), SLURM_NTASKS_PER_NODE=str(per_node),
+               SLURM_TASKS_PER_NODE=str(per_node), SLURM_JOB_NODELIST="localhost",
+               SLURM_NODELIST="localhost", SLURMD_NODENAME="localhost", SLURM_CPUS_ON_NODE=str(cpus),
+               SLURM_SUBMIT_DIR=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
+    return env

@@ -29,14 +29,16 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def _loss_and_grads(model, images, masks, num_classes: int, loss: str):
+def _loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int):
+    """distseg's forward and backward with the global loss: (global loss, this rank's
+    loss, gradients)."""
     from distseg.training import steps
-    return steps.loss_and_grads(model, images, masks, num_classes, loss)
+    return steps.loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
-def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
+def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int):
     from distseg.training import steps
-    return steps.checked_loss_and_grads(model, images, masks, num_classes, loss)
+    return steps.checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
 def _signature(spatial_shape: Sequence[int]):
@@ -51,27 +53,33 @@ def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
     return steps.apply_unless(flag, optimizer, grads, variables, stats, before)
 
 
-def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
-    """distseg's step without the BatchNorm copy and the per-gradient check."""
+def _no_norms():
+    import tensorflow as tf
+    return tf.zeros([2])
+
+
+def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+    """distseg's step without the BatchNorm copy, the per-gradient check and the
+    gradient norms of the noise scale."""
     import tensorflow as tf
 
     from distseg.training import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
-        nonfinite = 1.0 - tf.cast(tf.math.is_finite(local_loss), tf.float32)
-        grads, (mean_loss, mean_flags) = dist.average_gradients(
-            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        nonfinite = 1.0 - tf.cast(tf.math.is_finite(value), tf.float32)
+        grads, (mean_flags,) = dist.average_gradients(grads, [tf.concat([flags, [nonfinite]], 0)])
         _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables)
-        return local_loss, mean_loss, mean_flags
+        return local_loss, value, mean_flags, _no_norms()
 
     return train_step
 
 
-def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """distseg's step with the finiteness check as one sum per gradient: any NaN or
-    Inf entry makes the sum non-finite (so does a finite overflow: a safe skip)."""
+    Inf entry makes the sum non-finite (so does a finite overflow: a safe skip); no
+    gradient norms."""
     import tensorflow as tf
 
     from distseg.training import distributed as dist
@@ -80,70 +88,73 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
     def train_step(images, masks, flags):
         stats = list(model.non_trainable_weights)
         before = [tf.identity(v) for v in stats]
-        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
-        total = tf.add_n([tf.reduce_sum(g) for g in grads]) + local_loss
+        value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        total = tf.add_n([tf.reduce_sum(g) for g in grads]) + value
         nonfinite = 1.0 - tf.cast(tf.math.is_finite(total), tf.float32)
-        grads, (mean_loss, mean_flags) = dist.average_gradients(
-            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        grads, (mean_flags,) = dist.average_gradients(grads, [tf.concat([flags, [nonfinite]], 0)])
         _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        return local_loss, mean_loss, mean_flags
+        return local_loss, value, mean_flags, _no_norms()
 
     return train_step
 
 
-def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """distseg's step (BatchNorm copy, finiteness check) without the allreduce: valid
     for one rank only, where the average over ranks is the rank's own value."""
     import tensorflow as tf
 
+    from distseg.training import steps
+
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        stats, before, local_loss, grads, nonfinite = _checked_loss_and_grads(
-            model, images, masks, num_classes, loss)
+        stats, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
+            model, images, masks, num_classes, loss, 1)
         mean_flags = tf.concat([flags, [nonfinite]], 0)
         _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        return local_loss, local_loss, mean_flags
+        norm = steps.squared_norm(grads)
+        return local_loss, value, mean_flags, tf.stack([norm, norm])
 
     return train_step
 
 
-def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """distseg's step (BatchNorm copy, finiteness check, allreduce) that always applies
     the update: what the ``tf.cond`` around the update costs (not a valid change)."""
     import tensorflow as tf
 
     from distseg.training import distributed as dist
+    from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        _, before, local_loss, grads, nonfinite = _checked_loss_and_grads(
-            model, images, masks, num_classes, loss)
-        grads, (mean_loss, mean_flags) = dist.average_gradients(
-            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        _, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
+            model, images, masks, num_classes, loss, ranks)
+        grads, (mean_flags, small_sq) = dist.average_gradients(
+            grads, [tf.concat([flags, [nonfinite]], 0), steps.squared_norm(grads)])
         with tf.control_dependencies(before):
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return local_loss, mean_loss, mean_flags
+        return local_loss, value, mean_flags, tf.stack([small_sq, steps.squared_norm(grads)])
 
     return train_step
 
 
-def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str):
+def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """Forward, backward, update and nothing else (one rank only): Keras ``fit``'s step."""
     import tensorflow as tf
 
     @tf.function(input_signature=_signature(spatial_shape))
     def train_step(images, masks, flags):
-        local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss)
+        value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, 1)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return local_loss, local_loss, tf.concat([flags, [0.0]], 0)
+        return local_loss, value, tf.concat([flags, [0.0]], 0), _no_norms()
 
     return train_step
 
 
-def original(model, optimizer, spatial_shape, num_classes: int, loss: str):
+def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """distseg's own step, untouched."""
     from distseg.training import steps
-    return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss)
+    return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss, ranks)
 
 
 VARIANTS = {
@@ -156,24 +167,3 @@ VARIANTS = {
 }
 #: Variants valid on one rank only (they skip the allreduce).
 ONE_RANK_ONLY = ("noreduce", "bare")
-
-
-def _checksum_graph(variables):
-    """[sum, sum of squares] of every value in float64, as distseg computes it."""
-    import tensorflow as tf
-    sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
-            for x in (tf.cast(v, tf.float64) for v in variables)]
-    return tf.add_n(sums)
-
-
-_COMPILED: dict = {}
-
-
-def compiled_weight_checksum(variables) -> list[float]:
-    """``distseg.steps.weight_checksum`` as one compiled call. The variables go in as
-    TensorFlow variables (by reference), so a later call reads their new values."""
-    import tensorflow as tf
-    if "checksum" not in _COMPILED:
-        _COMPILED["checksum"] = tf.function(_checksum_graph)
-    handles = [getattr(v, "value", v) for v in variables]
-    return [float(x) for x in _COMPILED["checksum"](handles)]

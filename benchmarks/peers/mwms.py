@@ -100,7 +100,7 @@ def worker(args) -> dict:
     row = {int(i): k for k, i in enumerate(info.train_indices)}
     with strategy.scope():
         model = model_lib.from_config(cfg.model)
-        optimizer = keras.optimizers.Adam(steps.scaled_lr(cfg.train.lr, size, cfg.train.lr_scaling))
+        optimizer = keras.optimizers.Adam(cfg.train.lr * config_lib.batch_plan(cfg.train, size).lr_factor)
         step = MwmsStep(strategy, model, optimizer, cfg.model.num_classes, cfg.train.loss).step
     seconds, samples = [], []
     for epoch in range(args.epochs):

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from distseg.cli.train import TRAIN_FLAGS
+from distseg.cli.train import TRAIN_FLAGS, batch_overrides
 from distseg.cluster import jobs as jobs_lib
 from distseg.core import config as config_lib
 from distseg.core import schema
@@ -82,6 +82,7 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
                       "model.recompute": p["recompute"],
                       "model.spatial_dims": config_lib.MODELS.get(p["model_name"])})
     try:
+        overrides.update(batch_overrides(p["batch_size"], p["global_batch"]))
         cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
     except ValueError as e:
         raise jobs_lib.JobError(str(e)) from None

@@ -15,7 +15,8 @@ from distseg.core.errors import fail
 TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
     "epochs": ("train.epochs", click.IntRange(1), "Passes over the training slices."),
-    "batch_size": ("train.batch_size", click.IntRange(1), "Slices per rank per step (global batch = this x ranks)."),
+    "batch_size": ("train.batch_size", click.IntRange(1), "Samples per rank per step: the global batch is this x ranks and the lr is scaled (--lr-scaling). Replaces a preset's --global-batch."),
+    "global_batch": ("train.global_batch", click.IntRange(1), "A fixed global batch G: each of N ranks takes G/N samples per step, the lr is not scaled, and N ranks make the update 1 process makes (G must be a multiple of N). The demo and liver2d presets use 8."),
     "image_size": ("model.image_size", click.IntRange(8), "Input size; slices of another size are rejected unless --resize."),
     "base_filters": ("model.base_filters", click.IntRange(1), "U-Net filters at the first level (64: ~31M parameters)."),
     "depth": ("model.depth", click.IntRange(1), "U-Net poolings."),
@@ -37,6 +38,18 @@ TRAIN_FLAGS = {
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
     "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 activations (Keras mixed precision, float32 softmax): less memory, and faster where the CPU has AVX512_BF16 or AMX (measurements: docs/memory.md, docs/performance.md)."),
 }
+
+
+def batch_overrides(batch_size, global_batch) -> dict:
+    """--batch-size asks for per-rank batches (clearing a preset's global batch);
+    --global-batch for a strict fixed global batch (no growth past the ranks)."""
+    if batch_size and global_batch:
+        raise ValueError("pass --batch-size (per rank) or --global-batch (all ranks), not both")
+    if batch_size:
+        return {"train.global_batch": 0}
+    if global_batch:
+        return {"train.global_batch_grows": False}
+    return {}
 
 
 def _train_config(resume: bool, preset, config_file, overrides) -> config_lib.Config:
@@ -100,6 +113,7 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, mod
                       "train.validate": validate, "model.recompute": recompute,
                       "model.spatial_dims": config_lib.MODELS.get(model_name)})
     try:
+        overrides.update(batch_overrides(flags["batch_size"], flags["global_batch"]))
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))

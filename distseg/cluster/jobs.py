@@ -383,7 +383,7 @@ def _check_data(path: str, ranks: int, cfg) -> None:
             return
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))
         feeds.open_feed(cfg, ranks, check_labels=False)
-    except data_lib.DatasetError as e:
+    except InputError as e:  # the data file's, or a --global-batch the ranks cannot share
         raise JobError(str(e)) from None
 
 

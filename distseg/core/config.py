@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import reprlib
 import sys
@@ -86,7 +87,17 @@ class TrainConfig:
 
     epochs: int = 10
     batch_size: int = 8
-    """Samples per rank per step (the global batch is ``batch_size * size``)."""
+    """Samples per rank per step when ``global_batch`` is 0 (the global batch is then
+    ``batch_size * size``, and the lr is scaled by ``lr_scaling``)."""
+    global_batch: int = 0
+    """A fixed global batch G (0: off): each of N ranks takes G/N samples per step, step
+    k trains on the same G samples at any N, and the lr is not scaled: N ranks make the
+    update one process makes with G (``batch_plan``)."""
+    global_batch_grows: bool = False
+    """With ``global_batch``: when there are more ranks than G (or G is not a multiple
+    of them), run ``per_rank = ceil(G / N)`` samples per rank, a global batch of
+    ``per_rank * N``, and the lr scaled by sqrt(global / G) with the warm-up, instead of
+    refusing the run. The presets set it; ``--global-batch`` clears it."""
     lr: float = 1e-4
     """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
     lr_scaling: str = "linear"
@@ -168,6 +179,7 @@ class Config:
              f"data file), got {_shown(list(m.class_names))}"),
             (t.epochs >= 1, "train.epochs", f"must be >= 1, got {t.epochs}"),
             (t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}"),
+            (t.global_batch >= 0, "train.global_batch", f"must be >= 0 (0: off), got {t.global_batch}"),
             (t.lr > 0, "train.lr", f"must be > 0, got {t.lr}"),
             (t.lr_scaling in LR_SCALINGS, "train.lr_scaling",
              f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
@@ -238,10 +250,61 @@ def with_data_classes(cfg: Config, path: str, num_classes: int,
     return dataclasses.replace(cfg, model=model)
 
 
+def lr_factor(scaling: str, growth: float) -> float:
+    """How the lr grows with the batch: x growth (``linear``, Goyal et al. 2017),
+    x sqrt(growth) (``sqrt``, the rule for Adam of Malladi et al. 2022) or x 1 (``none``)."""
+    return {"linear": float(growth), "sqrt": math.sqrt(growth), "none": 1.0}[scaling]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a run of ``ranks`` ranks batches its samples (``batch_plan``)."""
+
+    per_rank: int
+    """Samples per rank per step."""
+    global_batch: int
+    """Samples per step, all ranks together."""
+    policy: str
+    """``global`` (a fixed global batch split over the ranks), ``grown`` (a fixed global
+    batch smaller than the ranks could share, grown to ``per_rank * ranks``) or
+    ``per_rank`` (``batch_size`` per rank)."""
+    lr_factor: float
+    """What ``train.lr`` is multiplied by at the end of the warm-up."""
+
+    @property
+    def fixed(self) -> int:
+        """The fixed global batch the shards are cut in (0: per-rank shards)."""
+        return self.global_batch if self.policy in ("global", "grown") else 0
+
+
+def batch_plan(t: "TrainConfig", ranks: int) -> BatchPlan:
+    """The batch and lr rule of ``t`` at ``ranks`` ranks.
+
+    Raises:
+      InputError: a strict ``--global-batch`` G that ``ranks`` cannot share equally
+        (G < ranks or G not a multiple of ranks), in one line naming both numbers.
+    """
+    if not t.global_batch:
+        return BatchPlan(t.batch_size, t.batch_size * ranks, "per_rank",
+                         lr_factor(t.lr_scaling, ranks))
+    g = t.global_batch
+    if g % ranks == 0:
+        return BatchPlan(g // ranks, g, "global", 1.0)
+    if not t.global_batch_grows:
+        raise InputError(f"--global-batch {g} cannot be shared by {ranks} ranks: it must be "
+                         f"a multiple of the number of ranks (e.g. {ranks * max(1, g // ranks)}"
+                         f" or {ranks * (g // ranks + 1)}), or pass --batch-size per rank")
+    per_rank = -(-g // ranks)  # ceil: the global batch never shrinks below G
+    grown = per_rank * ranks
+    return BatchPlan(per_rank, grown, "grown", lr_factor("sqrt", grown / g))
+
+
 def default() -> Config:
     """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params),
-    GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``)."""
-    return Config(model=ModelConfig(norm="group"))
+    GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``), a fixed global
+    batch of 8 (docs/statistical-efficiency.md: more ranks, the same model sooner)."""
+    return Config(model=ModelConfig(norm="group"),
+                  train=TrainConfig(global_batch=8, global_batch_grows=True))
 
 
 def liver2d() -> Config:
@@ -254,7 +317,8 @@ def demo() -> Config:
     return dataclasses.replace(
         base,
         model=dataclasses.replace(base.model, image_size=128, base_filters=16, norm="batch"),
-        train=dataclasses.replace(base.train, epochs=8, batch_size=8, lr=1e-3, warmup_epochs=1.0),
+        train=dataclasses.replace(base.train, epochs=8, batch_size=8, lr=1e-3, warmup_epochs=1.0,
+                                  global_batch=8, global_batch_grows=True),
     )
 
 
@@ -265,7 +329,9 @@ def smoke() -> Config:
         base,
         model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4,
                                   norm="batch"),
-        train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0),
+        # Per-rank batches, the lr scaled with the ranks: what most tests exercise.
+        train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0,
+                                  global_batch=0, global_batch_grows=False),
     )
 
 
@@ -277,7 +343,10 @@ def liver3d() -> Config:
         base,
         model=dataclasses.replace(base.model, spatial_dims=3, base_filters=16, image_size=128),
         data=dataclasses.replace(base.data, slab="32,128,128", foreground_fraction=0.5),
-        train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=20))
+        # One slab per rank per step (a global batch that grows with the ranks): 3D time
+        # to target at a fixed global batch is not measured yet.
+        train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=20, global_batch=0,
+                                  global_batch_grows=False))
 
 
 def smoke3d() -> Config:

@@ -18,14 +18,19 @@ field needs a new ``SCHEMA_VERSION``.
     config_hash (sha256 of the resolved config without run_dir, first 16 hex digits), model {name,
     params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
     image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
-    global_batch_size, lr_base, lr_scaled, warmup_steps, epochs, voxels_per_sample (a
+    global_batch_size, batch_policy (``global``: a fixed global batch split over the
+    ranks; ``grown``: a fixed one grown past the ranks; ``per_rank``), loss_scope
+    (``global_batch``: since schema 2 ``loss`` is the loss of the whole global batch),
+    lr_base, lr_scaled, warmup_steps, epochs, voxels_per_sample (a
     sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
     record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
-    spent waiting for input), loss (mean over ranks), loss_local (this rank's batch),
-    lr, samples (this rank's batch size).
+    spent waiting for input), loss (the loss of the whole global batch, the same on
+    every rank; schema 1: the mean of the ranks' own losses), loss_local (this rank's
+    batch), lr, samples (this rank's batch size), grad_sq [mean over ranks of
+    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes).
 ``epoch`` each finished epoch:
     epoch, t, epoch_time (training and validation), train_time (training only, with the
     epoch-end BatchNorm averaging and weight check), steps, samples (this rank's
@@ -33,7 +38,11 @@ field needs a new ``SCHEMA_VERSION``.
     digest of the sample ids this rank saw, see ``sample_digest``), train_loss (mean
     over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
-    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares];
+    val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares],
+    noise_scale {b_simple, g2, trace, small_batch, big_batch, method, ema,
+    preconditioned} (``distseg.training.noise``); since schema 2 val_loss is the loss
+    of the whole validation set (its Dice sums over every sample) and train_loss the
+    mean of the steps' global-batch losses;
     3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
     rank validated (val_samples then count volumes).
 ``end``   once, at the end, whatever happened:
@@ -64,7 +73,7 @@ import numpy as np
 
 from distseg.core.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Values of a data file's ``split`` dataset (``distseg.data``).
 SPLITS = {"train": 0, "val": 1, "test": 2}
@@ -95,11 +104,12 @@ FIELDS: dict[str, tuple[str, ...]] = {
 #: present (older logs or other producers may lack them).
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
-            "warmup_steps", "epochs", "voxels_per_sample", "onednn"),
-    "step": ("skipped",),
+            "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_policy",
+            "loss_scope"),
+    "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local"),
+              "val_cases_local", "noise_scale"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),
@@ -110,12 +120,28 @@ END_STATUSES = ("ok", "error", "interrupted")
 _MASK64 = (1 << 64) - 1
 
 
-def steps_per_epoch(train_samples: int, ranks: int, batch_size: int) -> int:
-    """Steps every rank runs per epoch: its shard of ``train_samples`` (at most
-    ceil(n / ranks) samples; floor(n / ranks) with batch size 1, see
-    ``distseg.data.shard_batches``) in batches of at most ``batch_size``."""
+def steps_per_epoch(train_samples: int, ranks: int, batch_size: int, global_batch: int = 0) -> int:
+    """Steps every rank runs per epoch (see ``distseg.data.slices.shard_batches``).
+
+    With a fixed ``global_batch`` G (``--global-batch``): floor(n / G) steps of G
+    samples each, whatever the number of ranks. Otherwise each rank's shard of
+    ``train_samples`` (at most ceil(n / ranks) samples; floor(n / ranks) with batch size
+    1) in batches of at most ``batch_size``."""
+    if global_batch:
+        return train_samples // global_batch
     per_rank = train_samples // ranks if batch_size == 1 else math.ceil(train_samples / ranks)
     return math.ceil(per_rank / batch_size)
+
+
+def epoch_samples(train_samples: int, ranks: int, batch_size: int, global_batch: int = 0) -> int:
+    """Samples one full epoch trains on, all ranks together: all of them, except the
+    last ``n % G`` of each epoch's permutation with a fixed global batch G, and the last
+    ``n % ranks`` with a per-rank batch of 1 (a new random few each epoch)."""
+    if global_batch:
+        return train_samples - train_samples % global_batch
+    if batch_size == 1:
+        return train_samples - train_samples % ranks
+    return train_samples
 
 
 def mix64(ids: np.ndarray) -> np.ndarray:

@@ -27,13 +27,18 @@ from distseg.networks import losses
 class Scores:
     """One rank's share of a validation pass."""
 
-    loss_sum: float
-    """Validation loss summed over this rank's samples (slices or cases)."""
+    sums: np.ndarray
+    """``losses.loss_sums`` of this rank's samples (slices or whole volumes), added up:
+    summed over ranks they give the loss of the whole validation set."""
     samples: int
     counts: np.ndarray
     """Hard-Dice counts (3, classes): intersection, predicted, true voxels."""
     cases: dict = field(default_factory=dict)
     """3D: case id -> per-class Dice of that whole volume (this rank's cases)."""
+
+    @classmethod
+    def empty(cls, num_classes: int) -> "Scores":
+        return cls(np.zeros(2 * num_classes + 2), 0, np.zeros((3, num_classes)))
 
 
 class SliceFeed:
@@ -55,11 +60,11 @@ class SliceFeed:
     def score(self, reader, eval_step, predict, rank: int, size: int) -> Scores:
         """This rank's contiguous share of the validation slices."""
         num_classes = self.cfg.model.num_classes
-        out = Scores(0.0, 0, np.zeros((3, num_classes)))
+        out = Scores.empty(num_classes)
         for ids in data.shard_eval(self.info.val_indices, rank, size, self.cfg.train.batch_size):
             images, masks = reader.read(ids)
-            loss, counts = eval_step(images, masks)
-            out.loss_sum += float(loss) * len(ids)
+            sums, counts = eval_step(images, masks)
+            out.sums += np.asarray(sums, np.float64)
             out.samples += len(ids)
             out.counts += np.asarray(counts)
         return out
@@ -87,7 +92,7 @@ class VolumeFeed:
     def score(self, reader, eval_step, predict: Callable, rank: int, size: int) -> Scores:
         """This rank's validation volumes (balanced by voxels), each predicted whole."""
         num_classes = self.cfg.model.num_classes
-        out = Scores(0.0, 0, np.zeros((3, num_classes)))
+        out = Scores.empty(num_classes)
         cases = self.info.val_cases
         for k in sliding.shard_cases(cases, rank, size, voxels=self.info.shapes[cases].prod(1)):
             image, mask = reader.read_case(int(k))
@@ -95,7 +100,7 @@ class VolumeFeed:
                                            overlap=self.cfg.data.val_overlap,
                                            batch=self.cfg.train.batch_size)
             counts = losses.volume_dice_counts(probs, mask, num_classes)
-            out.loss_sum += losses.volume_loss(probs, mask, num_classes, self.cfg.train.loss)
+            out.sums += losses.volume_loss_sums(probs, mask, num_classes)
             out.samples += 1
             out.counts += counts
             out.cases[str(int(self.info.case_ids[k]))] = losses.dice_from_counts(counts)
@@ -115,19 +120,20 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
       DatasetError: one line naming the file and what would fix it (a volume file
         given to the 2D model, or the reverse, included).
         A class count or names in the config that differ from the file's included.
+      InputError: a ``--global-batch`` the ranks cannot share (``config.batch_plan``).
     """
-    t = cfg.train
+    per_rank = config_lib.batch_plan(cfg.train, ranks).per_rank
     if cfg.model.spatial_dims == 3:
         info = volumes.examine(cfg.data.path, check_labels=check_labels)
         cfg = _with_file_classes(cfg, info)
-        slab = volumes.check_fit(info, ranks=ranks, batch_size=t.batch_size,
+        slab = volumes.check_fit(info, ranks=ranks, batch_size=per_rank,
                                  slab=volumes.parse_slab(cfg.data.slab),
                                  num_classes=cfg.model.num_classes)
         _check_pooling(cfg, slab)
         return VolumeFeed(cfg, info, slab)
     info = data.examine(cfg.data.path, check_labels=check_labels)
     cfg = _with_file_classes(cfg, info)
-    data.check_fit(info, ranks=ranks, batch_size=t.batch_size, image_size=cfg.model.image_size,
+    data.check_fit(info, ranks=ranks, batch_size=per_rank, image_size=cfg.model.image_size,
                    resize=cfg.data.resize, num_classes=cfg.model.num_classes)
     return SliceFeed(cfg, info)
 

@@ -525,6 +525,36 @@ def shard_batches(indices: np.ndarray, rank: int, size: int, batch_size: int,
     return np.array_split(shard, schema.steps_per_epoch(n, size, batch_size))
 
 
+def global_batches(indices: np.ndarray, rank: int, size: int, global_batch: int,
+                   epoch: int, seed: int) -> list[np.ndarray]:
+    """This rank's batches of sample ids for one epoch with a fixed global batch.
+
+    The epoch's permutation (``epoch_permutation``) is cut into steps of
+    ``global_batch`` consecutive ids, the same steps at any number of ranks; rank
+    ``rank`` takes the ``rank``-th of ``size`` equal parts of each step. So step k trains
+    on the same samples whether 1 or ``size`` ranks share it, and with the global loss
+    (``distseg.networks.losses.global_loss``) makes the same update. The last
+    ``n % global_batch`` ids of each permutation (a new random few every epoch) are left
+    out of that epoch.
+
+    Raises:
+      ValueError: ``global_batch`` not a positive multiple of ``size``, or larger than
+        the number of samples.
+    """
+    n = len(indices)
+    if global_batch < size or global_batch % size:
+        raise ValueError(f"global batch {global_batch} is not a multiple of the {size} ranks")
+    if n < global_batch:
+        raise ValueError(f"{n} samples are fewer than the global batch {global_batch}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+    per_rank = global_batch // size
+    order = epoch_permutation(indices, epoch, seed)
+    steps = schema.steps_per_epoch(n, size, per_rank, global_batch)
+    return [order[k * global_batch + rank * per_rank:k * global_batch + (rank + 1) * per_rank]
+            for k in range(steps)]
+
+
 def shard_eval(indices: np.ndarray, rank: int, size: int, batch_size: int) -> list[np.ndarray]:
     """This rank's validation batches: a contiguous shard, every sample exactly once.
 

@@ -96,7 +96,7 @@ def segmentation_loss(probs, masks, num_classes: int, kind: str = "dice"):
 
 def global_loss(probs, masks, num_classes: int, kind: str, sum_over_ranks, ranks: int):
     """The loss of the global batch, whose parts sit on ``ranks`` ranks: returns
-    (its value, this rank's surrogate).
+    (its value, this rank's surrogate, this rank's ``loss_sums``).
 
     ``sum_over_ranks`` sums a tensor over the ranks (an allreduce in the forward pass;
     the identity on one rank). With the global sums I, D (and the cross-entropy total
@@ -118,7 +118,7 @@ def global_loss(probs, masks, num_classes: int, kind: str, sum_over_ranks, ranks
     part = -tf.reduce_mean(2.0 * local[:c] / d - (2.0 * inter + SMOOTH) * local[c:2 * c] / (d * d))
     if kind == "dice_ce":
         part = part + local[2 * c] / total[2 * c + 1]
-    return loss_from_sums(total, c, kind), float(ranks) * part
+    return loss_from_sums(total, c, kind), float(ranks) * part, local
 
 
 def dice_counts(probs, masks, num_classes: int):

@@ -34,6 +34,7 @@ from distseg.data import feeds
 from distseg.data import slices as data
 from distseg.training import checkpoint, resume, steps, stopping
 from distseg.training import distributed as dist
+from distseg.training.noise import NoiseScale
 from distseg.training.runlog import RunLog
 
 Failure = tuple[str, int]
@@ -113,21 +114,30 @@ def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -
 
 @dataclass(frozen=True)
 class Schedule:
-    """Steps per epoch and the learning rate of every step."""
+    """The batches (``config.batch_plan``), steps per epoch and the learning rate of
+    every step."""
 
     steps: int
     lr_base: float
     lr_target: float
     warmup_steps: int
+    plan: config_lib.BatchPlan
 
     @classmethod
     def of(cls, train_cfg, train_samples: int, size: int) -> "Schedule":
-        n = schema.steps_per_epoch(train_samples, size, train_cfg.batch_size)
+        plan = config_lib.batch_plan(train_cfg, size)
+        n = schema.steps_per_epoch(train_samples, size, plan.per_rank, plan.fixed)
         if train_cfg.max_steps_per_epoch:
             n = min(n, train_cfg.max_steps_per_epoch)
-        return cls(steps=n, lr_base=train_cfg.lr,
-                   lr_target=steps.scaled_lr(train_cfg.lr, size, train_cfg.lr_scaling),
-                   warmup_steps=int(round(train_cfg.warmup_epochs * n)))
+        return cls(steps=n, lr_base=train_cfg.lr, lr_target=train_cfg.lr * plan.lr_factor,
+                   warmup_steps=int(round(train_cfg.warmup_epochs * n)), plan=plan)
+
+    def batches(self, ids, rank: int, size: int, epoch: int, seed: int) -> list:
+        """This rank's batches of ``ids`` for ``epoch``: parts of fixed global batches,
+        or per-rank shards."""
+        if self.plan.fixed:
+            return data.global_batches(ids, rank, size, self.plan.fixed, epoch, seed)
+        return data.shard_batches(ids, rank, size, self.plan.per_rank, epoch, seed)
 
     def lr(self, global_step: int) -> float:
         return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
@@ -205,6 +215,8 @@ class Session:
     global_step: int = 0
     epochs_done: int = 0
     lr_now: float | None = None
+    noise: NoiseScale | None = None
+    """The gradient noise scale's moving averages (set by ``open_session``)."""
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
 
@@ -249,8 +261,8 @@ def _all_batches(feed: feeds.Feed, ctx: dist.Context, train_cfg, schedule: Sched
     """This rank's batches from (epoch, step) ``start`` to the end of training."""
     for e in range(start[0], train_cfg.epochs):
         first = start[1] if e == start[0] else 0
-        for ids in data.shard_batches(feed.train_ids, ctx.rank, ctx.size, train_cfg.batch_size,
-                                      e, train_cfg.seed)[first:schedule.steps]:
+        for ids in schedule.batches(feed.train_ids, ctx.rank, ctx.size, e,
+                                    train_cfg.seed)[first:schedule.steps]:
             yield data.EpochBatch(e, ids)
 
 
@@ -280,11 +292,12 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         start_time=start_time, stop=stop, resumed=resumed, start=start,
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
-                                         cfg.train.loss),
-        eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes, cfg.train.loss),
+                                         cfg.train.loss, ranks=ctx.size),
+        eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
         predict=steps.make_predict_step(model, shape),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
                           start[0] * schedule.steps + start[1], resources))
+    session.noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch)
     session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
     resources.callback(session.watch.close)
     dist.watch_collectives(session.watch)
@@ -334,7 +347,8 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
                "input_shape": list(s.feed.input_shape), **cfg.model.__dict__},
         voxels_per_sample=int(np.prod(s.feed.input_shape)), onednn=steps.onednn_enabled(),
         dataset=s.feed.summary(), global_seed=t.seed, steps_per_epoch=s.schedule.steps,
-        batch_size=t.batch_size, global_batch_size=t.batch_size * ctx.size,
+        batch_size=s.schedule.plan.per_rank, global_batch_size=s.schedule.plan.global_batch,
+        batch_policy=s.schedule.plan.policy, loss_scope="global_batch",
         lr_base=t.lr, lr_scaled=s.schedule.lr_target, warmup_steps=s.schedule.warmup_steps,
         epochs=t.epochs)
 
@@ -399,17 +413,19 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     # The first step of a launch also traces the step function on every rank.
     first = s.global_step == s.start[0] * s.schedule.steps + s.start[1]
     s.watch.arm(f"the allreduce of epoch {result.epoch} step {step}", 10.0 if first else 1.0)
-    loss_local, loss, any_flags = s.train_step(images, masks, flags)
+    loss_local, loss, any_flags, grad_sq = s.train_step(images, masks, flags)
     s.watch.disarm()
     failed, stop, nonfinite = (float(f) > 0 for f in any_flags)
     if failed:
         dist.raise_agreed(result.failure)
-    loss_local, loss = float(loss_local), float(loss)
+    loss_local, loss, grad_sq = float(loss_local), float(loss), [float(g) for g in grad_sq]
+    if not nonfinite:
+        s.noise.update(*grad_sq)
     now = time.perf_counter()
     try:
         s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
                     t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
-                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids),
+                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids), grad_sq=grad_sq,
                     **({"skipped": True} if nonfinite else {}))
     except OSError as e:  # shared in the next step's allreduce, or at epoch end
         result.failure = result.failure or dist.failure_of(e)
@@ -484,7 +500,7 @@ def _shard_scores(s: Session) -> tuple[feeds.Scores, Failure | None]:
     try:
         return s.feed.score(s.reader, s.eval_step, s.predict, s.ctx.rank, s.ctx.size), None
     except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
-        return feeds.Scores(0.0, 0, np.zeros((3, s.cfg.model.num_classes))), dist.failure_of(e)
+        return feeds.Scores.empty(s.cfg.model.num_classes), dist.failure_of(e)
 
 
 def validate(s: Session) -> dict:
@@ -495,21 +511,22 @@ def validate(s: Session) -> dict:
         return {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
     from distseg.networks import losses
     mine, failure = _shard_scores(s)
-    n, num_classes = mine.samples, s.cfg.model.num_classes
-    total = dist.allreduce(np.concatenate([[mine.loss_sum, n, failure is not None],
-                                           mine.counts.ravel()]), op="sum")
-    if total[2] > 0:
+    n, num_classes, kind = mine.samples, s.cfg.model.num_classes, s.cfg.train.loss
+    total = dist.allreduce(np.concatenate([[n, failure is not None], mine.counts.ravel(),
+                                           mine.sums]), op="sum")
+    if total[1] > 0:
         dist.raise_agreed(failure)
+    counts, sums = total[2:2 + 3 * num_classes].reshape(3, num_classes), total[2 + 3 * num_classes:]
     local_dice = losses.dice_from_counts(mine.counts) if n else [None] * num_classes
     cases = {"val_cases_local": {case: dict(zip(s.class_names, dice))
                                  for case, dice in mine.cases.items()}} if mine.cases else {}
     return {
-        "val_loss": float(total[0] / max(total[1], 1)),
-        "val_loss_local": mine.loss_sum / n if n else None,
+        # The loss of the whole validation set (its Dice sums over every rank's samples).
+        "val_loss": float(losses.loss_from_sums(sums, num_classes, kind)) if total[0] else None,
+        "val_loss_local": float(losses.loss_from_sums(mine.sums, num_classes, kind)) if n else None,
         "val_samples_local": n,
-        "val_samples": int(total[1]),
-        "val_dice": dict(zip(s.class_names,
-                             losses.dice_from_counts(total[3:].reshape(3, num_classes)))),
+        "val_samples": int(total[0]),
+        "val_dice": dict(zip(s.class_names, losses.dice_from_counts(counts))),
         "val_dice_local": dict(zip(s.class_names, local_dice)),
         **cases,
     }
@@ -527,7 +544,8 @@ def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
                 sample_digest=schema.sample_digest(seen),
                 train_loss=float(np.mean(result.losses)),
                 train_loss_local=float(np.mean(result.losses_local)),
-                weight_checksum=result.weights, skipped_steps=result.skipped, **val)
+                weight_checksum=result.weights, skipped_steps=result.skipped,
+                noise_scale=s.noise.record(), **val)
 
 
 def print_epoch(s: Session, result: EpochResult, val: dict) -> None:

@@ -1,7 +1,8 @@
 """The pieces of one training step, each built at module level so tests can import them.
 
 ``make_train_step`` and ``make_eval_step`` compile the ``tf.function`` steps of a
-model; ``scaled_lr`` and ``lr_at`` give the learning rate of every step;
+model; ``lr_at`` gives the learning rate of every step (its target from
+``config.batch_plan``);
 ``weight_checksum``, ``check_weights`` and ``average_batchnorm`` keep the ranks'
 copies of the model identical. TensorFlow is imported inside the functions, so the
 learning-rate arithmetic is importable without it.
@@ -9,19 +10,11 @@ learning-rate arithmetic is importable without it.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Sequence
 
 from distseg.core.errors import RunError
 from distseg.training import distributed as dist
-
-
-def scaled_lr(lr: float, size: int, scaling: str) -> float:
-    """Learning rate for ``size`` ranks: lr*size (linear, Goyal et al. 2017),
-    lr*sqrt(size) (sqrt) or lr (none)."""
-    factor = {"linear": float(size), "sqrt": math.sqrt(size), "none": 1.0}[scaling]
-    return lr * factor
 
 
 def lr_at(step: int, base: float, target: float, warmup_steps: int) -> float:
@@ -37,32 +30,50 @@ def _input_spec(spatial_shape: Sequence[int]):
     return [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
 
 
-def loss_and_grads(model, images, masks, num_classes: int, loss: str):
-    """Forward and backward on this rank's batch: (local loss, gradients of the
-    trainable variables). Traced inside the steps below; a benchmark or a test that
-    needs the step without its allreduce calls this, not a copy."""
+def _identity(tensor):
+    return tensor
+
+
+def loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int = 1):
+    """Forward and backward on this rank's part of the global batch: (the loss of the
+    whole global batch, this rank's own loss, gradients of the trainable variables).
+
+    The loss is ``losses.global_loss``: its sums travel over the ranks in one small
+    allreduce before the backward pass (none on one rank), and the gradients, averaged
+    over ranks as ``make_train_step`` averages them, are those of the loss of the whole
+    global batch. Traced inside the steps below; a benchmark or a test that needs the
+    step without its gradient allreduce calls this, not a copy.
+    """
     import tensorflow as tf
 
     from distseg.networks import losses
+    total = dist.sum_in_step if ranks > 1 else _identity
     with tf.GradientTape() as tape:
         probs = model(images, training=True)
-        local_loss = losses.segmentation_loss(probs, masks, num_classes, loss)
-    return local_loss, tape.gradient(local_loss, model.trainable_variables)
+        value, surrogate, mine = losses.global_loss(probs, masks, num_classes, loss, total, ranks)
+    grads = tape.gradient(surrogate, model.trainable_variables)
+    return value, losses.loss_from_sums(mine, num_classes, loss), grads
 
 
-def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str):
+def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int = 1):
     """``loss_and_grads`` with what the step needs to skip an update: (BatchNorm
-    statistics, their values before the forward pass, local loss, gradients, 1.0 if
-    the loss or a gradient is not finite on this rank)."""
+    statistics, their values before the forward pass, global loss, this rank's loss,
+    gradients, 1.0 if a loss or a gradient is not finite on this rank)."""
     import tensorflow as tf
     # BatchNorm's moving statistics change in the forward pass itself: keep a copy
     # to put back when the step is skipped, so a NaN batch cannot poison them.
     stats = list(model.non_trainable_weights)
     before = [tf.identity(v) for v in stats]
-    local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss)
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-    nonfinite = 1.0 - tf.cast(tf.logical_and(finite, tf.math.is_finite(local_loss)), tf.float32)
-    return stats, before, local_loss, grads, nonfinite
+    value, local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss, ranks)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]
+                           + [tf.math.is_finite(value), tf.math.is_finite(local_loss)])
+    return stats, before, value, local_loss, grads, 1.0 - tf.cast(finite, tf.float32)
+
+
+def squared_norm(tensors):
+    """Sum of squares of every value of ``tensors`` (float32)."""
+    import tensorflow as tf
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
 
 
 def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
@@ -81,35 +92,43 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
     return tf.cond(skip_flag > 0, skip, apply)
 
 
-def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str):
-    """Compiles ``train_step(images, masks, flags) -> (loss, mean loss, any flags)``.
+def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
+                    ranks: int = 1):
+    """Compiles ``train_step(images, masks, flags) -> (this rank's loss, the global
+    batch's loss, any flags, gradient norms)``.
 
     ``flags`` holds this rank's [failed, stop]: 1.0 on a rank that could not read its
     batch (it passes a blank one) or that was asked to stop. They ride in the step's
-    one allreduce with a third flag, a non-finite loss or gradient on this rank, so
-    every rank learns of each at the same step instead of waiting for a rank that has
-    stopped. The returned flags are means over ranks (> 0: some rank raised it). The
-    update is applied only when every rank's loss and gradients were finite; otherwise
-    the BatchNorm statistics are put back as they were before the step.
+    one gradient allreduce with a third flag, a non-finite loss or gradient on this
+    rank, so every rank learns of each at the same step instead of waiting for a rank
+    that has stopped. The returned flags are means over ranks (> 0: some rank raised
+    it). The update is applied only when every rank's loss and gradients were finite;
+    otherwise the BatchNorm statistics are put back as they were before the step.
+
+    The gradient norms are [mean over ranks of |g_rank|^2, |g|^2 of the averaged
+    gradient]: the two batch sizes of the gradient noise scale (``training.noise``),
+    the first riding in the same allreduce. ``ranks``: the ranks sharing the global
+    batch (``losses.global_loss``).
     """
     import tensorflow as tf
 
     @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)])
     def train_step(images, masks, flags):
-        stats, before, local_loss, grads, nonfinite = checked_loss_and_grads(
-            model, images, masks, num_classes, loss)
-        # Horovod: average gradients, the loss (for logging) and the flags in one
-        # grouped allreduce.
-        grads, (mean_loss, mean_flags) = dist.average_gradients(
-            grads, [local_loss, tf.concat([flags, [nonfinite]], 0)])
+        stats, before, value, local_loss, grads, nonfinite = checked_loss_and_grads(
+            model, images, masks, num_classes, loss, ranks)
+        # Horovod: average gradients, the flags and |g_rank|^2 in one grouped allreduce.
+        grads, (mean_flags, small_sq) = dist.average_gradients(
+            grads, [tf.concat([flags, [nonfinite]], 0), squared_norm(grads)])
         apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        return local_loss, mean_loss, mean_flags
+        return local_loss, value, mean_flags, tf.stack([small_sq, squared_norm(grads)])
 
     return train_step
 
 
-def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int, loss: str):
-    """Compiles ``eval_step(images, masks) -> (loss, Dice counts)`` (no communication)."""
+def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
+    """Compiles ``eval_step(images, masks) -> (loss sums, Dice counts)`` (no
+    communication): ``losses.loss_sums`` and ``losses.dice_counts`` of the batch, which
+    add up over batches and ranks into the loss and Dice of the whole validation set."""
     import tensorflow as tf
 
     from distseg.networks import losses
@@ -117,8 +136,7 @@ def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int, loss: 
     @tf.function(input_signature=_input_spec(spatial_shape))
     def eval_step(images, masks):
         probs = model(images, training=False)
-        return (losses.segmentation_loss(probs, masks, num_classes, loss),
-                losses.dice_counts(probs, masks, num_classes))
+        return losses.loss_sums(probs, masks, num_classes), losses.dice_counts(probs, masks, num_classes)
 
     return eval_step
 

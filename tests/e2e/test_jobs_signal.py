@@ -12,11 +12,12 @@ import subprocess
 import time
 
 import pytest
-from test_jobs import _slurm_env, cli
 
 from distseg.core import rundir
 
 from support import BIN, wait_for_log
+from support import jobs_cli as cli
+from support import slurm_env as _slurm_env
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -98,11 +98,11 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     after_broadcast = dist.find_divergence(steps.weight_checksum(model.weights))
 
     images, masks = _different_rank_data(ctx)
-    train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice")
+    train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice", ranks=ctx.size)
     results = [train_step(images, masks, np.zeros(2, np.float32)) for _ in range(4)]
     after_training = dist.find_divergence(steps.weight_checksum(trained), rtol=1e-9)
     local_losses = dist.allgather_object(float(results[0][0]))
-    mean_losses = dist.allgather_object(float(results[0][1]))
+    global_losses = dist.allgather_object(float(results[0][1]))
 
     # Control: one step on the local gradients alone makes the ranks drift apart, so
     # the check above can fail.
@@ -112,7 +112,8 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     assert before is not None, "ranks should start different"
     assert after_broadcast is None and after_training is None
     assert len(set(local_losses)) == ctx.size, "ranks saw the same batch"
-    assert mean_losses == [pytest.approx(np.mean(local_losses), rel=1e-6)] * ctx.size
+    # The loss of the whole global batch: one value, the same on every rank.
+    assert len(set(global_losses)) == 1 and global_losses[0] not in local_losses
     assert after_local is not None
 
 
@@ -132,9 +133,9 @@ def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
     last = ctx.rank == ctx.size - 1
     if last:
         images[0, 3, 3, 0] = np.nan
-    train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice")
+    train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice", ranks=ctx.size)
     before = steps.weight_checksum(model.trainable_variables)
-    _, mean_loss, flags = train_step(images, masks, np.array([0.0, float(last)], np.float32))
+    _, mean_loss, flags, _ = train_step(images, masks, np.array([0.0, float(last)], np.float32))
     after = steps.weight_checksum(model.trainable_variables)
     everyone = dist.allgather_object(([float(f) > 0 for f in flags], after == before,
                                       np.isnan(float(mean_loss))))
@@ -145,8 +146,48 @@ def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
 def local_step(model, opt, images, masks):
     """One optimizer step on this rank's gradients, without Horovod (the control):
     the trainer's own forward and backward, then the update."""
-    _, grads = steps.loss_and_grads(model, images, masks, 3, "dice")
+    _, _, grads = steps.loss_and_grads(model, images, masks, 3, "dice")
     opt.apply_gradients(zip(grads, model.trainable_variables))
+
+
+def _exactness_runs(ctx, norm: str, steps_: int = 30, global_batch: int = 4):
+    """Step losses and final weight checksum of (a) ``ctx.size`` ranks each taking
+    global_batch / size of every global batch, (b) one model taking the whole global
+    batch (every rank runs the same copy; the averaging allreduce leaves it as it is)."""
+    import keras
+
+    from distseg.networks import unet as model_lib
+
+    rng = np.random.default_rng(5)  # the same data on every rank
+    images = rng.random((steps_, global_batch, 16, 16, 1), dtype=np.float32)
+    masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
+    part = global_batch // ctx.size
+    mine = slice(ctx.rank * part, (ctx.rank + 1) * part)
+    out = {}
+    for name, ranks, rows in (("split", ctx.size, mine), ("whole", 1, slice(None))):
+        keras.utils.set_random_seed(3)  # the same initial weights on every rank, both runs
+        model = model_lib.build_unet(16, depth=2, base_filters=4, norm=norm)
+        opt = keras.optimizers.Adam(1e-3)
+        opt.build(model.trainable_variables)
+        step = steps.make_train_step(model, opt, (16, 16), 3, "dice_ce", ranks=ranks)
+        losses = [float(step(images[k, rows], masks[k, rows], np.zeros(2, np.float32))[1])
+                  for k in range(steps_)]
+        out[name] = (losses, steps.weight_checksum(model.trainable_variables))
+        keras.backend.clear_session()
+    return out
+
+
+def test_n_ranks_with_global_batch_parts_make_the_one_process_update(ctx):
+    """Issue 21's exactness: GroupNorm, no dropout, the global Dice(+CE) loss: N ranks x
+    G/N samples give the step losses and the weights of 1 process x G, for 30 steps of
+    Adam (to float32 summation order)."""
+    out = _exactness_runs(ctx, "group")
+    everyone = dist.allgather_object(out)
+    split, whole = everyone[0]["split"], everyone[0]["whole"]
+    assert all(o == everyone[0] for o in everyone), "ranks disagree"
+    np.testing.assert_allclose(split[0], whole[0], rtol=1e-5)
+    np.testing.assert_allclose(split[1], whole[1], rtol=1e-5)
+    assert whole[0][-1] < whole[0][0]  # it trained
 
 
 def test_batchnorm_statistics_are_averaged(ctx):

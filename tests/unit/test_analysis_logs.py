@@ -67,11 +67,12 @@ def test_read_rank_log_files_records_by_type_and_places_steps_after_run_records(
 
 
 def test_a_newer_schema_version_is_refused_naming_the_file(tmp_path):
-    path = write_log(str(tmp_path / "new"), 0, [run_record(0, 1, schema_version=2),
+    newer = schema.SCHEMA_VERSION + 1
+    path = write_log(str(tmp_path / "new"), 0, [run_record(0, 1, schema_version=newer),
                                                 step(0, 0, 0, 1.0)])
     with pytest.raises(InputError) as e:
         logs.read_rank_log(path, 0)
-    assert str(e.value) == (f"{path}: schema_version 2 is newer than this distseg reads "
+    assert str(e.value) == (f"{path}: schema_version {newer} is newer than this distseg reads "
                             f"({schema.SCHEMA_VERSION}); upgrade distseg to read it")
     assert e.value.exit_code == 2
     # The current version and a record without one (only noted) are read.
@@ -89,7 +90,7 @@ def test_the_command_refuses_a_newer_log_with_one_line_and_exit_2(tmp_path):
                           timeout=120, env=command_env(), cwd=str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr == (f"error: {path}: schema_version 7 is newer than this distseg "
-                           "reads (1); upgrade distseg to read it\n")
+                           f"reads ({schema.SCHEMA_VERSION}); upgrade distseg to read it\n")
     assert not (tmp_path / "r").exists()
 
 

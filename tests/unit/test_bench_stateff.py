@@ -134,3 +134,33 @@ def test_the_results_file_holds_the_goal_rows_that_make_bench_reads(tmp_path):
     assert doc["runs"] == runs and doc["variants"]["gn"]["overrides"]["model"]["norm"] == "group"
     rows = bench_table.stateff_rows(str(tmp_path))
     assert [(r.measured, r.met) for r in rows] == [("1.67", True), ("0.05", True), ("1.5", False)]
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
+    """Issue 21's exactness at 4 and 8 ranks, in the step-exact emulation: GroupNorm, no
+    dropout, the global Dice+CE loss: N emulated ranks x 8/N slices make, for 30 steps
+    of Adam, the step losses and weights of one process x 8 slices."""
+    import dataclasses
+
+    import numpy as np
+
+    from distseg.core import config as config_lib
+    from distseg.training import steps
+
+    cfg = config_lib.smoke()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="group", num_classes=3,
+                                                             image_size=16),
+                              train=dataclasses.replace(cfg.train, loss="dice_ce", lr=1e-3))
+    rng = np.random.default_rng(0)
+    images = rng.random((30, 8, 16, 16, 1), dtype=np.float32)
+    masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
+    out = {}
+    for n in (1, ranks):
+        sim = bench.SimRanks(cfg, n)
+        parts = np.array_split(np.arange(8), n)
+        out[n] = ([sim.step([(images[k, p], masks[k, p]) for p in parts], 1e-3) for k in range(30)],
+                  steps.weight_checksum(sim.model.trainable_variables))
+    np.testing.assert_allclose(out[ranks][0], out[1][0], rtol=1e-5)
+    np.testing.assert_allclose(out[ranks][1], out[1][1], rtol=1e-5)
+    assert out[1][0][-1] < out[1][0][0]

@@ -18,16 +18,15 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from distseg.cli.jobs import jobs as jobs_cli
 from distseg.cluster import jobs as jobs_lib
 from distseg.core import errors, rundir, schema
 from distseg.data import synth
 from distseg.training import distributed
 
 from proc_group import run_group
-from support import BIN, REPO, command_env
+from support import BIN, REPO, command_env, slurm_env
+from support import jobs_cli as cli
 
 RUN_TIMEOUT = 300
 #: What every rendered script exports, from the one definition of each value.
@@ -48,18 +47,6 @@ def big(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("data") / "big.h5")
     synth.make_dataset(path, cases=25, size=32, seed=1, slices_per_case=16, val_fraction=0.2)
     return path
-
-
-def cli(*args: str, cwd: str | None = None):
-    """distseg-jobs in this process (the real click command)."""
-    runner = CliRunner()
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return runner.invoke(jobs_cli, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(old)
 
 
 def _assignments(script: str) -> dict[str, str]:
@@ -369,29 +356,17 @@ def test_sweep_without_chaining_and_its_errors(big, tmp_path):
 
 # ---- the script itself, before launching anything ---------------------------------------------
 
-def _slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str]:
-    """What Slurm would set in a batch job on one node called localhost."""
-    env = {k: v for k, v in command_env().items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
-    env.update(SLURM_JOB_ID="4242", SLURM_JOBID="4242", SLURM_JOB_NAME="distseg-local",
-               SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(tasks),
-               SLURM_NPROCS=str(tasks), SLURM_NTASKS_PER_NODE=str(per_node),
-               SLURM_TASKS_PER_NODE=str(per_node), SLURM_JOB_NODELIST="localhost",
-               SLURM_NODELIST="localhost", SLURMD_NODENAME="localhost", SLURM_CPUS_ON_NODE=str(cpus),
-               SLURM_SUBMIT_DIR=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
-    return env
-
-
 def test_script_refuses_an_allocation_of_another_size(tiny, tmp_path):
     out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2", "--data", tiny,
               "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"))
     script = tmp_path / "job.sbatch"
     script.write_text(out.stdout)
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
-                         env=_slurm_env(nodes=2, tasks=4, per_node=2, cpus=2))
+                         env=slurm_env(nodes=2, tasks=4, per_node=2, cpus=2))
     assert res.returncode == 2
     assert "rendered for 1 node(s) but Slurm gave 2" in res.stderr
     assert not (tmp_path / "runs").exists()  # refused before touching anything
-    env = dict(_slurm_env(1, 2, 2, 2), DISTSEG_LAUNCHER="pbsdsh")
+    env = dict(slurm_env(1, 2, 2, 2), DISTSEG_LAUNCHER="pbsdsh")
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, env=env)
     assert res.returncode == 2 and "launcher 'pbsdsh' is unknown" in res.stderr
 
@@ -416,7 +391,7 @@ def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
     script = tmp_path / "local-n1.sbatch"
     script.write_text(out.stdout)
 
-    code, log = _run_script(script, _slurm_env(nodes=1, tasks=2, per_node=2, cpus=2))
+    code, log = _run_script(script, slurm_env(nodes=1, tasks=2, per_node=2, cpus=2))
     assert code == 0, log[-5000:]
     run_dir = runs / "local-n1"
     job_txt = (run_dir / rundir.JOB_FILE).read_text().splitlines()
@@ -441,7 +416,7 @@ def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
     # The run is read by distseg-report, directly and through a sweep's report script.
     report_dir = tmp_path / "report"
     rep = subprocess.run([f"{BIN}/distseg-report", str(run_dir), "--out", str(report_dir)],
-                         capture_output=True, text=True, timeout=120, env=_slurm_env(1, 2, 2, 2))
+                         capture_output=True, text=True, timeout=120, env=slurm_env(1, 2, 2, 2))
     assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
     assert (report_dir / "report.md").is_file()
 
@@ -450,7 +425,7 @@ def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
     report_script = tmp_path / "report.sbatch"
     report_script.write_text(jobs_lib.render_report(job, [str(run_dir), str(runs / "never-ran")],
                                                     str(tmp_path / "report2")))
-    code, log = _run_script(report_script, _slurm_env(1, 1, 1, 2), timeout=120)
+    code, log = _run_script(report_script, slurm_env(1, 1, 1, 2), timeout=120)
     assert code == 0, log[-3000:]
     assert "skipping" in log and "never-ran" in log
     assert (tmp_path / "report2" / "report.md").is_file()

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
@@ -23,7 +24,7 @@ keras = pytest.importorskip("keras")
     ("linear", 1, 1e-3), ("linear", 16, 16e-3), ("sqrt", 16, 4e-3), ("none", 16, 1e-3),
 ])
 def test_scaled_lr(scaling, size, want):
-    assert steps.scaled_lr(1e-3, size, scaling) == pytest.approx(want, rel=1e-12)
+    assert 1e-3 * config_lib.lr_factor(scaling, size) == pytest.approx(want, rel=1e-12)
 
 
 def test_lr_warm_up_is_linear_then_flat():
