@@ -75,6 +75,14 @@ class Tables:
                 yield f.name, getattr(self, f.name)
 
 
+#: Tables a report holds only when the runs give them rows, name -> CSV file: kept out
+#: of ``Tables`` so that a report of runs without them writes what it always did.
+#: ``seed_groups``: ``analysis.seeds``; the others: ``analysis.noise``.
+OPTIONAL_CSV = {"seed_groups": "seed_groups.csv", "noise_scale": "noise_scale.csv",
+                "noise_scale_series": "noise_scale_series.csv",
+                "noise_prediction": "noise_prediction.csv"}
+
+
 def csv_files() -> dict[str, str]:
     """Table name -> CSV file name, for every table written as CSV."""
     return {f.name: f.metadata["csv"] for f in dataclasses.fields(Tables) if f.metadata["csv"]}
@@ -204,6 +212,7 @@ class Document:
       options: the report's options as JSON-ready values.
       files: name -> path of the files written (empty when none were).
       time_unit: the unit wall-clock times are shown in (``TimeUnit.name``).
+      optional_tables: the tables of ``OPTIONAL_CSV`` the runs gave rows, in that order.
     """
 
     summary: str
@@ -215,3 +224,4 @@ class Document:
     options: dict
     files: dict[str, str]
     time_unit: str = "h"
+    optional_tables: dict[str, pd.DataFrame] = field(default_factory=dict)

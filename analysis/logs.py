@@ -1,8 +1,8 @@
 """Reading run directories: per-rank JSON-lines logs into pandas frames.
 
-The contract is ``distseg.schema``. Step records dominate a log (one per training
+The contract is ``distseg.core.schema``. Step records dominate a log (one per training
 step per rank, millions in a large study), so the lines that start as
-``distseg.runlog`` writes a step record are parsed together by pyarrow's JSON reader
+``distseg.training.runlog`` writes a step record are parsed together by pyarrow's JSON reader
 against an explicit schema; the few other records (``run``, ``epoch``, ``end``) are
 parsed with ``json`` because they hold nested fields. A file whose step lines pyarrow
 cannot parse (a corrupt line in the middle, a field that changed type) is parsed line
@@ -11,10 +11,10 @@ schema are ignored and named in a note.
 
 Nothing here raises on a damaged log: every line, field or file that is skipped becomes
 a ``Note`` that the report prints, so a reader can tell what the numbers rest on.
-Two things are errors (``distseg.errors.InputError``, exit 2): a run directory that
+Two things are errors (``distseg.core.errors.InputError``, exit 2): a run directory that
 does not exist or holds no logs at all (``RunDirError``), because then there is nothing
 to report, and a log whose ``run`` record carries a ``schema_version`` newer than
-``distseg.schema.SCHEMA_VERSION``, because its fields may mean something else now.
+``distseg.core.schema.SCHEMA_VERSION``, because its fields may mean something else now.
 
 Memory does not grow with the number of steps: each file is reduced as soon as it is
 parsed (``reduce_log``: per-rank step statistics, a thinned loss curve with the exact
@@ -63,7 +63,7 @@ _UNUSED_STEP_FIELDS = tuple(f for f in schema.COMMON + schema.FIELDS["step"]
                             if f not in STEP_FIELDS and f != "type")
 _ARROW_SCHEMA = pa.schema([("type", pa.string())]
                           + [(f, pa.float64()) for f in STEP_FIELDS + _UNUSED_STEP_FIELDS])
-#: How ``distseg.runlog`` starts every step line (compact JSON, ``type`` first).
+#: How ``distseg.training.runlog`` starts every step line (compact JSON, ``type`` first).
 _STEP_PREFIX = b'{"type":"step",'
 
 #: Fields in the schema; any other is reported as unknown and ignored.
@@ -349,7 +349,7 @@ def _parse_fast(data: bytes, starts: np.ndarray, path: str, notes: list[Note],
                 unknown: set[str]) -> tuple[pd.DataFrame, list[tuple[int, dict]]] | None:
     """Parses step lines with pyarrow, the rest with ``json``; ``None``: use the slow path.
 
-    Lines that start exactly as ``distseg.runlog`` writes a step record
+    Lines that start exactly as ``distseg.training.runlog`` writes a step record
     (``{"type":"step",``) are gathered into one buffer and parsed by pyarrow, one row
     per line; every other line (run, epoch and end records, blank or odd lines) goes
     through ``json``, which also parses a step record written differently.
@@ -639,12 +639,30 @@ def curve_steps(steps: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+#: The ``noise_scale`` fields of an epoch record read into ``noise_*`` columns.
+NOISE_FIELDS = ("b_simple", "g2", "trace", "small_batch", "big_batch")
+
+
+def noise_columns(rec: dict) -> dict[str, Any]:
+    """``noise_b_simple``, ``noise_g2``, ``noise_trace``, ``noise_small_batch``,
+    ``noise_big_batch`` (NaN where null) and ``noise_method`` of an epoch record's
+    ``noise_scale``; nothing when it has none (older logs), so their frames keep the
+    columns they always had."""
+    noise = dict_field(rec, "noise_scale")
+    if noise is None:
+        return {}
+    out: dict[str, Any] = {f"noise_{k}": _num(noise.get(k)) for k in NOISE_FIELDS}
+    out["noise_method"] = str(noise.get("method", ""))
+    return out
+
+
 def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
     """The epoch records of ``log`` as a frame, the Dice classes, and the unplaceable.
 
     One row per epoch record placed after a ``run`` record: ``rank``, ``segment``
     (local to the file), ``epoch``, ``t``, times, losses, samples, ``sample_digest``,
-    ``dice_CLASS`` and ``local_dice_CLASS``. The classes come in the order the file
+    ``dice_CLASS`` and ``local_dice_CLASS``, and where logged the noise scale
+    (``noise_columns``). The classes come in the order the file
     first names them; the count is of epoch records before any ``run`` record.
     """
     rows: list[dict] = []
@@ -665,6 +683,7 @@ def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
                     if cls not in classes:
                         classes.append(cls)
                     row[prefix + cls] = _num(v)
+        row.update(noise_columns(rec))
         rows.append(row)
     orphans = sum(1 for r in log.epochs if r["_segment"] < 0)
     return pd.DataFrame(rows), classes, orphans
@@ -847,7 +866,7 @@ def unknown_fields_notes(counts: Counter, n_logs: int, label: str) -> list[Note]
         return []
     shown = ", ".join(f"{name} ({n} of {n_logs} logs)" for name, n in sorted(counts.items())[:8])
     more = f" and {len(counts) - 8} more" if len(counts) > 8 else ""
-    return [Note("skipped", label, f"ignored field(s) not in distseg.schema: {shown}{more}")]
+    return [Note("skipped", label, f"ignored field(s) not in distseg.core.schema: {shown}{more}")]
 
 
 @dataclass(frozen=True)

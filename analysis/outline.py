@@ -6,7 +6,7 @@ The words a reader sees around the numbers live here, once; ``render`` only draw
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -18,6 +18,7 @@ LOSS_FIGURE = "loss_vs_time.png"
 DICE_FIGURE = "val_dice_spread.png"
 EFFICIENCY_FIGURE = "statistical_efficiency.png"
 SIZE_FIGURE = "throughput_vs_size.png"
+NOISE_FIGURE = "noise_scale.png"
 
 # Columns shown in the documents (the CSVs have them all). Those in ``WHEN_LOGGED``
 # are shown only when some run logged them (older logs leave them empty).
@@ -182,6 +183,72 @@ def efficiency_sections(t: Tables) -> list[Section]:
     ]
 
 
+SEED_COLS = ("group", "runs", "seeds", "ranks", "nodes", "metric", "target", "reached",
+             "mean_h", "min_h", "max_h", "mean_samples", "min_samples", "max_samples")
+NOISE_COLS = ("run", "ranks", "nodes", "global_batch_size", "at", "metric", "target",
+              "target_epoch", "epoch", "samples", "b_simple")
+PREDICTION_COLS = ("run", "ranks", "metric", "target", "global_batch_size",
+                   "base_global_batch", "base_samples", "b_noise", "noise_measured_at",
+                   "predicted_samples", "samples_text", "measured_over_predicted")
+
+
+def seed_section(extra: Mapping[str, pd.DataFrame], unit: TimeUnit = HOURS) -> Section | None:
+    """Time and samples to target per group of runs that differ only in seed (``None``
+    without such a group)."""
+    table = extra.get("seed_groups")
+    if table is None:
+        return None
+    for column in ("mean_h", "min_h", "max_h"):
+        table = in_unit(table, column, unit)
+    columns = tuple(c[:-1] + unit.name if c.endswith("_h") else c for c in SEED_COLS)
+    return Section("Time to target by seed group", Role.TABLE, "Runs whose config.json "
+                   "differs only in train.seed (and run_dir), at the same ranks, form a "
+                   "group (named by its first run); per target: how many reached it, and the "
+                   f"mean, min and max over those of the time ({unit.word}) and samples to "
+                   "it. Each run's own row is in Time to target. All columns: "
+                   "seed_groups.csv (times in hours).", frame=table,
+                   columns=columns)
+
+
+def _not_drawn(extra: Mapping[str, pd.DataFrame], t: Tables) -> list[str]:
+    series = extra["noise_scale_series"]
+    drawn = set(series.loc[series["b_simple"].astype(float).notna(), "run"])
+    return [r for r in t.runs["run"] if r not in drawn] if len(t.runs) else []
+
+
+def noise_sections(extra: Mapping[str, pd.DataFrame], t: Tables) -> list[Section]:
+    """The gradient noise scale: per run near each target, over training, and the
+    samples to target it predicts (none when no run measured it)."""
+    if "noise_scale" not in extra:
+        return []
+    missing = _not_drawn(extra, t)
+    out = [Section("Gradient noise scale", Role.TABLE, "B_simple = tr(Sigma) / |G|^2 "
+                   "(McCandlish et al. 2018), in samples, as the trainer logs it at the end "
+                   "of each epoch (moving averages of the per-step estimates from the ranks' "
+                   "own and averaged gradients). Per run: at the end of training, and near "
+                   "each target: at the end of target_epoch, the epoch in which the run "
+                   "first reached it (epoch: the record read, the latest with a value). "
+                   "samples: trained by the end of that epoch. All columns: noise_scale.csv.",
+                   frame=extra["noise_scale"], columns=NOISE_COLS),
+           Section("Gradient noise scale over training", Role.FIGURE, "B_simple at the end of "
+                   "each epoch against the samples all ranks trained on (log scale), one "
+                   "line per run; the dotted line is the run's global batch. "
+                   + (f"Not drawn (no noise scale logged or estimated): {', '.join(missing)}. "
+                      if missing else "") + "Data: noise_scale_series.csv.",
+                   figure=NOISE_FIGURE)]
+    prediction = extra.get("noise_prediction")
+    if prediction is not None:
+        out.append(Section(
+            "Samples to target predicted from the noise scale", Role.TABLE, "PREDICTED "
+            "samples to target at each run's global batch B from the base run's measured "
+            "samples E(B0) at its global batch B0: E(B) = E(B0) x (B_noise + B) / (B_noise + "
+            "B0), with B_noise the noise scale near the target (noise_measured_at: the "
+            "base run's, else that of the run with the fewest ranks that has one), beside "
+            "the measured samples (samples_text) and measured / predicted. All columns: "
+            "noise_prediction.csv.", frame=prediction, columns=PREDICTION_COLS))
+    return out
+
+
 def loss_figure_section(unit: TimeUnit = HOURS) -> Section:
     return Section("Loss versus wall-clock time", Role.FIGURE, "Training loss per step "
                    "(lines) and validation loss per epoch (dashed, markers), against "
@@ -249,7 +316,8 @@ def notes_section(notes: Sequence[Note]) -> Section:
 
 def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
              projection: Projection | None = None, projection_error: str = "",
-             unit: TimeUnit = HOURS) -> tuple[Section, ...]:
+             unit: TimeUnit = HOURS,
+             extra: Mapping[str, pd.DataFrame] | None = None) -> tuple[Section, ...]:
     """The report's sections in reading order.
 
     Args:
@@ -259,10 +327,12 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       projection: the fitted model, if any.
       projection_error: why a projection that was asked for is missing.
       unit: the unit wall-clock times are shown in.
+      extra: the optional tables (``document.OPTIONAL_CSV``) the runs gave rows.
     """
+    extra = extra or {}
     parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
              scaling_section(t), *size_sections(t), hours_section(t, smooth, unit),
-             *efficiency_sections(t),
+             seed_section(extra, unit), *efficiency_sections(t), *noise_sections(extra, t),
              loss_figure_section(unit), balance_section(t), *dice_sections(t),
              coverage_section(t), projection_section(projection, projection_error),
              projection_target_section(projection, unit), notes_section(notes)]

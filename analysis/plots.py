@@ -244,3 +244,38 @@ def throughput_vs_size(table: pd.DataFrame, path: str) -> str:
     """``size_figure`` of ``tables.throughput_vs_size``, written to ``path``."""
     fig = size_figure(table)
     return _written(fig, path)
+
+
+def noise_figure(series: pd.DataFrame):
+    """B_simple at the end of each epoch against samples trained, one line per run
+    that measured it, its global batch dotted (a matplotlib ``Figure``; the caller
+    closes it)."""
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = series[np.isfinite(series["b_simple"].astype(float))
+                   & np.isfinite(series["samples"].astype(float))]
+    for i, (run, g) in enumerate(drawn.groupby("run", sort=False)):
+        color = colors[i % len(colors)]
+        batch = g["global_batch_size"].iloc[0]
+        label = _label(run, g["ranks"].iloc[0], g["nodes"].iloc[0])
+        ax.plot(g["samples"].astype(float), g["b_simple"].astype(float), color=color,
+                marker="o", ms=3, lw=1.4,
+                label=label + ("" if pd.isna(batch) else f", global batch {int(batch)}"))
+        if not pd.isna(batch):
+            ax.axhline(float(batch), color=color, ls=":", lw=1)
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(matplotlib.ticker.StrMethodFormatter("{x:,.4g}"))  # 6, not 6 x 10^0
+    ax.set_xlabel("samples trained (all ranks)")
+    ax.set_ylabel("B_simple = tr(Sigma) / |G|^2 (samples)")
+    ax.set_title("Gradient noise scale over training (dotted: each run's global batch)")
+    ax.grid(True, alpha=0.3, which="both")
+    if ax.has_data():
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def noise_scale(series: pd.DataFrame, path: str) -> str:
+    """``noise_figure`` of ``noise.series``, written to ``path``."""
+    return _written(noise_figure(series), path)

@@ -20,14 +20,15 @@ measured points are shown so the fit can be judged.
 
 With targets, time to each target is projected too: the base's measured time divided
 by the model's throughput speedup and a statistical efficiency (``analysis.stateff``:
-a trend over ranks where measured at enough rank counts, else assumed 1 and flagged).
+a trend over ranks where measured at enough rank counts, else assumed 1 and flagged;
+predicted from the gradient noise scale where the runs measured it, ``analysis.noise``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -259,16 +260,29 @@ def scaled(efficiency: pd.DataFrame, model: EpochModel, nodes: Sequence[int], rp
     return out
 
 
+def noise_lines(priors: Mapping, model: EpochModel) -> list[str]:
+    """The assumption lines of targets predicted from the noise scale (none without)."""
+    if not priors:
+        return []
+    return [f"Where the runs measured the gradient noise scale near a target, its "
+            "projected statistical efficiency is PREDICTED from it instead of the trend: "
+            "(B_noise + B0) / (B_noise + B(R)), B0 the base run's global batch, B(R) = R x "
+            f"{model.batch_size} (the throughput model's batch per rank), B_noise as "
+            "named below (analysis/noise.py, docs/report.md)."]
+
+
 def target_projection(efficiency: pd.DataFrame, model: EpochModel, nodes: Sequence[int],
-                      rpn: int) -> tuple[pd.DataFrame, list[str]]:
+                      rpn: int, priors: Mapping | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Projected time to each target (``stateff.project_rows``) and the lines that say
-    how; empty when no target was given or no run is the base of one."""
+    how; empty when no target was given or no run is the base of one. ``priors``:
+    (metric, target) -> ``noise.NoisePrior``, the targets predicted from the noise scale."""
     if not len(efficiency):
         return pd.DataFrame(columns=stateff.PROJECT_COLUMNS), []
     base_run = str(efficiency["base"].iloc[0])
     base_ranks = int(efficiency.loc[efficiency["run"] == base_run, "ranks"].iloc[0])
-    rows, lines = stateff.project_rows(efficiency, scaled(efficiency, model, nodes, rpn,
-                                                          base_ranks), base_ranks)
+    rows, lines = stateff.project_rows(
+        efficiency, scaled(efficiency, model, nodes, rpn, base_ranks), base_ranks, priors,
+        lambda ranks: float(ranks * model.batch_size))
     return rows, [
         "PROJECTION to target from models, not a measurement.",
         f"hours(R) = hours of {base_run} to the target (measured) / (throughput speedup(R) "
@@ -278,13 +292,14 @@ def target_projection(efficiency: pd.DataFrame, model: EpochModel, nodes: Sequen
         "statistical efficiency(R) = a + b x log2(R), least squares over the base (1) and "
         "the runs that reached the target, clipped to at most 1; none projected where the "
         f"line reaches 0; fitted only with {stateff.TREND_POINTS} or more rank counts "
-        "besides the base's.", *lines]
+        "besides the base's.", *noise_lines(priors, model), *lines]
 
 
 def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
             fabric: Fabric, grad_bytes: float | None = None,
             ranks_per_node: int | None = None,
-            efficiency: pd.DataFrame | None = None) -> Projection:
+            efficiency: pd.DataFrame | None = None,
+            priors: Mapping | None = None) -> Projection:
     """Fits the model to the measured runs and projects ``nodes`` node counts.
 
     Args:
@@ -297,6 +312,8 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
       ranks_per_node: defaults to that of the largest measured run.
       efficiency: ``stateff.efficiency_table`` of the targets, to project time to
         each (``target_projection``).
+      priors: (metric, target) -> ``noise.NoisePrior``: targets whose statistical
+        efficiency is predicted from the measured noise scale.
 
     Raises:
       ValueError: nothing to fit (no run with a finished epoch and a dataset size) or
@@ -319,7 +336,7 @@ def project(runs: Sequence[RunData], tpe: pd.DataFrame, nodes: Sequence[int],
     table = pd.DataFrame(measured_rows(points, model, base)
                          + projected_rows(nodes, rpn, model, base))
     targets, target_lines = target_projection(
-        efficiency if efficiency is not None else pd.DataFrame(), model, nodes, rpn)
+        efficiency if efficiency is not None else pd.DataFrame(), model, nodes, rpn, priors)
     return Projection(table=table, compute_s=model.compute_s,
                       assumptions=assumptions(model, len(points), g_source, rpn,
                                               bool(ranks_per_node), base),

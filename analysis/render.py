@@ -194,7 +194,8 @@ def json_document(doc: Document) -> dict:
     referenced by their CSV file in ``files``."""
     out = {"schema": JSON_SCHEMA, "summary": doc.summary, "options": doc.options,
            "time_unit": doc.time_unit,
-           "tables": {name: records(frame) for name, frame in doc.tables.json_frames()},
+           "tables": {name: records(frame) for name, frame in [*doc.tables.json_frames(),
+                                                                 *doc.optional_tables.items()]},
            "projection": None,
            "notes": [{"level": n.level, "where": n.where, "message": n.message}
                      for n in doc.notes],

@@ -16,8 +16,18 @@ from typing import Sequence, TextIO
 
 import pandas as pd
 
-from analysis import checks, coverage, logs, outline, render, stateff, tables
-from analysis.document import HOURS, Document, Note, Projection, Tables, TimeUnit, csv_files, time_unit
+from analysis import checks, coverage, logs, noise, outline, render, seeds, stateff, tables
+from analysis.document import (
+    HOURS,
+    OPTIONAL_CSV,
+    Document,
+    Note,
+    Projection,
+    Tables,
+    TimeUnit,
+    csv_files,
+    time_unit,
+)
 from analysis.logs import RunData
 from analysis.project import Fabric, project
 from analysis.reduce import CurveSpec
@@ -75,6 +85,10 @@ class Report:
     files: dict[str, str] = field(default_factory=dict)
     unit: TimeUnit = HOURS
     """The unit wall-clock times are shown in (``model.time_unit`` of the longest run)."""
+    optional: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """The tables of ``OPTIONAL_CSV`` the runs gave rows (``add_optional``)."""
+    noise: noise.NoiseReport | None = None
+    """The gradient noise scale, when a run measured one."""
 
     def summary_line(self) -> str:
         names = ", ".join(f"{r.label} ({r.ranks} rank{'s' if r.ranks != 1 else ''})"
@@ -94,10 +108,12 @@ class Report:
         return Document(
             summary=self.summary_line(),
             sections=outline.sections(self.tables, self.notes, self.options.smooth,
-                                      self.projection, self.projection_error, self.unit),
+                                      self.projection, self.projection_error, self.unit,
+                                      self.optional),
             tables=self.tables, notes=tuple(self.notes), projection=self.projection,
             projection_error=self.projection_error, options=self.options_dict(),
-            files=dict(self.files), time_unit=self.unit.name)
+            files=dict(self.files), time_unit=self.unit.name,
+            optional_tables=dict(self.optional))
 
 
 def wall_seconds(run: RunData) -> float:
@@ -178,6 +194,21 @@ def option_notes(runs: Sequence[RunData], options: ReportOptions) -> list[Note]:
     return notes
 
 
+def add_optional(report: Report) -> None:
+    """The seed groups (``analysis.seeds``) and the noise scale (``analysis.noise``),
+    with their notes, where the runs give them rows; nothing for runs that do not."""
+    t = report.tables
+    groups, notes = seeds.seed_table(report.runs, t.hours_to_target)
+    report.noise = noise.build(report.runs, t.hours_to_target, t.statistical_efficiency)
+    found = {"seed_groups": groups}
+    if report.noise is not None:
+        found.update(noise_scale=report.noise.table, noise_scale_series=report.noise.series,
+                     noise_prediction=report.noise.prediction)
+        notes += report.noise.notes
+    report.optional = {k: found[k] for k in OPTIONAL_CSV if k in found and len(found[k])}
+    report.notes.extend(notes)
+
+
 def _project(report: Report) -> None:
     """Fits the projection asked for; a fit that is impossible becomes a warning."""
     options = report.options
@@ -185,7 +216,8 @@ def _project(report: Report) -> None:
         report.projection = project(report.runs, report.tables.time_per_epoch,
                                     options.project_nodes, options.fabric,
                                     options.grad_bytes, options.ranks_per_node,
-                                    report.tables.statistical_efficiency)
+                                    report.tables.statistical_efficiency,
+                                    report.noise.priors if report.noise else None)
     except ValueError as e:
         report.projection_error = str(e)
         report.notes.append(Note("warning", "projection", str(e)))
@@ -202,7 +234,7 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
 
     Raises:
       logs.RunDirError: a run directory is missing or has no logs.
-      distseg.errors.InputError: a log or data file was written by a newer distseg.
+      distseg.core.errors.InputError: a log or data file was written by a newer distseg.
       ValueError: an option is out of range.
     """
     options = (options or ReportOptions()).validate()
@@ -216,6 +248,7 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
                                  options.dice_class, unit))
     report = Report(runs=runs, options=options, tables=compute_tables(runs, options, unit),
                     notes=notes + option_notes(runs, options), unit=unit)
+    add_optional(report)
     if options.project_nodes:
         _project(report)
     return report
@@ -240,6 +273,13 @@ def _write_csvs(report: Report, out_dir: str) -> dict[str, str]:
             files[name] = path
         elif os.path.exists(path):
             os.remove(path)  # from an earlier report in this directory: no longer true
+    for name, fname in OPTIONAL_CSV.items():
+        path = os.path.join(out_dir, fname)
+        if name in report.optional:
+            files[name] = path
+            report.optional[name].to_csv(path, index=False)
+        elif os.path.exists(path):
+            os.remove(path)  # from an earlier report in this directory: no longer true
     return files
 
 
@@ -259,7 +299,10 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
                  len(report.tables.statistical_efficiency) > 0),
                 ("throughput_vs_size_png", outline.SIZE_FIGURE, plots.throughput_vs_size,
                  report.tables.throughput_vs_size,
-                 tables.compares_sizes(report.tables.throughput_vs_size)))
+                 tables.compares_sizes(report.tables.throughput_vs_size)),
+                ("noise_scale_png", outline.NOISE_FIGURE, plots.noise_scale,
+                 report.optional.get("noise_scale_series"),
+                 "noise_scale_series" in report.optional))
     for name, fname, draw, table, wanted in optional:
         path = os.path.join(out_dir, fname)
         if wanted:

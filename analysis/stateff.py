@@ -24,19 +24,23 @@ For ``--project-nodes``, ``fit_trend`` fits ``statistical efficiency = a + b log
 to the base (1 at its ranks) and the runs that reached the target, when they were
 measured at two or more rank counts besides the base's; ``project_rows`` combines it
 with the projection's throughput speedup. With fewer points it is assumed to be 1,
-and every row and note says so.
+and every row and note says so. Where the runs measured the gradient noise scale near
+a target, the projected rows predict it from that instead (``analysis.noise``), and
+say so in their basis and note.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from analysis import noise
 from analysis.document import Note
+from analysis.noise import NoisePrior
 
 COLUMNS = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "result", "steps",
            "samples", "samples_lower_bound", "samples_text", "base", "base_samples",
@@ -283,21 +287,27 @@ class Scaled:
     note: str = ""
 
 
-def _target_rows(group: pd.DataFrame, scaled: Sequence[Scaled], trend: Trend) -> list[dict]:
+def _target_rows(group: pd.DataFrame, scaled: Sequence[Scaled], trend: Trend,
+                 prior: NoisePrior | None = None,
+                 batch_at: Callable[[int], float] | None = None) -> list[dict]:
     base = group[group["run"] == group["base"]].iloc[0]
     rows = []
     for s in scaled:
+        predicted = ""
         if s.kind == "measured":
             mine = group[group["run"] == s.run]
             if not len(mine):
                 continue
             eff, basis = float(mine["statistical_efficiency"].iloc[0]), "measured"
             measured = float(mine["hours"].iloc[0])
+        elif prior is not None and batch_at is not None:
+            (eff, basis, predicted), measured = noise.stat_efficiency(prior, batch_at(s.ranks)), math.nan
         else:
             (eff, basis), measured = trend.at(s.ranks), math.nan
         speedup = s.throughput_speedup * eff
         hours = float(base["hours"]) / speedup if base["reached"] else math.nan
         note = s.note or ("" if base["reached"] else f"{base['run']} did not reach the target")
+        note = "; ".join(n for n in (note, predicted) if n)
         rows.append({"kind": s.kind, "run": s.run, "metric": base["metric"],
                      "target": base["target"], "nodes": s.nodes, "ranks": s.ranks,
                      "throughput_speedup": s.throughput_speedup,
@@ -324,8 +334,10 @@ def _trend_line(group: pd.DataFrame, trend: Trend) -> str:
             "count throughput only and are optimistic wherever it falls.")
 
 
-def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled],
-                 base_ranks: int) -> tuple[pd.DataFrame, list[str]]:
+def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled], base_ranks: int,
+                 priors: Mapping[tuple[str, float], NoisePrior] | None = None,
+                 batch_at: Callable[[int], float] | None = None,
+                 ) -> tuple[pd.DataFrame, list[str]]:
     """Projected time to each target: the base's measured time / (throughput speedup
     x statistical efficiency), per measured run and projected node count.
 
@@ -334,16 +346,21 @@ def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled],
       scaled: the measured runs and projected node counts with their throughput
         speedups against the base.
       base_ranks: the base run's ranks (the trend's anchor).
+      priors: (metric, target) -> the noise scale near that target
+        (``analysis.noise``): the projected rows' statistical efficiency is then
+        predicted from it, at the global batch ``batch_at(ranks)``, instead of the trend.
 
     Returns:
       The rows (``PROJECT_COLUMNS``) and one line per target saying how its
       statistical efficiency was projected.
     """
     rows, lines = [], []
-    for _, group in table.groupby(["metric", "target"], sort=False):
+    for (metric, target), group in table.groupby(["metric", "target"], sort=False):
         trend = fit_trend(group, base_ranks)
-        rows += _target_rows(group, scaled, trend)
-        lines.append(_trend_line(group, trend))
+        prior = (priors or {}).get((metric, target))
+        rows += _target_rows(group, scaled, trend, prior, batch_at)
+        lines.append(noise.line(_goal(group.iloc[0]), prior) if prior and batch_at
+                     else _trend_line(group, trend))
     return pd.DataFrame(rows, columns=PROJECT_COLUMNS), lines
 
 

@@ -25,10 +25,10 @@ Two back-ends run the same algorithm on the same batches:
   hvd   ``distseg-train`` itself, as one process or under ``horovodrun -np N`` (the
         only one that measures time);
   sim   an exact in-process emulation of N data-parallel ranks (``simulate``): each
-        rank's batch from ``distseg.data.shard_batches``, its own forward/backward
+        rank's batch from ``distseg.data.slices.shard_batches``, its own forward/backward
         pass and its own BatchNorm moving statistics, gradients averaged, Adam
         applied, BatchNorm statistics averaged over ranks at each epoch end, the
-        learning rate from ``distseg.steps``. It measures samples, not time, at a
+        learning rate from ``distseg.training.steps``. It measures samples, not time, at a
         fraction of the cost of 8 oversubscribed processes; ``--check-sim`` compares
         it with a real run.
 
@@ -223,7 +223,7 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
 
 
 def resolved(cfg_over: dict, data_path: str, run_dir: str):
-    """The full ``distseg.config.Config`` that ``distseg-train --preset demo`` would use."""
+    """The full ``distseg.core.config.Config`` that ``distseg-train --preset demo`` would use."""
     from distseg.core import config as config_lib
     path = os.path.join(os.path.dirname(run_dir), os.path.basename(run_dir) + ".json")
     with open(path, "w") as f:

@@ -78,6 +78,7 @@ MODIFIERS = {
     "sumcheck": (["--step", "sumcheck"], {}, []),
     "noreduce": (["--step", "noreduce"], {}, []),
     "bare": (["--step", "bare"], {}, []),
+    "localloss": (["--step", "localloss"], {}, []),
     "nopin": ([], {"DISTSEG_PIN": "0"}, []),
 }
 

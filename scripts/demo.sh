@@ -32,31 +32,34 @@ say "report -> $demo/report"
 distseg-report "$demo/np1" "$demo/np$RANKS" --target-loss -0.75 --target-loss -0.76 --out "$demo/report"
 
 python - "$demo" "$RANKS" <<'PY'
-"""Samples/s at 1 and N ranks (epochs after the first) and the final validation Dice."""
-import glob, sys
-from distseg import schema
+"""Samples/s at 1 and N ranks (epochs after the first), the whole training time, and
+the final validation Dice: the same model, sooner?"""
+import sys
+from distseg.core import rundir, schema
 demo, ranks = sys.argv[1], int(sys.argv[2])
 
-def summary(run):
+def summary(run, size):
     epochs = {}
-    for path in sorted(glob.glob(f"{demo}/{run}/logs/rank-*.jsonl")):
-        for r in schema.read_log(path)[0]:
+    for rank in range(size):
+        for r in schema.read_log(rundir.log_path(f"{demo}/{run}", rank))[0]:
             if r["type"] == "epoch":
                 epochs.setdefault(r["epoch"], []).append(r)
     steady = [e for e in sorted(epochs) if e > 0] or sorted(epochs)
     samples = sum(r["samples"] for e in steady for r in epochs[e])
     # A synchronous epoch lasts as long as its slowest rank.
-    seconds = sum(max(r.get("train_time", r["epoch_time"]) for r in epochs[e]) for e in steady)
-    epoch_time = seconds / len(steady)
+    train = {e: max(r.get("train_time", r["epoch_time"]) for r in epochs[e]) for e in epochs}
+    seconds = sum(train[e] for e in steady)
     last = epochs[max(epochs)][0]
-    return samples / seconds, epoch_time, last["val_dice"].get("liver"), last["train_loss"]
+    return (samples / seconds, seconds / len(steady), sum(train.values()),
+            last["val_dice"].get("liver"), last["train_loss"])
 
-one = summary("np1")
-many = summary(f"np{ranks}")
+one = summary("np1", 1)
+many = summary(f"np{ranks}", ranks)
 print()
-for name, (sps, ept, dice, loss) in (("1 rank", one), (f"{ranks} ranks", many)):
+for name, (sps, ept, total, dice, loss) in (("1 rank", one), (f"{ranks} ranks", many)):
     print(f"[demo] {name:8s} {ept:6.2f} s/epoch (training, epochs 2+)  {sps:7.2f} samples/s  "
-          f"final train loss {loss:.3f}  final val liver Dice {dice:.3f}")
-print(f"[demo] {ranks} ranks / 1 rank samples/s: {many[0] / one[0]:.2f}x")
+          f"training {total:6.1f} s  final train loss {loss:.3f}  final val liver Dice {dice:.3f}")
+print(f"[demo] {ranks} ranks / 1 rank: samples/s {many[0] / one[0]:.2f}x, training time "
+      f"{many[2] / one[2]:.2f}x, val liver Dice {many[3] - one[3]:+.3f}")
 PY
 say "done: runs in $demo, report in $demo/report/report.html"

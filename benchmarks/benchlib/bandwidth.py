@@ -1,7 +1,7 @@
 """Allreduce bandwidth at the gradient size, against memory-copy bandwidth.
 
 ``allreduce`` (run under ``horovodrun -np 2``) times distseg's own gradient
-allreduce, ``distseg.distributed.average_gradients`` inside a ``tf.function``, on
+allreduce, ``distseg.training.distributed.average_gradients`` inside a ``tf.function``, on
 tensors of exactly the shapes of the demo U-Net's gradients, and reports the
 gradient bytes divided by the seconds per allreduce (the bandwidth a training step
 sees). ``memcpy`` times ``numpy.copyto`` of a buffer of the same size in one

@@ -2,11 +2,11 @@
 distseg's layers buy (an A/B of a change that landed, kept so it can be re-measured on
 another machine or TensorFlow build).
 
-distseg's BatchNorm (``distseg.model.FusedBatchNorm``) runs TensorFlow's fused kernel in
+distseg's BatchNorm (``distseg.networks.unet.FusedBatchNorm``) runs TensorFlow's fused kernel in
 training; Keras 3's ``BatchNormalization`` computes the batch moments and the
 normalisation as a dozen separate element-wise ops (Mean, SquaredDifference,
 BroadcastTo, Sub, Mul, ...), each a pass over the activations, forward and backward.
-distseg's GroupNorm (``distseg.model.GroupNorm``) writes its gradient out; Keras'
+distseg's GroupNorm (``distseg.networks.unet.GroupNorm``) writes its gradient out; Keras'
 ``GroupNormalization`` reduces over two strided axes and leaves the backward pass to
 automatic differentiation (on the demo U-Net it took 28% of a training step: 569 ms of
 CPU per step, against 412 ms with no normalisation).
@@ -14,7 +14,7 @@ CPU per step, against 412 ms with no normalisation).
 Variants (``VARIANTS``): ``keras`` (distseg's model as it is; the name is historical),
 ``kerasbn`` (Keras' BatchNormalization), ``kerasgn`` (Keras' GroupNormalization). The
 U-Net keeps its one definition in distseg: a variant only swaps entries of
-``distseg.model.NORM_LAYERS`` while the model is built.
+``distseg.networks.unet.NORM_LAYERS`` while the model is built.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ KERAS_NORMS = {"kerasbn": {"batch": keras.layers.BatchNormalization},
 
 @contextlib.contextmanager
 def swapped_norms(**replacements):
-    """While open, ``distseg.model.NORM_LAYERS`` has ``replacements`` for some norms."""
+    """While open, ``distseg.networks.unet.NORM_LAYERS`` has ``replacements`` for some norms."""
     original = dict(model_lib.NORM_LAYERS)
     model_lib.NORM_LAYERS.update(replacements)
     try:

@@ -1,6 +1,6 @@
 """distseg's input pipeline alone: the reader and prefetcher with no training behind.
 
-Feeds ``distseg.data.Prefetcher`` the same batches a one-rank run reads
+Feeds ``distseg.data.slices.Prefetcher`` the same batches a one-rank run reads
 (``shard_batches`` of the training split, every epoch) and drains it as fast as it
 delivers, so the samples/s printed is what the pipeline could supply. Training
 consumes far fewer; the ratio says how much room the pipeline has (the share of step

@@ -1,4 +1,4 @@
-"""A local copy of ``distseg.data.SliceReader.read`` that reads slice by slice.
+"""A local copy of ``distseg.data.slices.SliceReader.read`` that reads slice by slice.
 
 distseg's reader selects a batch's slices with one h5py fancy-index selection
 (``dataset[sorted ids]``). h5py builds that selection point by point, and measured

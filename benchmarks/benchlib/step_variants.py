@@ -1,6 +1,6 @@
 """Local copies of distseg's train step with one cost taken out, for A/B timing.
 
-``distseg.steps.make_train_step`` does more than forward, backward and update: it
+``distseg.training.steps.make_train_step`` does more than forward, backward and update: it
 copies the BatchNorm statistics before the forward pass (to put them back when a step
 is skipped), checks every gradient for finiteness (the ``--on-nonfinite`` feature)
 and runs a grouped allreduce even on one process. Each builder here has the same
@@ -17,9 +17,11 @@ Variants (``VARIANTS``):
                    per gradient (a NaN or Inf anywhere makes the total non-finite);
   ``noreduce``     no allreduce when there is one rank (the original's semantics);
   ``nocond``       the original with the update always applied (no ``tf.cond``);
-  ``bare``         forward, backward, update: what Keras ``fit`` runs.
+  ``bare``         forward, backward, update: what Keras ``fit`` runs;
+  ``localloss``    each rank's own Dice loss, no forward allreduce, no gradient norms
+                   (the step before the global loss).
 
-``compiled_weight_checksum`` is a local copy of ``distseg.steps.weight_checksum`` run
+``compiled_weight_checksum`` is a local copy of ``distseg.training.steps.weight_checksum`` run
 as one ``tf.function`` instead of ~1,100 eager ops over the weights and optimizer
 state (``check_weights`` calls it at every epoch's end, on every rank).
 """
@@ -151,6 +153,34 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
     return train_step
 
 
+def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str,
+                              ranks: int = 1):
+    """distseg's step before the global loss (issue 21): each rank's own Dice loss, no
+    forward allreduce of the Dice sums and no gradient norms for the noise scale; the
+    A/B of what those two cost (``make bench``'s ``global_loss_cost`` row)."""
+    import tensorflow as tf
+
+    from distseg.networks import losses
+    from distseg.training import distributed as dist
+    from distseg.training import steps
+
+    @tf.function(input_signature=_signature(spatial_shape))
+    def train_step(images, masks, flags):
+        stats = list(model.non_trainable_weights)
+        before = [tf.identity(v) for v in stats]
+        with tf.GradientTape() as tape:
+            local_loss = losses.segmentation_loss(model(images, training=True), masks, num_classes, loss)
+        grads = tape.gradient(local_loss, model.trainable_variables)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]
+                               + [tf.math.is_finite(local_loss)])
+        grads, (mean_loss, mean_flags) = dist.average_gradients(
+            grads, [local_loss, tf.concat([flags, [1.0 - tf.cast(finite, tf.float32)]], 0)])
+        steps.apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
+        return local_loss, mean_loss, mean_flags, _no_norms()
+
+    return train_step
+
+
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
     """distseg's own step, untouched."""
     from distseg.training import steps
@@ -164,6 +194,7 @@ VARIANTS = {
     "noreduce": make_noreduce_train_step,
     "nocond": make_nocond_train_step,
     "bare": make_bare_train_step,
+    "localloss": make_localloss_train_step,
 }
 #: Variants valid on one rank only (they skip the allreduce).
 ONE_RANK_ONLY = ("noreduce", "bare")

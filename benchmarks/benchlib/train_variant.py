@@ -1,7 +1,7 @@
 """The real ``distseg-train`` with local copies of some pieces swapped in, for A/B runs.
 
 ``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
-``distseg.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
+``distseg.training.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
 ``benchlib.model_variants`` (``kerasbn``, ``kerasgn``: Keras' own normalisation layers);
 ``--reader slices`` reads batches slice by slice (``benchlib.read_variants``);
 ``--checksum compiled`` computes the per-epoch weight checksum as one

@@ -1,7 +1,7 @@
 """Peer: the same U-Net trained with Keras ``model.fit`` in one process.
 
 What a Keras user would write for distseg's one-rank run: the model from
-``distseg.model.from_config``, distseg's segmentation loss as a ``keras.losses.Loss``,
+``distseg.networks.unet.from_config``, distseg's segmentation loss as a ``keras.losses.Loss``,
 Adam at the preset's learning rate, the training slices in memory as numpy arrays,
 ``fit`` with shuffling and the same batch size and thread counts. Prints one JSON line:
 samples/s over the epochs after the first (the first traces the step), and each

@@ -2,11 +2,11 @@
 
 One worker process per rank on localhost, the cluster described by ``TF_CONFIG``, a
 custom training loop: each worker takes distseg's own shards of every epoch
-(``distseg.data.shard_batches``, batch 8 per worker, so the same global batch), from
+(``distseg.data.slices.shard_batches``, batch 8 per worker, so the same global batch), from
 the training slices held in memory, and runs the usual MWMS step: forward and
 backward in ``strategy.run``, the loss divided by the number of replicas, and the
 Keras optimizer, which all-reduces the gradients (TensorFlow's collective ops, one
-packed all-reduce) before applying them. The same model (``distseg.model``), loss,
+packed all-reduce) before applying them. The same model (``distseg.networks.unet``), loss,
 learning rate scaling (linear) and thread counts as distseg.
 
 ``launch`` starts the workers and combines their results; a worker prints one JSON

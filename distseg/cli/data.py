@@ -66,7 +66,7 @@ def lits_sample(out, ndim, source_dir):
 
     2D: the volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5
     train, slab 6 is a buffer, slab 7 validates. 3D: slices 0-79 train, 80-95 are the
-    buffer, 96-127 validate, each part one volume (see distseg/lits.py for why).
+    buffer, 96-127 validate, each part one volume (see distseg/data/lits.py for why).
     """
     from distseg.data import lits
     try:

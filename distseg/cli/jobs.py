@@ -1,4 +1,4 @@
-"""``distseg-jobs``: Slurm scripts for distseg (parses options, builds a JobSpec, calls distseg.jobs).
+"""``distseg-jobs``: Slurm scripts for distseg (parses options, builds a JobSpec, calls distseg.cluster.jobs).
 
 No TensorFlow here: it runs on login nodes.
 """
@@ -190,5 +190,5 @@ def partitions():
             click.echo(f"  queue {q.name}: up to {q.max_nodes} nodes, {q.max_minutes // 60} h")
 
 
-if __name__ == "__main__":  # python -m distseg.jobs_cli (before the entry point is installed)
+if __name__ == "__main__":  # python -m distseg.cli.jobs (before the entry point is installed)
     jobs()

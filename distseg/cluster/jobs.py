@@ -11,8 +11,8 @@ that does not exist or is too small for ranks x batch size, a run directory that
 holds a run, a training config that ``distseg-train`` would refuse.
 
 This module is logic only. It imports neither TensorFlow nor Horovod (it runs on login
-nodes, where importing TensorFlow can take a minute), only ``distseg.config``,
-``distseg.distributed`` for its Horovod defaults (that module imports Horovod only when a
+nodes, where importing TensorFlow can take a minute), only ``distseg.core.config``,
+``distseg.training.distributed`` for its Horovod defaults (that module imports Horovod only when a
 run starts) and, for the data check, ``distseg.data`` (h5py).
 """
 
@@ -254,7 +254,7 @@ class JobSpec:
     check_data: bool = True
     """Open the data file now (h5py, metadata only) to catch a bad file before queueing."""
     train_config: Any = None
-    """The resolved ``distseg.config.Config`` the job will train with: the data file is
+    """The resolved ``distseg.core.config.Config`` the job will train with: the data file is
     checked against it (2D or 3D) as ``distseg-train`` will; None: only that it exists."""
 
 
@@ -394,7 +394,7 @@ def _q(text: str) -> str:
 def job_environment() -> dict[str, str]:
     """The Horovod and Open MPI settings a job script exports, in the order it exports them.
 
-    Taken from ``distseg.distributed`` (what ``distseg-train`` itself would set), plus
+    Taken from ``distseg.training.distributed`` (what ``distseg-train`` itself would set), plus
     ``JOB_HOROVOD_SETTINGS``: one definition of each value, not a copy in the template.
     """
     return {**distributed.HOROVOD_DEFAULTS, **JOB_HOROVOD_SETTINGS, **distributed.OMPI_DEFAULTS}

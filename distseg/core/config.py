@@ -39,7 +39,7 @@ def default_inter_op_threads(cores_per_rank: int) -> int:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """U-Net hyper-parameters (see ``distseg.model.build_unet``)."""
+    """U-Net hyper-parameters (see ``distseg.networks.unet.build_unet``)."""
 
     image_size: int = 240
     """Input height and width; must be divisible by 2**depth."""
@@ -448,7 +448,7 @@ def resolve(preset: str = "liver2d", file: str | None = None,
 
 
 #: Fields a resumed run may change: they do not change what is trained (``epochs`` may
-#: only extend the run, which ``distseg.train`` checks against the checkpoint).
+#: only extend the run, which ``distseg.training.loop`` checks against the checkpoint).
 RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
                      "train.on_nonfinite", "train.hang_timeout", "data.prefetch")

@@ -2,7 +2,7 @@
 
 A feed knows its sample ids (what the shards, the sample digests and the report's
 coverage check count), the model's input shape, how to open its reader, and how one
-rank scores its share of the validation set. ``distseg.train`` holds one feed and
+rank scores its share of the validation set. ``distseg.training.loop`` holds one feed and
 never asks which kind it has: one loop for 2D and 3D.
 
 No Horovod here: ``rank`` and ``size`` come in as ints.

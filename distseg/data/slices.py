@@ -18,7 +18,7 @@ file is never loaded whole. Nothing here imports TensorFlow or Horovod; callers 
 
 The attribute ``layout`` tells the two kinds of distseg file apart: absent or
 ``"slices"`` for this 2D format, ``"volumes"`` for whole 3D volumes per case (read by
-``distseg.volumes``). Each reader refuses the other kind with one line saying what to
+``distseg.data.volumes``). Each reader refuses the other kind with one line saying what to
 use instead; both share ``open_file`` and its ``format_version`` rules.
 """
 

@@ -132,7 +132,7 @@ def _head(spec: UNetSpec, cin: int) -> list[Tensor]:
 
 
 def layer_list(spec: UNetSpec) -> list[Tensor]:
-    """The U-Net's tensors in build order, as ``distseg.model.build_unet`` names them
+    """The U-Net's tensors in build order, as ``distseg.networks.unet.build_unet`` names them
     (the bfloat16 cast of the image, the concatenation and the units' internals have no
     Keras layer of their own)."""
     # The float32 image is the input batch; a bfloat16 copy is what the first conv keeps.
@@ -314,7 +314,7 @@ class Measured:
 def measure(spec: UNetSpec, batch: int, steps: int = 3, threads: int = 1,
             timeout: float = 1800.0) -> Measured:
     """Runs ``steps`` train steps of ``spec`` at ``batch`` in a fresh Python process
-    (``python -m distseg.memory``) and returns what it measured. A fresh process, so the
+    (``python -m distseg.networks.memory``) and returns what it measured. A fresh process, so the
     baseline is TensorFlow alone and no earlier allocation hides the peak."""
     request = {"spec": {**dataclasses.asdict(spec), "spatial": list(spec.spatial)},
                "batch": batch, "steps": steps, "threads": threads}

@@ -1,7 +1,7 @@
 """Writes synthetic run directories whose report numbers are known in advance.
 
 A run is described by a ``RunSpec``; ``write_run`` produces ``config.json`` and one log
-per rank in the format of ``distseg.schema`` (and of ``distseg.runlog``: compact JSON,
+per rank in the format of ``distseg.core.schema`` (and of ``distseg.training.runlog``: compact JSON,
 one record per line). Time is exact: step ``k`` of a launch ends at
 ``t = (k + 1) * step_time + (epochs finished in the launch) * val_time`` (with no
 ``warmup_step_time``), so tests can place a loss value at exactly 3.5 h.
@@ -76,6 +76,13 @@ class RunSpec:
     """Fields added to the run record's ``model`` (``name``, ``input_shape``)."""
     extra_dataset_fields: dict = field(default_factory=dict)
     """Fields added to the run record's ``dataset`` (a 3D run's ``slab``)."""
+    noise_scale: Callable[[int], float | None] | None = None
+    """B_simple at the end of each epoch (``None``: no ``noise_scale`` field, as older
+    logs; a function returning ``None``: not estimable). With it, the run record gets
+    ``batch_policy`` and ``loss_scope``, each epoch record a ``noise_scale`` (method
+    ``none`` on 1 rank, with ``b_simple`` null) and each step record ``grad_sq``."""
+    batch_policy: str = "per_rank"
+    """The run record's ``batch_policy`` when ``noise_scale`` is given."""
 
 
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
@@ -99,6 +106,28 @@ def config(spec: RunSpec, run_dir: str) -> dict:
             "train": {"epochs": spec.epochs, "batch_size": spec.batch_size, "lr": 0.005,
                       "seed": spec.seed, "max_steps_per_epoch": 0},
             "run_dir": run_dir}
+
+
+def noise_record(spec: RunSpec, epoch: int) -> dict:
+    """The ``noise_scale`` field of an epoch record (``distseg.training.noise``'s
+    ``record()``): ``b_simple`` from ``spec.noise_scale``, |G|^2 = 1 and tr(Sigma) =
+    b_simple; nothing estimated on 1 rank."""
+    b = spec.noise_scale(epoch) if spec.size > 1 else None
+    return {"b_simple": b, "g2": None if b is None else 1.0, "trace": b,
+            "small_batch": spec.batch_size, "big_batch": spec.batch_size * spec.size,
+            "method": "ranks" if spec.size > 1 else "none", "ema": 0.95,
+            "preconditioned": False}
+
+
+def noise_fields(spec: RunSpec, kind: str, epoch: int = 0) -> dict:
+    """What a run with ``spec.noise_scale`` adds to its ``kind`` records (none without)."""
+    if spec.noise_scale is None:
+        return {}
+    if kind == "run":
+        return {"batch_policy": spec.batch_policy, "loss_scope": "global_batch"}
+    if kind == "step":
+        return {"grad_sq": [2.0, 1.0]}
+    return {"noise_scale": noise_record(spec, epoch)}
 
 
 def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
@@ -131,7 +160,8 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                                 **spec.extra_dataset_fields},
                     "global_seed": spec.seed, "steps_per_epoch": steps,
                     "batch_size": spec.batch_size, "global_batch_size": spec.batch_size * size,
-                    "lr_base": 0.005, "lr_scaled": 0.005 * size, **spec.extra_run_fields})
+                    "lr_base": 0.005, "lr_scaled": 0.005 * size, **noise_fields(spec, "run"),
+                    **spec.extra_run_fields})
         t = 0.0
         epochs_here = list(range(launch.start_epoch, launch.end_epoch))
         partial = [launch.end_epoch] if launch.killed_after else []
@@ -152,7 +182,8 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                             "step_time": own_step_time,
                             "data_wait": _per_rank(spec.data_wait, rank), "loss": loss,
                             "loss_local": loss + 0.001 * rank, "lr": 0.005,
-                            "samples": len(batches[step]), **spec.extra_step_fields})
+                            "samples": len(batches[step]), **noise_fields(spec, "step"),
+                            **spec.extra_step_fields})
                 seen.extend(int(i) for i in batches[step])
                 losses.append(loss)
             if epoch in partial:
@@ -170,7 +201,7 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                         "val_loss": -float(np.mean(list(dice.values()))),
                         "val_loss_local": 0.0, "val_dice": dice, "val_dice_local": dice_local,
                         "val_samples_local": 2, "weight_checksum": [1.0, 2.0],
-                        **spec.extra_epoch_fields})
+                        **noise_fields(spec, "epoch", epoch), **spec.extra_epoch_fields})
         if not launch.killed_after:
             out.append({"type": "end", "rank": rank, "time": start + t, "status": launch.status,
                         "reason": "finished" if launch.status == "ok" else "boom", "t": t,

@@ -4,7 +4,7 @@
 base made locally (no Docker engine or registry needed), then runs inside the image, as
 its unprivileged user, ``horovodrun -np 4 -H localhost:4 distseg-train`` on synthetic
 data and ``distseg-report`` on the run. The tests here check what that left on the host
-with ``distseg.schema`` only. Minutes and root: skipped unless DISTSEG_TEST_DOCKER=1.
+with ``distseg.core.schema`` only. Minutes and root: skipped unless DISTSEG_TEST_DOCKER=1.
 """
 
 from __future__ import annotations

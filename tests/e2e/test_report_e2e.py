@@ -2,7 +2,7 @@
 ``distseg-report`` on their logs, then the HTML report in headless Chromium.
 
 Each launch has a timeout, so a hang fails fast. The expected numbers are computed
-here from the raw logs (with ``distseg.schema`` only), independently of ``analysis``.
+here from the raw logs (with ``distseg.core.schema`` only), independently of ``analysis``.
 """
 
 import html as htmllib

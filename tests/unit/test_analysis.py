@@ -1,7 +1,7 @@
 """``analysis``: the report's numbers on hand-built logs whose answers are known.
 
 The run directories come from ``tests/analysis_fixtures/runs.py``, which writes logs in
-the format of ``distseg.runlog`` with exact times, losses, Dice values and shards, so
+the format of ``distseg.training.runlog`` with exact times, losses, Dice values and shards, so
 every expected number below follows from the fixture by hand.
 """
 
@@ -483,7 +483,7 @@ def test_cli_rejects_bad_options(study):
     assert res.exit_code == 2 and "--smooth" in res.output
     res = CliRunner().invoke(report_cmd, [study[0], "--project-nodes", "4,x"])
     assert res.exit_code == 2 and "node counts" in res.output
-    # The one node-list parser (distseg.schema.parse_node_counts) refuses a repeat.
+    # The one node-list parser (distseg.core.schema.parse_node_counts) refuses a repeat.
     res = CliRunner().invoke(report_cmd, [study[0], "--project-nodes", "2,2"])
     assert res.exit_code == 2 and "--project-nodes '2,2': a node count appears twice" in res.output
 

@@ -1,7 +1,7 @@
 """``analysis.coverage``: expected counts, references and verdicts, each alone.
 
 Runs are hand-built with ``tests/analysis_fixtures/runs.py``; digests are computed here
-with ``distseg.schema.sample_digest`` from the ids each fixture epoch covers.
+with ``distseg.core.schema.sample_digest`` from the ids each fixture epoch covers.
 """
 
 import math

@@ -1,7 +1,7 @@
 """The arithmetic of benchmarks/bench_stateff.py on hand-built per-rank logs: samples
 and time to a validation Dice target, the largest drop after warm-up, the table's
 ratios and the goal rows. No TensorFlow: the logs are written as JSON lines and read
-back with ``distseg.schema.read_log``, as the benchmark reads real runs."""
+back with ``distseg.core.schema.read_log``, as the benchmark reads real runs."""
 
 from __future__ import annotations
 

@@ -7,9 +7,6 @@ import numpy as np
 import pytest
 
 from distseg.core import config as config_lib
-
-keras = pytest.importorskip("keras")
-
 from distseg.inference import export  # noqa: E402
 from distseg.networks import unet  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Slurm job scripts (distseg/jobs.py, distseg/jobs_cli.py, jobs/) and the Docker files.
+"""Slurm job scripts (distseg/cluster/jobs.py, distseg/cli/jobs.py, jobs/) and the Docker files.
 
 Rendered scripts are checked for the numbers they hold (linting them with `bash -n` and
 shellcheck is tests/test_lint.py's job, so a missing shellcheck never skips these); one
@@ -144,7 +144,7 @@ def _horovod_section(script: str) -> str:
 
 @pytest.mark.parametrize("partition", sorted(jobs_lib.PARTITIONS))
 def test_rendered_script_exports_the_horovod_defaults_of_distseg(tmp_path, partition):
-    # The values come from distseg.distributed (what distseg-train sets itself) and
+    # The values come from distseg.training.distributed (what distseg-train sets itself) and
     # jobs.JOB_HOROVOD_SETTINGS, not from a copy in the template: run the script's
     # Horovod block in a clean shell and read back what it exported.
     out = cli("render", "--partition", partition, "--nodes", "1", "--data", "x.h5", "--no-check-data",

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
 from distseg.networks import losses
 from distseg.networks import unet as model_lib  # noqa: E402

@@ -1,4 +1,4 @@
-"""distseg/steps.py and distseg/checkpoint.py in one process: the learning-rate
+"""distseg/training/steps.py and distseg/training/checkpoint.py in one process: the learning-rate
 schedule, the weight checksum, and a checkpoint that comes back as it was saved."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 
@@ -16,8 +17,6 @@ from distseg.core.config import smoke
 from distseg.core.errors import InputError
 from distseg.training import checkpoint, steps
 from distseg.training.loop import Schedule
-
-keras = pytest.importorskip("keras")
 
 
 @pytest.mark.parametrize("scaling, size, want", [

@@ -8,6 +8,6 @@ format, and the geometry that takes predictions back onto the scans.
 ``writer``     the streaming HDF5 writer (``OUT.h5.partial``, renamed when complete)
 ``pipeline``   ``run``: the ``distseg-data convert`` command's work
 
-Nothing here imports TensorFlow or Horovod; ``distseg.predict`` reuses ``sources``,
+Nothing here imports TensorFlow or Horovod; ``distseg.inference.predict`` reuses ``sources``,
 ``geometry`` and ``intensity`` so a prediction sees the preprocessing training saw.
 """

@@ -6,7 +6,7 @@ splits, then prepare each case (read, check, reorient, normalise, resample; in
 Memory stays at about one volume per worker whatever the dataset's size: a case is
 read, written and dropped before the next is taken. With ``ndim`` 3 the same steps
 keep each case as one volume on its own grid (no in-plane resampling) and write the
-volume layout (``distseg.volumes``).
+volume layout (``distseg.data.volumes``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ case, enough to put a prediction back on the case's original grid:
 ``bounds`` (2)                   the values mapped to 0 and 1 (HU window, or MR percentiles)
 
 ``VolumeCaseWriter`` (``convert --ndim 3``) writes the volume layout of
-``distseg.volumes`` instead, one volume per case on its own grid, with the same
+``distseg.data.volumes`` instead, one volume per case on its own grid, with the same
 ``cases/`` rows less ``first`` and ``slices`` (row k is ``volumes/k``).
 """
 
