@@ -92,3 +92,41 @@ def slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str
                SLURM_NODELIST="localhost", SLURMD_NODENAME="localhost", SLURM_CPUS_ON_NODE=str(cpus),
                SLURM_SUBMIT_DIR=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
     return env
+
+
+def tree_bytes(root: str) -> dict:
+    """Every file below ``root`` and its bytes: what a refusal must leave unchanged."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                out[os.path.relpath(os.path.join(folder, name), root)] = f.read()
+    return out
+
+
+def import_blocker(*blocked: str) -> str:
+    """Python source that makes ``import NAME`` fail for each top-level package in
+    ``blocked``, and checks that it does: the head of a script a test runs to prove
+    that some code runs without them (``python -c``)."""
+    first = blocked[0]
+    return f"""
+import importlib.abc, sys
+
+BLOCKED = {tuple(blocked)!r}
+
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{{name}} is blocked in this test")
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+try:
+    import {first}  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker does not work")
+"""

@@ -198,3 +198,24 @@ VARIANTS = {
 }
 #: Variants valid on one rank only (they skip the allreduce).
 ONE_RANK_ONLY = ("noreduce", "bare")
+
+
+def _checksum_graph(variables):
+    """[sum, sum of squares] of every value in float64, as distseg computes it."""
+    import tensorflow as tf
+    sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
+            for x in (tf.cast(v, tf.float64) for v in variables)]
+    return tf.add_n(sums)
+
+
+_COMPILED: dict = {}
+
+
+def compiled_weight_checksum(variables) -> list[float]:
+    """``distseg.training.steps.weight_checksum`` as one compiled call. The variables go in as
+    TensorFlow variables (by reference), so a later call reads their new values."""
+    import tensorflow as tf
+    if "checksum" not in _COMPILED:
+        _COMPILED["checksum"] = tf.function(_checksum_graph)
+    handles = [getattr(v, "value", v) for v in variables]
+    return [float(x) for x in _COMPILED["checksum"](handles)]

@@ -21,6 +21,7 @@ TRAIN_FLAGS = {
     "base_filters": ("model.base_filters", click.IntRange(1), "U-Net filters at the first level (64: ~31M parameters)."),
     "depth": ("model.depth", click.IntRange(1), "U-Net poolings."),
     "dropout": ("model.dropout", click.FloatRange(0, 1, max_open=True), "Bottleneck dropout rate."),
+    "bn_ghost_batch": ("model.bn_ghost_batch", click.IntRange(0), "BatchNorm statistics over runs of this many samples (0: each rank's whole batch); G/N keeps BatchNorm runs exact up to N ranks (docs/training.md)."),
     "norm": ("model.norm", click.Choice(config_lib.NORMS), "Normalisation after each convolution."),
     "lr": ("train.lr", click.FloatRange(0, min_open=True), "Single-process learning rate (before scaling)."),
     "lr_scaling": ("train.lr_scaling", click.Choice(config_lib.LR_SCALINGS), "How the lr grows with the number of ranks."),

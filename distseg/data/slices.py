@@ -431,7 +431,22 @@ def resize_bilinear(a: np.ndarray, size: int) -> np.ndarray:
     return top[:, :, c0] * (1 - fc)[None, None, :, None] + top[:, :, c1] * fc[None, None, :, None]
 
 
-class SliceReader:
+class H5Reader:
+    """What every reader of an open HDF5 file does with it: close, and ``with``."""
+
+    _file = None
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SliceReader(H5Reader):
     """Reads batches of slices by index from an open dataset, chunk by chunk."""
 
     def __init__(self, path: str, image_size: int | None = None, resize: bool = False):
@@ -476,15 +491,6 @@ class SliceReader:
             images = resize_bilinear(images, self.image_size)
             masks = resize_nearest(masks, self.image_size)
         return images, masks
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def epoch_permutation(indices: np.ndarray, epoch: int, seed: int) -> np.ndarray:

@@ -469,7 +469,7 @@ def centred_start(voxel: np.ndarray, shape: np.ndarray, slab: Sequence[int]) -> 
     return np.clip(np.asarray(voxel, dtype=np.int64) - slab // 2, 0, np.maximum(shape - slab, 0))
 
 
-class SlabReader:
+class SlabReader(data.H5Reader):
     """Reads batches of slab ids of a volume file, chunk by chunk.
 
     ``read(ids, epoch)`` gives (images float32 (B, d, h, w, 1), masks uint8 (B, d, h, w)).
@@ -545,14 +545,6 @@ class SlabReader:
             raise DatasetError(f"{self.path}: case {self.info.case_ids[k]} (volumes/{k}) "
                                f"region [{box}] cannot be read ({str(e).splitlines()[0]})") from e
 
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def write_volumes(path: str, images: Sequence[np.ndarray], masks: Sequence[np.ndarray],

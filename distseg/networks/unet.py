@@ -61,23 +61,70 @@ class FusedBatchNorm(layers.BatchNormalization):
     the fused kernel keeps its input in bfloat16. ``update_stats=False`` normalises with
     the batch moments without moving the statistics: a recomputation in the backward
     pass must not count the batch twice. Inference uses the Keras path unchanged.
+
+    ``ghost_batch`` g > 0 (``model.bn_ghost_batch``) normalises each run of g samples of
+    a larger batch with that run's own statistics (Hoffer et al. 2017's ghost batches):
+    one process with a global batch of G then computes what N = G/g ranks compute with
+    g samples each, so BatchNorm runs are exact across rank counts up to N (docs/
+    training.md). The moving statistics move by the mean of the runs' statistics,
+    which is what averaging the ranks' statistics at the epoch's end gives.
     """
+
+    def __init__(self, *args, ghost_batch: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ghost_batch = int(ghost_batch)
+
+    def get_config(self):
+        return {**super().get_config(), "ghost_batch": self.ghost_batch}
 
     def call(self, inputs, training=None, mask=None, update_stats=True):
         if not training or mask is not None or self.renorm or not (self.center and self.scale):
             return super().call(inputs, training=training, mask=mask)
-        layout = "NHWC" if len(inputs.shape) == 4 else "NDHWC"
-        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-            inputs, tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta),
-            epsilon=self.epsilon, data_format=layout, is_training=True)[:3]
+        g, static = self.ghost_batch, inputs.shape[0]
+        if g and static is not None:  # a batch size known when traced: split statically
+            y, mean, variance = (self._split_batches(inputs) if static > g and static % g == 0
+                                 else self._fused(inputs))
+        elif g:
+            batch = tf.shape(inputs)[0]
+            y, mean, variance = tf.cond(
+                tf.logical_and(batch > g, tf.equal(batch % g, 0)),
+                functools.partial(self._ghost_batches, inputs),
+                functools.partial(self._fused, inputs))
+        else:
+            y, mean, variance = self._fused(inputs)
         if update_stats:
-            # The fused kernel returns the unbiased variance; Keras keeps the biased one.
-            n = tf.cast(tf.reduce_prod(tf.shape(inputs)[:-1]), tf.float32)
-            variance = variance * (n - 1.0) / n
             m = self.momentum
             self.moving_mean.assign(self.moving_mean * m + mean * (1.0 - m))
             self.moving_variance.assign(self.moving_variance * m + variance * (1.0 - m))
         return tf.cast(y, self.compute_dtype)
+
+    def _fused(self, x):
+        """(normalised x, batch mean, biased batch variance), from the fused kernel."""
+        layout = "NHWC" if len(x.shape) == 4 else "NDHWC"
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            x, tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta),
+            epsilon=self.epsilon, data_format=layout, is_training=True)[:3]
+        # The fused kernel returns the unbiased variance; Keras keeps the biased one.
+        n = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), variance.dtype)
+        return y, mean, variance * (n - 1.0) / n
+
+    def _split_batches(self, x):
+        """``_ghost_batches`` for a batch size known when traced: the fused kernel on
+        each run, joined (half the overhead of ``tf.map_fn``'s loop, measured)."""
+        runs = [self._fused(part) for part in tf.split(x, x.shape[0] // self.ghost_batch)]
+        return (tf.concat([r[0] for r in runs], 0), tf.reduce_mean([r[1] for r in runs], 0),
+                tf.reduce_mean([r[2] for r in runs], 0))
+
+    def _ghost_batches(self, x):
+        """Each run of ``ghost_batch`` samples normalised with its own statistics (the
+        fused kernel once per run); the mean of their statistics for the moving ones."""
+        shape = tf.shape(x)
+        groups = tf.reshape(x, tf.concat([[-1, self.ghost_batch], shape[1:]], 0))
+        y, mean, variance = tf.map_fn(
+            self._fused, groups,
+            fn_output_signature=(tf.TensorSpec(None, x.dtype), tf.TensorSpec(None, tf.float32),
+                                 tf.TensorSpec(None, tf.float32)))
+        return tf.reshape(y, shape), tf.reduce_mean(mean, 0), tf.reduce_mean(variance, 0)
 
 
 class GroupNorm(layers.GroupNormalization):
@@ -159,7 +206,7 @@ class ConvUnit(layers.Layer):
 
     def __init__(self, filters: int, spatial_dims: int, norm: str, bn_momentum: float,
                  name: str, index: int, dtype=None, up_name: str | None = None, up_dtype=None,
-                 use_bias: bool = False):
+                 use_bias: bool = False, ghost_batch: int = 0):
         super().__init__(name=f"{name}_unit{index}", dtype=dtype)
         conv = layers.Conv2D if spatial_dims == 2 else layers.Conv3D
         up = layers.Conv2DTranspose if spatial_dims == 2 else layers.Conv3DTranspose
@@ -168,7 +215,7 @@ class ConvUnit(layers.Layer):
         self.conv = conv(filters, 3, padding="same", use_bias=use_bias,
                          kernel_initializer="he_normal", name=f"{name}_conv{index}", dtype=dtype)
         self.norm = _norm_layer(norm, filters, bn_momentum, f"{name}_{NORM_SUFFIX.get(norm, '')}{index}",
-                                dtype=dtype)
+                                dtype=dtype, ghost_batch=ghost_batch)
 
     def call(self, inputs, training=False):
         xs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
@@ -217,10 +264,11 @@ class ConvUnit(layers.Layer):
         return inputs, grads[len(again):]
 
 
-def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype):
+def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype, ghost_batch: int = 0):
     """The normalisation after a convolution, or None for ``norm="none"``."""
     if norm == "batch":
-        return NORM_LAYERS["batch"](momentum=bn_momentum, name=name, dtype=dtype)
+        ghost = {"ghost_batch": ghost_batch} if ghost_batch else {}
+        return NORM_LAYERS["batch"](momentum=bn_momentum, name=name, dtype=dtype, **ghost)
     if norm == "group":
         return NORM_LAYERS["group"](norm_groups(filters), name=name, dtype=dtype)
     return None
@@ -233,6 +281,7 @@ class _Parts:
 
     spec: UNetSpec
     bn_momentum: float
+    ghost_batch: int = 0
 
     def dtype(self, level: int) -> str | None:
         """The Keras dtype policy of ``level``'s layers (``UNetSpec.precision_of``)."""
@@ -242,7 +291,8 @@ class _Parts:
         """A checkpointed convolution unit (``recompute``)."""
         s = self.spec
         return ConvUnit(filters, s.spatial_dims, s.norm, self.bn_momentum, block, i,
-                        dtype=self.dtype(level), use_bias=s.has_bias(), **up)
+                        dtype=self.dtype(level), use_bias=s.has_bias(), ghost_batch=self.ghost_batch,
+                        **up)
 
     def decoder_block(self, below, skip, level: int):
         """Decoder ``level``: upsampling of the level below, the skip concatenation and
@@ -267,7 +317,8 @@ class _Parts:
         for i in (1, 2):
             x = conv(filters, 3, padding="same", use_bias=s.has_bias(),
                      kernel_initializer="he_normal", name=f"{block}_conv{i}", dtype=dtype)(x)
-            norm = _norm_layer(s.norm, filters, self.bn_momentum, s.norm_name(block, i), dtype=dtype)
+            norm = _norm_layer(s.norm, filters, self.bn_momentum, s.norm_name(block, i), dtype=dtype,
+                               ghost_batch=self.ghost_batch)
             if norm is not None:
                 x = norm(x)
             x = layers.Activation("relu", name=f"{block}_relu{i}", dtype=dtype)(x)
@@ -317,7 +368,7 @@ def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = Non
                spatial_dims: int = 2, depth: int = 4, base_filters: int = 64,
                num_classes: int = 3, in_channels: int = 1, dropout: float = 0.0,
                norm: str = "batch", bn_momentum: float = 0.9, recompute: bool = False,
-               precision: str = "float32", name: str = "unet") -> keras.Model:
+               precision: str = "float32", bn_ghost_batch: int = 0, name: str = "unet") -> keras.Model:
     """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps: the
     ``UNetSpec`` of these arguments, made by ``build``.
 
@@ -340,6 +391,8 @@ def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = Non
         (``ConvUnit``): less memory for more time (docs/memory.md has both measured).
       precision: ``float32``, or ``bfloat16`` (Keras ``mixed_bfloat16`` on every layer:
         bfloat16 activations, float32 weights, a float32 softmax output).
+      bn_ghost_batch: BatchNorm statistics over runs of this many samples of a larger
+        batch (``FusedBatchNorm``); 0: over the whole batch.
 
     Raises:
       ValueError: a hyper-parameter that cannot build a valid network.
@@ -349,17 +402,18 @@ def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = Non
         raise ValueError(f"need num_classes >= 2 (softmax), got {num_classes}")
     spec = UNetSpec(shape, depth=depth, base_filters=base_filters, in_channels=in_channels,
                     num_classes=num_classes, norm=norm, recompute=recompute, precision=precision)
-    return build(spec, dropout=dropout, bn_momentum=bn_momentum, name=name)
+    return build(spec, dropout=dropout, bn_momentum=bn_momentum, bn_ghost_batch=bn_ghost_batch,
+                 name=name)
 
 
 def build(spec: UNetSpec, *, dropout: float = 0.0, bn_momentum: float = 0.9,
-          name: str = "unet") -> keras.Model:
+          bn_ghost_batch: int = 0, name: str = "unet") -> keras.Model:
     """The Keras model of ``spec`` (softmax outputs, so ``spec.num_classes >= 2``)."""
     if spec.num_classes < 2 or spec.conv_bias:
         raise ValueError("distseg builds softmax U-Nets without convolution biases before a "
                          f"norm: num_classes >= 2 and conv_bias False, got {spec.num_classes}, "
                          f"{spec.conv_bias}")
-    parts = _Parts(spec, bn_momentum)
+    parts = _Parts(spec, bn_momentum, bn_ghost_batch)
     inputs = keras.Input(spec.spatial + (spec.in_channels,), name="image")
     x, skips = inputs, []
     for level in range(spec.depth):
@@ -385,4 +439,4 @@ def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> k
                       depth=cfg.depth, base_filters=cfg.base_filters,
                       num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,
                       bn_momentum=cfg.bn_momentum, recompute=cfg.recompute,
-                      precision=cfg.precision)
+                      precision=cfg.precision, bn_ghost_batch=cfg.bn_ghost_batch)

@@ -292,7 +292,8 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         start_time=start_time, stop=stop, resumed=resumed, start=start,
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
-                                         cfg.train.loss, ranks=ctx.size),
+                                         cfg.train.loss, ranks=ctx.size,
+                                         batch=schedule.plan.per_rank if schedule.plan.fixed else None),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
         predict=steps.make_predict_step(model, shape),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
@@ -379,8 +380,9 @@ def _next_batch(s: Session, result: EpochResult):
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
         result.failure = result.failure or dist.failure_of(e)
         shape = tuple(s.feed.input_shape)
-        return (np.zeros(0, np.int64), np.zeros((1, *shape, 1), np.float32),
-                np.zeros((1, *shape), np.uint8))
+        n = s.schedule.plan.per_rank  # the size the step was traced for
+        return (np.zeros(0, np.int64), np.zeros((n, *shape, 1), np.float32),
+                np.zeros((n, *shape), np.uint8))
 
 
 def _set_lr(s: Session) -> float:

@@ -24,9 +24,9 @@ def lr_at(step: int, base: float, target: float, warmup_steps: int) -> float:
     return base + (target - base) * step / warmup_steps
 
 
-def _input_spec(spatial_shape: Sequence[int]):
+def _input_spec(spatial_shape: Sequence[int], batch: int | None = None):
     import tensorflow as tf
-    shape = [None, *spatial_shape]
+    shape = [batch, *spatial_shape]
     return [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
 
 
@@ -93,7 +93,7 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
 
 
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
-                    ranks: int = 1):
+                    ranks: int = 1, batch: int | None = None):
     """Compiles ``train_step(images, masks, flags) -> (this rank's loss, the global
     batch's loss, any flags, gradient norms)``.
 
@@ -108,11 +108,12 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     The gradient norms are [mean over ranks of |g_rank|^2, |g|^2 of the averaged
     gradient]: the two batch sizes of the gradient noise scale (``training.noise``),
     the first riding in the same allreduce. ``ranks``: the ranks sharing the global
-    batch (``losses.global_loss``).
+    batch (``losses.global_loss``). ``batch``: every batch's size, when fixed (a fixed
+    global batch): the step is traced for it (BatchNorm's ghost batches split statically).
     """
     import tensorflow as tf
 
-    @tf.function(input_signature=_input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)])
+    @tf.function(input_signature=_input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)])
     def train_step(images, masks, flags):
         stats, before, value, local_loss, grads, nonfinite = checked_loss_and_grads(
             model, images, masks, num_classes, loss, ranks)

@@ -143,7 +143,7 @@ def test_model_variant_is_distsegs_model_with_one_layer_type_swapped(norm, varia
     from distseg.networks import unet as model_lib
 
     from benchlib import model_variants
-    cfg = dataclasses.replace(config_lib.PRESETS["smoke"]().model, norm=norm)
+    cfg = dataclasses.replace(config_lib.PRESETS["smoke"]().model, norm=norm, num_classes=3)
     plain = model_variants.build(cfg)
     swapped = model_variants.build(cfg, variant=variant)
     ours, theirs = model_lib.NORM_LAYERS[norm], model_variants.KERAS_NORMS[variant][norm]

@@ -18,7 +18,7 @@ from distseg.core import rundir, schema
 from distseg.data import slices as data
 
 from proc_group import run_group
-from support import BIN, command_env, wait_for_log
+from support import BIN, command_env, tree_bytes, wait_for_log
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -214,19 +214,14 @@ def test_resume_at_another_size_keeps_coverage_exact(tiny, tmp_path):
     (["--preset", "demo"], "--preset cannot be combined with --resume"),
     (["--epochs", "1"], "the run has finished 1 epoch(s) already; pass --epochs N with N > 1"),
 ])
-def test_resume_refuses_what_would_change_the_result(tiny, tmp_path, args, message):
-    run_dir = str(tmp_path / "run")
-    first = run_group([f"{BIN}/distseg-train", *SMOKE, "--data", tiny, "--run-dir", run_dir,
-                       "--max-steps-per-epoch", "2", "--no-validate"],
-                      timeout=TIMEOUT, env=command_env())
-    assert first.returncode == 0, first.stderr[-2000:]
-    before = sorted(os.listdir(rundir.checkpoint_dir(run_dir)))
-    out = run_group([f"{BIN}/distseg-train", "--run-dir", run_dir, "--resume", *args],
+def test_resume_refuses_what_would_change_the_result(finished_run, args, message):
+    before = tree_bytes(finished_run)
+    out = run_group([f"{BIN}/distseg-train", "--run-dir", finished_run, "--resume", *args],
                     timeout=TIMEOUT, env=command_env())
     assert out.returncode == 2, out.stderr[-2000:]
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
-    assert sorted(os.listdir(rundir.checkpoint_dir(run_dir))) == before
+    assert tree_bytes(finished_run) == before
 
 
 def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):

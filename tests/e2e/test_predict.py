@@ -22,7 +22,7 @@ from distseg.data.convert.intensity import Intensity
 from distseg.inference import metrics, predict, sliding
 
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, command_env, import_blocker
 from support import log_records as records
 
 TIMEOUT = 240
@@ -340,22 +340,7 @@ def test_a_volume_file_for_a_2d_run_is_one_line(trained, trained3d):
 # ---------------------------------------------------------------- export
 
 #: Loads the exported model where distseg cannot be imported and predicts a batch.
-LOAD_WITHOUT_DISTSEG = r"""
-import importlib.abc, sys
-
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "distseg":
-            raise ImportError(f"{name} is blocked in this test")
-        return None
-
-sys.meta_path.insert(0, Blocker())
-try:
-    import distseg  # noqa: F401
-except ImportError:
-    pass
-else:
-    raise SystemExit("the blocker does not work")
+LOAD_WITHOUT_DISTSEG = import_blocker("distseg") + r"""
 import keras
 import numpy as np
 

@@ -268,8 +268,9 @@ def page(study):
 def test_html_report_is_self_contained(study):
     with open(os.path.join(study["out"], "report.html"), encoding="utf-8") as f:
         html = f.read()
-    # the three plots inline (loss, Dice, statistical efficiency), nothing fetched elsewhere
-    assert html.count('src="data:image/png;base64,') == 3
+    # the four plots inline (loss, Dice, statistical efficiency, the 2-rank run's gradient
+    # noise scale), nothing fetched elsewhere
+    assert html.count('src="data:image/png;base64,') == 4
     assert 'src="http' not in html and "<link" not in html
 
 

@@ -49,13 +49,20 @@ def test_learning_rate_is_scaled_and_warmed_up_in_the_logs(tiny, tmp_path):
         np.testing.assert_allclose(lrs, expected, rtol=1e-9)
 
 
-def test_sqrt_scaling_without_warm_up(tiny, tmp_path):
-    run_dir = str(tmp_path / "sqrt")
+@pytest.fixture(scope="module")
+def sqrt_run(tiny, tmp_path_factory):
+    """2 ranks, sqrt lr scaling, no warm-up, 2 steps: read by the scaling and the
+    pinning tests (one launch for both)."""
+    run_dir = str(tmp_path_factory.mktemp("sqrt") / "run")
     out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
                      "--lr", "0.001", "--lr-scaling", "sqrt", "--warmup-epochs", "0",
                      "--max-steps-per-epoch", "2", "--no-validate")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lrs = [r["lr"] for r in records(run_dir, 1) if r["type"] == "step"]
+    return run_dir
+
+
+def test_sqrt_scaling_without_warm_up(sqrt_run):
+    lrs = [r["lr"] for r in records(sqrt_run, 1) if r["type"] == "step"]
     assert lrs == [pytest.approx(0.001 * np.sqrt(2), rel=1e-12)] * 2
 
 
@@ -78,14 +85,10 @@ def test_checkpoints_rotate_and_latest_points_at_the_last(tiny, tmp_path):
         == (4, 0, 8, 1)
 
 
-def test_ranks_are_pinned_to_disjoint_cores_when_unbound(tiny, tmp_path):
+def test_ranks_are_pinned_to_disjoint_cores_when_unbound(sqrt_run):
     """horovodrun leaves ranks unbound: each rank pins itself to its share of the
     physical cores, or, with fewer cores than ranks, leaves placement to the OS."""
-    run_dir = str(tmp_path / "pin")
-    out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
-                     "--max-steps-per-epoch", "1", "--no-validate")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    threads = [records(run_dir, r)[0]["threads"] for r in (0, 1)]
+    threads = [records(sqrt_run, r)[0]["threads"] for r in (0, 1)]
     cores = physical_cores(os.sched_getaffinity(0))
     if len(cores) >= 2:
         per = len(cores) // 2

@@ -16,29 +16,10 @@ import numpy as np
 
 from tests.analysis_fixtures.runs import RunSpec, write_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-BLOCKED_RUN = r"""
-import importlib.abc, sys
+from support import REPO, import_blocker
 
 BLOCKED = ("tensorflow", "horovod", "keras", "tf_keras")
-
-
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{name} is blocked in this test")
-        return None
-
-
-sys.meta_path.insert(0, Blocker())
-try:
-    import tensorflow  # noqa: F401
-except ImportError:
-    pass
-else:
-    raise SystemExit("the blocker does not work")
-
+BLOCKED_RUN = import_blocker(*BLOCKED) + r"""
 from analysis.cli import report
 
 try:

@@ -236,3 +236,29 @@ def test_from_config_reads_the_3d_fields():
     # A config whose classes were not read from a data file yet builds nothing.
     with pytest.raises(ValueError, match="from the data file"):
         model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2))
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_ghost_batches_normalise_each_run_of_samples_as_its_own_batch(static):
+    """A batch of 6 with ghost batches of 2 is three batches of 2 normalised apart (what
+    3 ranks of 2 samples compute), and the moving statistics move by their mean (what
+    averaging the 3 ranks' statistics gives), whether the batch size is known when
+    traced or not."""
+    x = np.random.default_rng(0).normal(2.0, 3.0, size=(6, 4, 4, 3)).astype(np.float32)
+    ghost = model_lib.FusedBatchNorm(momentum=0.5, ghost_batch=2)
+    parts = [model_lib.FusedBatchNorm(momentum=0.5) for _ in range(3)]
+    for layer in (ghost, *parts):
+        layer.build(x.shape)
+    spec = tf.TensorSpec(x.shape if static else (None, 4, 4, 3), tf.float32)
+    call = tf.function(lambda t: ghost(t, training=True), input_signature=[spec])
+    got = call(tf.constant(x)).numpy()
+    want = np.concatenate([p(x[2 * i:2 * i + 2], training=True).numpy() for i, p in enumerate(parts)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for name in ("moving_mean", "moving_variance"):
+        mean_of_parts = np.mean([getattr(p, name).numpy() for p in parts], axis=0)
+        np.testing.assert_allclose(getattr(ghost, name).numpy(), mean_of_parts, rtol=1e-5)
+    # A batch no larger than the ghost batch (or not a multiple of it) is one batch.
+    single = model_lib.FusedBatchNorm(momentum=0.5, ghost_batch=4)
+    single.build(x.shape)
+    np.testing.assert_allclose(single(x[:3], training=True).numpy(), parts[0].__class__(
+        momentum=0.5)(x[:3], training=True).numpy(), rtol=1e-5, atol=1e-5)
