@@ -26,9 +26,16 @@ def command_env(**extra: str) -> dict:
     return env
 
 
-def log_records(run_dir: str, rank: int) -> list[dict]:
-    """Rank ``rank``'s log records, each checked against the schema."""
-    recs, problems = schema.read_log(rundir.log_path(run_dir, rank))
+def log_records(run_dir: str, rank: int, running: bool = False) -> list[dict]:
+    """Rank ``rank``'s log records, each checked against the schema: the one log reader
+    of the tests. ``running``: the run may still be writing (or was killed), so only
+    whole lines count (a last line without its newline is not a record yet)."""
+    path = rundir.log_path(run_dir, rank)
+    if running:
+        import json
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+    recs, problems = schema.read_log(path)
     assert not problems, problems
     for r in recs:
         schema.validate_record(r)

@@ -16,7 +16,7 @@ from analysis import coverage, logs
 from distseg.data.convert import samples
 
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, command_env, log_records
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(4 * TIMEOUT)
@@ -62,9 +62,7 @@ def write_task(root: str, classes: int, cases: int = 6, size: int = 32, slices: 
 
 
 def records(run_dir: str, rank: int) -> list[dict]:
-    """Rank ``rank``'s log, ``RUN/logs/rank-NNNNN.jsonl`` (docs/training.md)."""
-    with open(os.path.join(run_dir, "logs", f"rank-{rank:05d}.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    return log_records(run_dir, rank)
 
 
 def command(name, *args):

@@ -17,8 +17,9 @@ import pytest
 from distseg.core import rundir, schema
 from distseg.data import slices as data
 
+import proc_group
 from proc_group import run_group
-from support import BIN, command_env, tree_bytes, wait_for_log
+from support import BIN, command_env, log_records, tree_bytes, wait_for_log
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -27,17 +28,13 @@ SMOKE = ["--preset", "smoke", *THREADS]
 
 
 def horovodrun(*args, controller="mpi"):
-    cmd = [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
-           f"{BIN}/distseg-train", *THREADS, *args]
-    return run_group(cmd, timeout=TIMEOUT, env=command_env())
+    return proc_group.horovodrun("distseg-train", *THREADS, *args, controller=controller,
+                                 timeout=TIMEOUT)
 
 
 def records(run_dir: str, rank: int) -> list[dict]:
-    """Rank ``rank``'s whole records: a line still being written (no newline yet, as
-    while the run goes on, or cut by a kill) is not one."""
-    path = rundir.log_path(run_dir, rank)
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+    """Rank ``rank``'s whole records (the run may still be writing)."""
+    return log_records(run_dir, rank, running=True)
 
 
 def _alive(pid: int) -> bool:
@@ -54,9 +51,9 @@ class Launch:
     def __init__(self, run_dir, data_path, controller, *extra):
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
-            [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
-             f"{BIN}/distseg-train", *SMOKE, "--data", data_path, "--run-dir", run_dir,
-             "--epochs", "1000", "--no-validate", *extra],
+            proc_group.horovodrun_cmd("distseg-train", *SMOKE, "--data", data_path,
+                                      "--run-dir", run_dir, "--epochs", "1000", "--no-validate",
+                                      *extra, controller=controller),
             env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
 

@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from proc_group import run_group
-from support import BIN, REPO, command_env
+from proc_group import horovodrun_cmd, run_group
+from support import REPO, command_env
 
 TIMEOUT = 180
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -73,8 +73,7 @@ def _script(tmp_path, text: str) -> str:
 
 def test_a_peer_that_shut_down_is_a_lost_peer_in_every_collective(tmp_path):
     out = tmp_path / "seen.json"
-    cmd = [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
-           sys.executable, _script(tmp_path, PEER_GONE), str(out)]
+    cmd = horovodrun_cmd(sys.executable, _script(tmp_path, PEER_GONE), str(out), controller="gloo")
     done = run_group(cmd, timeout=TIMEOUT, env=command_env(), cwd=REPO, merge_stderr=True)
     assert out.exists(), done.stdout[-3000:]
     seen = json.loads(out.read_text())

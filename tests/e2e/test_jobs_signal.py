@@ -15,7 +15,7 @@ import pytest
 
 from distseg.core import rundir
 
-from support import BIN, wait_for_log
+from support import BIN, log_records, wait_for_log
 from support import jobs_cli as cli
 from support import slurm_env as _slurm_env
 
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def _records(run_dir, rank):
-    path = rundir.log_path(run_dir, rank)
-    return [json.loads(line) for line in open(path) if line.strip()]
+    return log_records(run_dir, rank, running=True)
 
 
 def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):

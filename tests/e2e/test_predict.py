@@ -21,7 +21,7 @@ from distseg.data.convert import geometry, samples, sources
 from distseg.data.convert.intensity import Intensity
 from distseg.inference import metrics, predict, sliding
 
-from proc_group import run_group
+from proc_group import horovodrun_cmd, run_group
 from support import BIN, command_env, import_blocker
 from support import log_records as records
 
@@ -177,7 +177,7 @@ def trained(tmp_path_factory):
 def predict_cmd(*args, ranks=1):
     cmd = [f"{BIN}/distseg-predict", *map(str, args), "--no-progress"]
     if ranks > 1:
-        cmd = [f"{BIN}/horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
+        cmd = horovodrun_cmd(*cmd, ranks=ranks)
     return run_group(cmd, timeout=TIMEOUT, env=command_env())
 
 

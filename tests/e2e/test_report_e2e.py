@@ -17,9 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distseg.core import rundir, schema
-
-from proc_group import run_group
+from proc_group import horovodrun_cmd, run_group
+from support import log_records
 
 BIN = os.path.dirname(sys.executable)
 TIMEOUT = 300
@@ -40,9 +39,7 @@ def _run(cmd):
 
 
 def _records(run_dir, rank):
-    recs, problems = schema.read_log(rundir.log_path(run_dir, rank))
-    assert not problems
-    return recs
+    return log_records(run_dir, rank)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +52,7 @@ def study(tmp_path_factory):
     r1, r2 = str(tmp / "R1"), str(tmp / "R2")
     args = ["--preset", "smoke", "--data", data, "--epochs", "2"]
     _run([f"{BIN}/distseg-train", *args, "--run-dir", r1])
-    _run([f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2", f"{BIN}/distseg-train", *args,
-          "--run-dir", r2])
+    _run(horovodrun_cmd("distseg-train", *args, "--run-dir", r2))
     # A loss target that the 2-rank run reaches part-way: its 4th logged loss.
     target = [r["loss"] for r in _records(r2, 0) if r["type"] == "step"][3]
     out = str(tmp / "OUT")
@@ -281,7 +277,8 @@ def test_html_report_shows_both_plots_and_every_table(page):
     # read (they are drawn 570 to 1100 px wide).
     figures = {t: s["images"] for t, s in sections.items() if s["images"]}
     assert set(figures) == {"Loss versus wall-clock time", "Validation Dice across ranks",
-                            "Statistical efficiency and samples to target versus ranks"}
+                            "Statistical efficiency and samples to target versus ranks",
+                            "Gradient noise scale over training"}
     for title, (img,) in figures.items():
         assert img["complete"] and img["naturalWidth"] > 300 and img["naturalHeight"] > 200, title
         assert img["width"] > 300, title

@@ -12,6 +12,7 @@ import pytest
 from distseg.core import rundir, schema
 from distseg.data import synth
 
+import proc_group
 from proc_group import run_group
 from support import BIN, command_env, tree_bytes
 from support import log_records as records
@@ -21,10 +22,8 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 
 
 def horovodrun(*args, np_=2, gloo=False):
-    cmd = [f"{BIN}/horovodrun", "-np", str(np_), "-H", f"localhost:{np_}"]
-    if gloo:
-        cmd.append("--gloo")
-    return run_group(cmd + [f"{BIN}/distseg-train", *args], timeout=TIMEOUT, env=command_env())
+    return proc_group.horovodrun("distseg-train", *args, ranks=np_,
+                                 controller="gloo" if gloo else None, timeout=TIMEOUT)
 
 
 def single(*args):

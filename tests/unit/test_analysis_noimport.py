@@ -56,3 +56,19 @@ def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
     assert all(r["covered"] for r in doc["tables"]["coverage"])
     for name in ("report.html", "report.md", "loss_vs_time.png", "coverage.csv"):
         assert (out / name).stat().st_size > 0
+
+
+#: Modules the light side (distseg-report, distseg-jobs, distseg-memory's arithmetic)
+#: imports: plain Python, never TensorFlow or Horovod.
+PLAIN_MODULES = ("distseg.core.config", "distseg.core.errors", "distseg.core.schema",
+                 "distseg.core.rundir", "distseg.core.stopflag", "distseg.cluster.jobs",
+                 "distseg.cli.jobs", "distseg.networks.spec", "distseg.networks.memory",
+                 "distseg.training.noise", "analysis.report")
+
+
+def test_the_plain_modules_import_without_tensorflow_and_horovod():
+    code = import_blocker(*BLOCKED) + "\nimport importlib\nfor name in sys.argv[1:]:\n" \
+        "    importlib.import_module(name)\n"
+    done = subprocess.run([sys.executable, "-c", code, *PLAIN_MODULES], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
