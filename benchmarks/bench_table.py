@@ -24,6 +24,11 @@ configuration, one intra-op thread per rank; throughput counts the epochs after 
 first. Results, with the machine description, go to
 ``bench/results/bench-<date>-<time>.json``.
 
+and issue 21's rows: one rank's samples/s at per-rank batches 1, 2 and 4 against 8 (what
+strong scaling costs per sample), and the step-time cost of the global loss's allreduce
+and the noise scale's norms at 2 ranks (``distseg-2`` against ``distseg-2+localloss``,
+the step before them); ``--skip strong_scaling`` leaves them out.
+
 ``--ab NAME,...`` adds distseg runs with local copies of some pieces changed
 (``benchlib.train_variant``; changes in ``MODIFIERS``), e.g. ``distseg-1+kerasbn`` or
 ``distseg-2+slices+checksum+cycle1``, each with its ratio to plain distseg and to the
@@ -65,6 +70,11 @@ from benchlib.table import Goal  # noqa: E402
 
 #: The runs every round trains, in this order.
 BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")
+#: Issue 21's runs: what strong scaling costs per sample on this CPU (1 rank at a
+#: per-rank batch of 1, 2 and 4 beside ``distseg-1``'s 8), and the step before the
+#: global loss and the noise scale (``localloss``) beside ``distseg-2``.
+PER_RANK_BATCHES = (1, 2, 4)
+STRONG_SCALING_TRAINERS = tuple(f"distseg-1+b{b}" for b in PER_RANK_BATCHES) + ("distseg-2+localloss",)
 
 #: Changes ``--ab`` can add to a distseg run: (benchlib.train_variant arguments, env,
 #: distseg-train flags). ``cycleMS`` sets HOROVOD_CYCLE_TIME to MS.
@@ -90,6 +100,7 @@ GOALS = {
     "bf16": Goal(">=", 1.30),  # and validation Dice within BF16_DICE_TOLERANCE
     "data_wait": Goal("<", 2.0, "%", "{:g}"),
     "pipeline": Goal(">=", 1.00),
+    "global_loss_cost": Goal("<=", 3.0, "%", "{:.1f}"),
 }
 
 STATEFF_MEASURES = ("time to validation Dice target, 2 vs 1 ranks",
@@ -127,7 +138,8 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+slices")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
-    p.add_argument("--skip", default="", help="measurements to leave out: precision, pipeline, bandwidth")
+    p.add_argument("--skip", default="",
+                   help="measurements to leave out: precision, pipeline, bandwidth, strong_scaling")
     p.add_argument("--bf16-dice-epochs", type=int, default=8,
                    help="train fp32 and bf16 this many epochs and compare validation Dice (0: no)")
     p.add_argument("--bf16-dice-seeds", default="0", help="seeds to train each with (Dice: the mean)")
@@ -139,8 +151,11 @@ def parse_args(argv=None) -> Settings:
         check_trainer_name(name, p.error)
     trainers = [n for n in a.trainers.split(",") if n]
     skip = {n for n in a.skip.split(",") if n}
-    if not set(trainers) <= set(BASE_TRAINERS) or not skip <= set(MEASUREMENTS):
-        p.error(f"--trainers takes {', '.join(BASE_TRAINERS)}; --skip takes {', '.join(MEASUREMENTS)}")
+    if not set(trainers) <= set(BASE_TRAINERS) or not skip <= set(MEASUREMENTS) | {"strong_scaling"}:
+        p.error(f"--trainers takes {', '.join(BASE_TRAINERS)}; --skip takes "
+                f"{', '.join(MEASUREMENTS)}, strong_scaling")
+    if "strong_scaling" not in skip:
+        ab += [n for n in STRONG_SCALING_TRAINERS if n not in ab]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     return Settings(data=a.data, preset=a.preset, epochs=a.epochs, rounds=a.rounds,
@@ -154,8 +169,8 @@ def check_trainer_name(name: str, error) -> None:
     if base not in ("distseg-1", "distseg-2"):
         error(f"--ab {name}: must start with distseg-1 or distseg-2")
     for m in mods:
-        if m not in MODIFIERS and not re.fullmatch(r"cycle[0-9.]+", m):
-            error(f"--ab {name}: unknown change {m!r} (known: {', '.join(MODIFIERS)}, cycleMS)")
+        if m not in MODIFIERS and not re.fullmatch(r"cycle[0-9.]+|b[0-9]+", m):
+            error(f"--ab {name}: unknown change {m!r} (known: {', '.join(MODIFIERS)}, cycleMS, bN)")
 
 
 # --- running things --------------------------------------------------------------
@@ -202,6 +217,9 @@ def distseg_command(name: str, s: Settings, run_dir: str) -> tuple[list[str], di
     for m in mods:
         if m.startswith("cycle"):
             env["HOROVOD_CYCLE_TIME"] = m[len("cycle"):]
+            continue
+        if m[:1] == "b" and m[1:].isdigit():  # bN: N samples per rank (the last flag wins)
+            flags += ["--batch-size", m[1:]]
             continue
         variant_args += MODIFIERS[m][0]
         env.update(MODIFIERS[m][1])
@@ -429,7 +447,7 @@ def ab_rows(results: dict) -> list[table.Row]:
     """For every ``--ab`` run: its samples/s over plain distseg's, and over the peer."""
     rows = []
     for name in results["training"]["runs"]:
-        if "+" not in name:
+        if "+" not in name or name in STRONG_SCALING_TRAINERS:
             continue
         base = name.split("+")[0]
         value, detail = ratio(results, name, base)
@@ -446,10 +464,26 @@ def ab_rows(results: dict) -> list[table.Row]:
     return rows
 
 
+def strong_scaling_rows(results: dict) -> list[table.Row]:
+    """Issue 21: per-sample speed at per-rank batches 1, 2, 4 against 8 (one rank), and
+    what the global loss's allreduce and the noise scale's norms cost a 2-rank step
+    (1 - distseg-2 / distseg-2+localloss, in %)."""
+    rows = []
+    for b in PER_RANK_BATCHES:
+        value, detail = ratio(results, f"distseg-1+b{b}", "distseg-1")
+        rows.append(table.measured_row(f"1 rank, per-rank batch {b} / batch 8 (samples/s)", None,
+                                       value, detail))
+    value, detail = ratio(results, "distseg-2", "distseg-2+localloss")
+    cost = None if value is None else 100.0 * (1.0 - value)
+    rows.append(table.measured_row("global Dice allreduce + noise scale: step-time cost at 2 ranks",
+                                   GOALS["global_loss_cost"], cost, detail))
+    return rows
+
+
 def all_rows(results: dict, results_dir: str) -> list[table.Row]:
     return (speed_rows(results) + [flops_row(results)] + precision_rows(results)
-            + input_rows(results) + [bandwidth_row(results)] + ab_rows(results)
-            + table.stateff_rows(results_dir, STATEFF_MEASURES))
+            + input_rows(results) + [bandwidth_row(results)] + strong_scaling_rows(results)
+            + ab_rows(results) + table.stateff_rows(results_dir, STATEFF_MEASURES))
 
 
 # --- the run ----------------------------------------------------------------------

@@ -87,6 +87,24 @@ def test_goal_operators():
     assert Goal("<=", 2.0).met(2.0) and Goal(">", 0.5).met(0.51)
 
 
+def test_strong_scaling_rows_and_their_runs():
+    """Issue 21's rows: per-rank batches against 8 on one rank, and the global loss's cost
+    as 1 - distseg-2 / distseg-2+localloss; their runs join every make bench and are
+    not repeated as A/B rows."""
+    import bench_table
+    s = bench_table.parse_args(["--data", "x.h5"])
+    assert s.ab == [*(f"distseg-1+b{b}" for b in (1, 2, 4)), "distseg-2+localloss"]
+    assert bench_table.parse_args(["--data", "x.h5", "--skip", "strong_scaling"]).ab == []
+    assert bench_table.distseg_command("distseg-1+b2", s, "/tmp/r")[0][-2:] == ["--batch-size", "2"]
+    runs = {"distseg-1": [{"samples_per_s": 20.0}], "distseg-1+b1": [{"samples_per_s": 10.0}],
+            "distseg-1+b2": [{"samples_per_s": 15.0}], "distseg-1+b4": [{"samples_per_s": 18.0}],
+            "distseg-2": [{"samples_per_s": 33.0}], "distseg-2+localloss": [{"samples_per_s": 34.0}]}
+    rows = bench_table.strong_scaling_rows({"training": {"runs": runs}})
+    assert [r.value for r in rows[:3]] == [0.5, 0.75, 0.9]
+    assert rows[3].value == pytest.approx(100 * (1 - 33 / 34)) and rows[3].met is True
+    assert bench_table.ab_rows({"training": {"runs": runs}}) == []
+
+
 # --- the statistical-efficiency rows ------------------------------------------------
 
 
