@@ -146,6 +146,8 @@ BAD_INPUTS = {
                    "slices are 32x32 but --image-size is 64"),
     "run dir": (_unwritable_run_dir, "run directory is not writable"),
     "newer format": (lambda d, tiny: _newer_format(d), "format_version 99 is newer"),
+    "global batch": (lambda d, tiny: ["--data", tiny, "--global-batch", "3"],
+                     "--global-batch 3 cannot be shared by 2 ranks"),
     "classes": (_other_classes, "holds 3 classes (attribute num_classes), but config field "
                                 "model.num_classes is 4"),
 }

@@ -57,6 +57,44 @@ def test_shards_change_across_epochs_and_repeat_for_a_seed():
     assert not np.array_equal(np.concatenate(a0), np.concatenate(other_seed))
 
 
+@pytest.mark.parametrize("n, global_batch", [(96, 8), (100, 8), (37, 4)])
+def test_a_global_batch_is_the_same_samples_at_any_number_of_ranks(n, global_batch):
+    """Step k trains on the same global batch whether 1, 2, 4 or 8 ranks share it; rank
+    r holds the r-th part; the last n mod G samples of each epoch's order are left out."""
+    ids = np.arange(1000, 1000 + n)
+    one = data.global_batches(ids, 0, 1, global_batch, epoch=3, seed=7)
+    assert len(one) == schema.steps_per_epoch(n, 1, global_batch, global_batch) == n // global_batch
+    for size in (2, 4, 8):
+        if global_batch % size:
+            continue
+        parts = [data.global_batches(ids, r, size, global_batch, epoch=3, seed=7) for r in range(size)]
+        assert all(len(p) == len(one) for p in parts)
+        for k, step in enumerate(one):
+            assert np.array_equal(np.concatenate([p[k] for p in parts]), step)
+    seen = np.concatenate(one)
+    assert len(seen) == len(set(seen)) == schema.epoch_samples(n, 1, global_batch, global_batch)
+    with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
+        data.global_batches(ids, 0, 3, global_batch, epoch=0, seed=0)
+
+
+def test_the_batch_plan_of_each_policy():
+    from distseg.core import config as config_lib
+    from distseg.core.errors import InputError
+    t = config_lib.demo().train  # a fixed global batch of 8 that may grow
+    assert config_lib.batch_plan(t, 2) == config_lib.BatchPlan(4, 8, "global", 1.0)
+    grown = config_lib.batch_plan(t, 16)
+    assert (grown.per_rank, grown.global_batch, grown.policy) == (1, 16, "grown")
+    assert grown.lr_factor == pytest.approx(2 ** 0.5)
+    assert config_lib.batch_plan(t, 3).global_batch == 9  # ceil(8/3) per rank, never fewer than 8
+    strict = config_lib.resolve("demo", overrides={"data.path": "d.h5", "run_dir": "r",
+                                                   "train.global_batch": 8,
+                                                   "train.global_batch_grows": False}).train
+    with pytest.raises(InputError, match="--global-batch 8 cannot be shared by 3 ranks"):
+        config_lib.batch_plan(strict, 3)
+    per_rank = config_lib.smoke().train
+    assert config_lib.batch_plan(per_rank, 4) == config_lib.BatchPlan(4, 16, "per_rank", 4.0)
+
+
 def test_too_few_samples_for_ranks_times_batch():
     with pytest.raises(ValueError, match="fewer than ranks x batch size = 4 x 8"):
         data.shard_batches(np.arange(31), 0, 4, 8, 0, 0)

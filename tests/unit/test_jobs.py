@@ -265,6 +265,19 @@ def test_render_passes_the_3d_model_and_recompute_on_and_checks_the_file(tiny, t
     assert _err(refused).startswith("error: ") and len(refused.stderr.strip().splitlines()) == 1
 
 
+def test_render_passes_the_global_batch_on_and_refuses_one_the_ranks_cannot_share(tiny, tmp_path):
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2", "--data", tiny,
+              "--preset", "smoke", "--global-batch", "8", "--runs-dir", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    train_args = next(l for l in out.stdout.splitlines() if l.startswith("TRAIN_ARGS="))
+    assert "--global-batch 8" in train_args, train_args
+    refused = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2", "--data",
+                  tiny, "--preset", "smoke", "--global-batch", "3", "--runs-dir", str(tmp_path / "other"))
+    assert refused.exit_code == 2, refused.output
+    assert _err(refused) == "error: --global-batch 3 cannot be shared by 2 ranks: it must be a multiple " \
+        "of the number of ranks (e.g. 2 or 4), or pass --batch-size per rank"
+
+
 @pytest.mark.parametrize("flag", ["--data=x.h5", "--run-dir", "--intra-op-threads"])
 def test_job_refuses_training_options_the_script_sets(flag, tiny):
     spec = jobs_lib.JobSpec(partition="generic", nodes=1, data=tiny, train_args=(flag, "1"))
