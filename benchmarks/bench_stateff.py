@@ -105,6 +105,9 @@ VARIANTS = {
     "gbatch-gn": ("global batch kept at 8 (8/N per rank), no lr scaling, GroupNorm",
                   {"train": {"lr_scaling": "none"}, "model": {"norm": "group"},
                    "global_batch": BATCH, "warmup_passes": 0.0}),
+    "demo-now": ("the demo preset since issue 21: global batch 8, global loss, BatchNorm "
+                 "ghost batches of 2", {"model": {"bn_ghost_batch": 2},
+                                        "global_batch": BATCH, "warmup_passes": 1.0}),
 }
 
 
@@ -216,10 +219,14 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
     batch = max(1, over["global_batch"] // ranks) if "global_batch" in over else BATCH
     steps = max(1, SAMPLES_PER_EVAL // (batch * ranks))
     evals_per_pass = n_train / (steps * batch * ranks)
+    # A fixed global batch (config.batch_plan) where the variant keeps one; else
+    # per-rank batches, as the study ran before the demo preset kept one.
+    fixed = {"global_batch": over.get("global_batch", 0), "global_batch_grows": "global_batch" in over}
     train = {"epochs": epochs, "batch_size": batch, "seed": seed, "max_steps_per_epoch": steps,
              "warmup_epochs": over["warmup_passes"] * evals_per_pass, "intra_op_threads": 1,
-             "inter_op_threads": 1, "checkpoint_every": 0, **over.get("train", {})}
-    return {"model": {**SCALES[scale]["model"], **over.get("model", {})}, "train": train}
+             "inter_op_threads": 1, "checkpoint_every": 0, **fixed, **over.get("train", {})}
+    model = {"bn_ghost_batch": 0, **SCALES[scale]["model"], **over.get("model", {})}
+    return {"model": model, "train": train}
 
 
 def resolved(cfg_over: dict, data_path: str, run_dir: str):
@@ -360,11 +367,10 @@ class SimRanks:
 
 def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int) -> tuple[list, int]:
     """One benchmark epoch of ``sim``; returns (step losses, global step after it)."""
-    from distseg.data import slices as data
     t = sim.cfg.train
     images, masks, train_ids = loaded
-    shards = [data.shard_batches(train_ids, r, sim.ranks, t.batch_size, epoch, t.seed)
-              for r in range(sim.ranks)]
+    # The loop's own batches: parts of fixed global batches, or per-rank shards.
+    shards = [schedule.batches(train_ids, r, sim.ranks, epoch, t.seed) for r in range(sim.ranks)]
     losses = []
     for k in range(schedule.steps):
         batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
@@ -392,7 +398,7 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
         losses, global_step = sim_epoch(sim, schedule, (images, masks, info.train_indices),
                                         epoch, global_step)
         records.append({"type": "epoch", "epoch": epoch, "t": time.perf_counter() - t0,
-                        "samples": schedule.steps * cfg.train.batch_size,
+                        "samples": schedule.steps * schedule.plan.per_rank,
                         "train_loss": float(np.mean(losses)), "val_dice": sim.validate(*val)})
     return [records] * ranks
 
