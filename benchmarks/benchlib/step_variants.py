@@ -43,11 +43,11 @@ def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, r
     return steps.checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
-def _signature(spatial_shape: Sequence[int]):
+def _signature(spatial_shape: Sequence[int], batch: int | None = None):
     import tensorflow as tf
 
     from distseg.training import steps
-    return steps._input_spec(spatial_shape) + [tf.TensorSpec([2], tf.float32)]
+    return steps._input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)]
 
 
 def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
@@ -60,14 +60,14 @@ def _no_norms():
     return tf.zeros([2])
 
 
-def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """distseg's step without the BatchNorm copy, the per-gradient check and the
     gradient norms of the noise scale."""
     import tensorflow as tf
 
     from distseg.training import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, ranks)
         nonfinite = 1.0 - tf.cast(tf.math.is_finite(value), tf.float32)
@@ -78,7 +78,7 @@ def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, l
     return train_step
 
 
-def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """distseg's step with the finiteness check as one sum per gradient: any NaN or
     Inf entry makes the sum non-finite (so does a finite overflow: a safe skip); no
     gradient norms."""
@@ -86,7 +86,7 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
 
     from distseg.training import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         stats = list(model.non_trainable_weights)
         before = [tf.identity(v) for v in stats]
@@ -100,14 +100,14 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
     return train_step
 
 
-def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """distseg's step (BatchNorm copy, finiteness check) without the allreduce: valid
     for one rank only, where the average over ranks is the rank's own value."""
     import tensorflow as tf
 
     from distseg.training import steps
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         stats, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
             model, images, masks, num_classes, loss, 1)
@@ -119,7 +119,7 @@ def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, 
     return train_step
 
 
-def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """distseg's step (BatchNorm copy, finiteness check, allreduce) that always applies
     the update: what the ``tf.cond`` around the update costs (not a valid change)."""
     import tensorflow as tf
@@ -127,7 +127,7 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
     from distseg.training import distributed as dist
     from distseg.training import steps
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         _, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
             model, images, masks, num_classes, loss, ranks)
@@ -140,11 +140,11 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
     return train_step
 
 
-def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """Forward, backward, update and nothing else (one rank only): Keras ``fit``'s step."""
     import tensorflow as tf
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, 1)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -154,7 +154,7 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
 
 
 def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str,
-                              ranks: int = 1):
+                              ranks: int = 1, batch: int | None = None):
     """distseg's step before the global loss (issue 21): each rank's own Dice loss, no
     forward allreduce of the Dice sums and no gradient norms for the noise scale; the
     A/B of what those two cost (``make bench``'s ``global_loss_cost`` row)."""
@@ -164,7 +164,7 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
     from distseg.training import distributed as dist
     from distseg.training import steps
 
-    @tf.function(input_signature=_signature(spatial_shape))
+    @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
         stats = list(model.non_trainable_weights)
         before = [tf.identity(v) for v in stats]
@@ -181,10 +181,11 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
     return train_step
 
 
-def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1):
+def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
+             batch: int | None = None):
     """distseg's own step, untouched."""
     from distseg.training import steps
-    return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss, ranks)
+    return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss, ranks, batch)
 
 
 VARIANTS = {
