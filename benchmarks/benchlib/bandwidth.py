@@ -15,6 +15,7 @@ coordination, so its bandwidth is bounded by the copy's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -28,7 +29,9 @@ def gradient_shapes(preset: str) -> list[tuple]:
     """Shapes of the trainable variables (so of the gradients) of the preset's U-Net."""
     from distseg.core import config as config_lib
     from distseg.networks import unet as model_lib
-    model = model_lib.from_config(config_lib.PRESETS[preset]().model)
+    model_cfg = config_lib.PRESETS[preset]().model
+    # The LiTS sample's 3 classes (the presets take theirs from a data file).
+    model = model_lib.from_config(dataclasses.replace(model_cfg, num_classes=model_cfg.num_classes or 3))
     return [tuple(v.shape) for v in model.trainable_variables]
 
 

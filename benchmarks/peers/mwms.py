@@ -91,7 +91,9 @@ def worker(args) -> dict:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     size = strategy.num_replicas_in_sync
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    # Per-worker batches, as make bench runs distseg (--batch-size: no fixed global batch).
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-",
+                                                     "train.global_batch": 0})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     keras.utils.set_random_seed(cfg.train.seed)
     info = data.examine(args.data)
