@@ -222,8 +222,9 @@ class Session:
 
     @property
     def class_names(self) -> list[str]:
-        names = self.feed.info.attrs.get("class_names", config_lib.CLASS_NAMES)
-        return list(names)[:self.cfg.model.num_classes]
+        """The run's class names: the config's, which start-up filled from the data file
+        (``feeds.open_feed``), so the logs name the classes as config.json does."""
+        return list(self.cfg.model.class_names)
 
 
 @dataclass
