@@ -63,13 +63,21 @@ bench: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
 	$(BIN)/python benchmarks/bench_table.py --data data/liver117.h5
 
-# The large-batch study (docs/statistical-efficiency.md): samples and time to a validation
-# Dice target at 1, 2 and 8 ranks. About an hour here; results in bench/results/stateff-*.json,
-# which `make bench` prints.
+# The large-batch study (docs/statistical-efficiency.md): time to a validation Dice target
+# at 1 and 2 ranks (real runs of the demo model, GroupNorm, global batch 8), samples to
+# it at 1, 2, 4 and 8 ranks with a global batch of 8 (the step-exact emulation), and the
+# noise scale's prediction for 8 ranks x 8 slices beside a measured run. About an hour
+# here; results in bench/results/stateff-*.json, which `make bench` prints.
+STATEFF_SEEDS ?= 0,1,2
 bench-stateff: install
-	$(BIN)/python benchmarks/bench_stateff.py --backend hvd --variants gn --ranks 1,2 --seeds 0,1
-	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gn --ranks 8 --seeds 0,1
-	$(BIN)/python benchmarks/bench_stateff.py --report --backend sim,hvd --scale small,demo --recommended gn
+	$(BIN)/python benchmarks/bench_stateff.py --backend hvd --scale demo --variants gbatch-gn \
+	  --ranks 1,2 --seeds $(STATEFF_SEEDS) --hvd-epochs 8
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gbatch-gn --ranks 1,2,4,8 \
+	  --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gn --ranks 8 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --report --backend sim,hvd --scale small,demo \
+	  --variants gbatch-gn,gn --seeds $(STATEFF_SEEDS) --hvd-epochs 8 \
+	  --recommended gbatch-gn --grown gn --timed gbatch-gn@demo
 
 clean:
 	rm -rf runs/ report/ .pytest_cache

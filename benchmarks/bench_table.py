@@ -86,7 +86,6 @@ MODIFIERS = {
     "checksum": (["--checksum", "compiled"], {}, []),
     "nocheck": (["--step", "nocheck"], {}, []),
     "sumcheck": (["--step", "sumcheck"], {}, []),
-    "noreduce": (["--step", "noreduce"], {}, []),
     "bare": (["--step", "bare"], {}, []),
     "localloss": (["--step", "localloss"], {}, []),
     "nopin": ([], {"DISTSEG_PIN": "0"}, []),

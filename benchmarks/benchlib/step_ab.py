@@ -27,8 +27,10 @@ def parse_args(argv=None):
     p = workload_parser(__doc__)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
-    p.add_argument("--variants", default="distseg,nocheck,sumcheck,noreduce,bare,keras")
+    p.add_argument("--variants", default="distseg,nocheck,sumcheck,bare,keras")
     p.add_argument("--json", default=None, help="also write the results here (rank 0)")
+    p.add_argument("--config", default=None, help="a config file over the preset (as "
+                   "distseg-train --config), e.g. bench_stateff's small model")
     return p.parse_args(argv)
 
 
@@ -58,7 +60,8 @@ def build(args, ctx):
 
     from benchlib import model_variants
     from benchlib.step_variants import ONE_RANK_ONLY, VARIANTS
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    cfg = config_lib.resolve(args.preset, args.config,
+                             overrides={"data.path": args.data, "run_dir": "-"})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
@@ -81,7 +84,9 @@ def build(args, ctx):
             optimizer = keras.optimizers.Adam(cfg.train.lr)
             optimizer.build(model.trainable_variables)
             built[variant] = model, optimizer
-        fns[name] = VARIANTS[step](*built[variant], shape, cfg.model.num_classes, cfg.train.loss)
+        # As the loop builds it: the ranks sharing the loss, traced for the fixed batch.
+        fns[name] = VARIANTS[step](*built[variant], shape, cfg.model.num_classes, cfg.train.loss,
+                                   ranks=ctx.size, batch=args.batch_size)
     return batches, fns, np.zeros(2, np.float32)
 
 

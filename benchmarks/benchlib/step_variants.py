@@ -3,7 +3,7 @@
 ``distseg.training.steps.make_train_step`` does more than forward, backward and update: it
 copies the BatchNorm statistics before the forward pass (to put them back when a step
 is skipped), checks every gradient for finiteness (the ``--on-nonfinite`` feature)
-and runs a grouped allreduce even on one process. Each builder here has the same
+and, on more than one rank, a grouped allreduce. Each builder here has the same
 signature and return value (``local loss, mean loss, mean [failed, stop, nonfinite]
 flags``), so ``benchlib.train_variant`` can put one in place of the original and run
 the real ``distseg-train`` with it. The benchmark never changes distseg itself: a
@@ -15,7 +15,6 @@ Variants (``VARIANTS``):
                    still checked, so a NaN loss is still caught);
   ``sumcheck``     the BatchNorm copy kept, the finiteness check folded into one sum
                    per gradient (a NaN or Inf anywhere makes the total non-finite);
-  ``noreduce``     no allreduce when there is one rank (the original's semantics);
   ``nocond``       the original with the update always applied (no ``tf.cond``);
   ``bare``         forward, backward, update: what Keras ``fit`` runs;
   ``localloss``    each rank's own Dice loss, no forward allreduce, no gradient norms
@@ -100,25 +99,6 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
     return train_step
 
 
-def make_noreduce_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
-    """distseg's step (BatchNorm copy, finiteness check) without the allreduce: valid
-    for one rank only, where the average over ranks is the rank's own value."""
-    import tensorflow as tf
-
-    from distseg.training import steps
-
-    @tf.function(input_signature=_signature(spatial_shape, batch))
-    def train_step(images, masks, flags):
-        stats, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
-            model, images, masks, num_classes, loss, 1)
-        mean_flags = tf.concat([flags, [nonfinite]], 0)
-        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        norm = steps.squared_norm(grads)
-        return local_loss, value, mean_flags, tf.stack([norm, norm])
-
-    return train_step
-
-
 def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
     """distseg's step (BatchNorm copy, finiteness check, allreduce) that always applies
     the update: what the ``tf.cond`` around the update costs (not a valid change)."""
@@ -192,13 +172,12 @@ VARIANTS = {
     "distseg": original,
     "nocheck": make_nocheck_train_step,
     "sumcheck": make_sumcheck_train_step,
-    "noreduce": make_noreduce_train_step,
     "nocond": make_nocond_train_step,
     "bare": make_bare_train_step,
     "localloss": make_localloss_train_step,
 }
 #: Variants valid on one rank only (they skip the allreduce).
-ONE_RANK_ONLY = ("noreduce", "bare")
+ONE_RANK_ONLY = ("bare",)
 
 
 def _checksum_graph(variables):

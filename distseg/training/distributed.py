@@ -25,14 +25,14 @@ import numpy as np
 from distseg.core.errors import DistsegError, Interrupted, RunError, fail
 
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
-#: environment. Measured on 2 cores with 2 ranks (see docs/performance.md):
-#: the default 1 ms cycle wakes Horovod's background thread a thousand times a second,
-#: and that thread competes with the compute thread for the same core.
+#: environment. Measured on 2 cores with 2 ranks (see docs/performance.md).
 HOROVOD_DEFAULTS = {
     # Coordination cycle in ms. A step waits on two collectives in turn (the global
-    # loss's sums, then the gradients): 2 ms measured 8 % more samples/s than 10 ms at
-    # 2 ranks on the demo (docs/performance.md).
-    "HOROVOD_CYCLE_TIME": "2",
+    # loss's sums, then the gradients), each up to a cycle: at 2 ranks a small U-Net's
+    # step took 19.2 ms at 2 ms, 17.1 at 1, 15.9 at 0.5 and 15.4 at 0.1, against 15.6
+    # for one process's half batch; the demo's was as fast at 0.5 as at 0.1 ms
+    # (docs/performance.md). 0.5 ms wakes the thread 5 times less often than 0.1.
+    "HOROVOD_CYCLE_TIME": "0.5",
     # Fuse the whole gradient set into one buffer (bytes): 128 MiB holds the 124 MB of
     # fp32 gradients of the 31M-parameter liver2d U-Net (the jobs/ templates agree).
     "HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024),

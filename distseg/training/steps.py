@@ -108,8 +108,11 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     The gradient norms are [mean over ranks of |g_rank|^2, |g|^2 of the averaged
     gradient]: the two batch sizes of the gradient noise scale (``training.noise``),
     the first riding in the same allreduce. ``ranks``: the ranks sharing the global
-    batch (``losses.global_loss``). ``batch``: every batch's size, when fixed (a fixed
-    global batch): the step is traced for it (BatchNorm's ghost batches split statically).
+    batch (``losses.global_loss``); with one, the step has no collective at all (an
+    average over one rank is its own value, and a Horovod op would still wait for
+    a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
+    every batch's size, when fixed (a fixed global batch): the step is traced for it
+    (BatchNorm's ghost batches split statically).
     """
     import tensorflow as tf
 
@@ -117,9 +120,13 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     def train_step(images, masks, flags):
         stats, before, value, local_loss, grads, nonfinite = checked_loss_and_grads(
             model, images, masks, num_classes, loss, ranks)
+        all_flags = tf.concat([flags, [nonfinite]], 0)
+        if ranks == 1:
+            norm = squared_norm(grads)
+            apply_unless(all_flags[2], optimizer, grads, model.trainable_variables, stats, before)
+            return local_loss, value, all_flags, tf.stack([norm, norm])
         # Horovod: average gradients, the flags and |g_rank|^2 in one grouped allreduce.
-        grads, (mean_flags, small_sq) = dist.average_gradients(
-            grads, [tf.concat([flags, [nonfinite]], 0), squared_norm(grads)])
+        grads, (mean_flags, small_sq) = dist.average_gradients(grads, [all_flags, squared_norm(grads)])
         apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
         return local_loss, value, mean_flags, tf.stack([small_sq, squared_norm(grads)])
 
