@@ -131,7 +131,7 @@ def test_rendered_scripts_hold_the_job_numbers(big, tmp_path, partition, nodes, 
                     "export KMP_BLOCKTIME=1", "HOROVOD_TIMELINE", "--cpu-bind=cores",
                     "--bind-to core", "--allow-run-as-root"):
         assert setting in text, setting
-    exports = re.findall(r"^export ((?:HOROVOD|OMPI)_\w+)=\$\{\1:-(\w+)\}$", text, flags=re.M)
+    exports = re.findall(r"^export ((?:HOROVOD|OMPI)_\w+)=\$\{\1:-([\w.]+)\}$", text, flags=re.M)
     assert exports == list(EXPECTED_ENV.items())
     assert "@{" not in text  # every placeholder filled
 
