@@ -330,11 +330,24 @@ class SimRanks:
         probs = self.model(images, training=False)
         return losses.dice_counts(probs, masks, self.cfg.model.num_classes)
 
-    def step(self, batches: list, lr: float) -> tuple[float, list[float]]:
+    def preconditioner(self) -> list | None:
+        """1 / (sqrt(v_hat) + eps) per variable from Adam's second moments before this
+        step (AdaptDL's ``AdamGradientNoiseScale``); None before the first step."""
+        import tensorflow as tf
+        t = int(self.optimizer.iterations.numpy())
+        if t == 0:
+            return None
+        opt = self.optimizer
+        correction = 1.0 - opt.beta_2 ** t
+        return [1.0 / (tf.sqrt(v.value / correction) + opt.epsilon) for v in opt._velocities]
+
+    def step(self, batches: list, lr: float) -> tuple[float, list[float], list[float] | None]:
         """One synchronous step: ``batches[r]`` = rank r's (images, masks). Returns the
         mean loss and the noise scale's two squared norms, as the train step does
-        ([mean over ranks of |g_rank|^2, |g_averaged|^2])."""
-        losses, total, sums, small_sq = [], None, 0.0, 0.0
+        ([mean over ranks of |g_rank|^2, |g_averaged|^2]), raw and preconditioned by
+        Adam's second moments (None at the first step)."""
+        losses, total, sums, small_sq, small_pre = [], None, 0.0, 0.0, 0.0
+        pre = self.preconditioner()
         for r, (images, masks) in enumerate(batches):
             for v, value in zip(self.stats, self.banks[r]):
                 v.assign(value)
@@ -346,11 +359,15 @@ class SimRanks:
             self.banks[r] = [v.numpy() for v in self.stats]
             losses.append(float(loss))
             small_sq += float(squared_norm(grads)) / self.ranks
+            if pre is not None:
+                small_pre += float(squared_norm([g * p for g, p in zip(grads, pre)])) / self.ranks
             total = grads if total is None else [a + b for a, b in zip(total, grads)]
         self.optimizer.learning_rate.assign(lr)
         mean = [g / self.ranks for g in total]
         self.apply(mean)
-        return statistics.fmean(losses), [small_sq, float(squared_norm(mean))]
+        adam = None if pre is None else \
+            [small_pre, float(squared_norm([g * p for g, p in zip(mean, pre)]))]
+        return statistics.fmean(losses), [small_sq, float(squared_norm(mean))], adam
 
     def average_batchnorm(self) -> None:
         mean = [sum(vals) / self.ranks for vals in zip(*self.banks)]
@@ -375,10 +392,10 @@ def squared_norm(tensors) -> float:
 
 
 def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int,
-              noise) -> tuple[list, int]:
-    """One benchmark epoch of ``sim``, its gradient norms fed to ``noise`` (a
-    ``training.noise.NoiseScale``, as the loop feeds its own); returns (step losses,
-    global step after it)."""
+              noise: dict) -> tuple[list, int]:
+    """One benchmark epoch of ``sim``, its gradient norms fed to ``noise["raw"]`` (a
+    ``training.noise.NoiseScale``, as the loop feeds its own) and the preconditioned
+    ones to ``noise["adam"]``; returns (step losses, global step after it)."""
     t = sim.cfg.train
     images, masks, train_ids = loaded
     # The loop's own batches: parts of fixed global batches, or per-rank shards.
@@ -386,8 +403,10 @@ def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int,
     losses = []
     for k in range(schedule.steps):
         batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
-        loss, norms = sim.step(batches, schedule.lr(global_step))
-        noise.update(*norms)
+        loss, norms, adam = sim.step(batches, schedule.lr(global_step))
+        noise["raw"].update(*norms)
+        if adam is not None:
+            noise["adam"].update(*adam)
         losses.append(loss)
         global_step += 1
     sim.average_batchnorm()
@@ -409,14 +428,16 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
     schedule = Schedule.of(cfg.train, len(info.train_indices), ranks)
     sim, records, global_step, t0 = SimRanks(cfg, ranks), [], 0, time.perf_counter()
     val = (images[info.val_indices], masks[info.val_indices])
-    noise = NoiseScale(schedule.plan.per_rank, schedule.plan.per_rank * ranks)
+    noise = {k: NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch)
+             for k in ("raw", "adam")}
     for epoch in range(cfg.train.epochs):
         losses, global_step = sim_epoch(sim, schedule, (images, masks, info.train_indices),
                                         epoch, global_step, noise)
         records.append({"type": "epoch", "epoch": epoch, "t": time.perf_counter() - t0,
                         "samples": schedule.steps * schedule.plan.per_rank,
                         "train_loss": float(np.mean(losses)), "val_dice": sim.validate(*val),
-                        "noise_scale": noise.record()})
+                        "noise_scale": noise["raw"].record(),
+                        "noise_scale_adam": noise["adam"].record()})
     return [records] * ranks
 
 
@@ -458,6 +479,8 @@ def run_one(backend: str, scale: str, variant: str, ranks: int, seed: int, epoch
            "val_dice": [r["val_dice"] for r in records[0] if r.get("type") == "epoch"],
            "b_simple": [(r.get("noise_scale") or {}).get("b_simple")
                         for r in records[0] if r.get("type") == "epoch"],
+           "b_simple_adam": [(r.get("noise_scale_adam") or {}).get("b_simple")
+                             for r in records[0] if r.get("type") == "epoch"],
            "throughput": throughput(records) if backend == "hvd" else None,
            "wall_s": time.perf_counter() - start,
            "load": [load_before, os.getloadavg()[0]]}
@@ -540,7 +563,8 @@ def collect(args) -> list[dict]:
                      **scored(rec, args.target, args.measure,
                               VARIANTS[variant][1]["warmup_passes"]),
                      "val_dice": [dice_of(d, args.measure) for d in rec["val_dice"]],
-                     "b_simple": rec.get("b_simple")})
+                     "b_simple": rec.get("b_simple"),
+                     "b_simple_adam": rec.get("b_simple_adam")})
     return rows
 
 
@@ -632,29 +656,30 @@ def samples_ratios(rows: list[dict], variant: str, scale: str) -> dict[int, floa
     return out
 
 
-def noise_at_target(run: dict) -> float | None:
-    """B_simple logged at the validation where ``run`` first reached the target, else
-    at the latest earlier one that has it (``analysis.noise.measured_near``'s rule)."""
+def noise_at_target(run: dict, field: str = "b_simple") -> float | None:
+    """B_simple (``field``: ``b_simple``, or ``b_simple_adam`` preconditioned) logged
+    at the validation where ``run`` first reached the target, else at the latest
+    earlier one that has it (``analysis.noise.measured_near``'s rule)."""
     if run["samples_to_target"] is None:
         return None
     upto = int(run["samples_to_target"] // SAMPLES_PER_EVAL)
-    found = [b for b in (run.get("b_simple") or [])[:upto] if b is not None]
+    found = [b for b in (run.get(field) or [])[:upto] if b is not None]
     return found[-1] if found else None
 
 
 def noise_predictions(runs: list[dict], base: str, grown: str, scale: str,
-                      ranks: int = 8) -> list[dict]:
+                      ranks: int = 8, field: str = "b_simple") -> list[dict]:
     """Per seed: samples to target at ``grown``'s global batch (``ranks`` x BATCH)
     predicted from the run of ``base`` (global batch BATCH, the 1-rank computation) at
-    ``ranks`` emulated ranks, which measures B_noise from each rank's one-slice
-    gradient; beside the samples ``grown`` measured."""
+    ``ranks`` emulated ranks, which measures B_noise (``field``) from each rank's
+    one-slice gradient; beside the samples ``grown`` measured."""
     from analysis.noise import NoisePrior
     pick = {(r["variant"], r["seed"]): r for r in runs
             if r["scale"] == scale and r["ranks"] == ranks and r["backend"] == "sim"}
     out = []
     for (variant, seed), b in sorted(pick.items()):
         g = pick.get((grown, seed))
-        b_noise = noise_at_target(b)
+        b_noise = noise_at_target(b, field)
         if variant != base or g is None or b_noise is None:
             continue
         prior = NoisePrior(b_noise=b_noise, run=f"{base} seed {seed}", epoch=0,
@@ -664,18 +689,29 @@ def noise_predictions(runs: list[dict], base: str, grown: str, scale: str,
     return out
 
 
-def _prediction_goal(preds: list[dict], base: str, grown: str) -> dict:
+def _predicted_over_measured(preds: list[dict]) -> tuple[float | None, list[dict]]:
     both = [p for p in preds if p["measured"] is not None]
     measured = statistics.fmean(p["measured"] for p in both) if both else None
     predicted = statistics.fmean(p["predicted"] for p in both) if both else None
-    off = ratio(predicted, measured)
+    return ratio(predicted, measured), both
+
+
+def _prediction_goal(preds: list[dict], base: str, grown: str, adam: list[dict]) -> dict:
+    off, both = _predicted_over_measured(preds)
+    off_adam, with_adam = _predicted_over_measured(adam)
+    measured = statistics.fmean(p["measured"] for p in both) if both else None
+    predicted = statistics.fmean(p["predicted"] for p in both) if both else None
+    also = "" if off_adam is None else (
+        "; from Adam-preconditioned B_noise (" + ", ".join(f"{p['b_noise']:.1f}" for p in with_adam)
+        + f"): {off_adam:.2f}x the measured samples")
     return {"measure": "predicted vs measured samples to target, 8 ranks x 8 slices",
             "goal": "within 25 %", "measured": None if off is None else round(off, 2),
             "met": None if off is None else abs(off - 1) <= 0.25,
             "detail": "" if off is None else
             f"predicted from {base} at 8 emulated ranks x 1 slice (B_noise "
             + ", ".join(f"{p['b_noise']:.1f}" for p in both) + f" at the target), mean of "
-            f"{len(both)} seeds: {predicted:.0f} predicted, {measured:.0f} measured ({grown})"}
+            f"{len(both)} seeds: {predicted:.0f} predicted, {measured:.0f} measured ({grown})"
+            + also}
 
 
 def goal_rows(rows: list[dict], runs: list[dict], variant: str,
@@ -714,7 +750,8 @@ def goal_rows(rows: list[dict], runs: list[dict], variant: str,
          "met": None if worst is None else worst <= 1.05,
          "detail": f"{variant}, the largest of " + ", ".join(
              f"{n} ranks {fmt(x)}x" for n, x in samples.items()) + " (means of seeds)"},
-        _prediction_goal(noise_predictions(runs, variant, grown, scale), variant, grown),
+        _prediction_goal(noise_predictions(runs, variant, grown, scale), variant, grown,
+                         noise_predictions(runs, variant, grown, scale, field="b_simple_adam")),
     ]
 
 

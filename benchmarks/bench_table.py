@@ -104,7 +104,8 @@ GOALS = {
 
 STATEFF_MEASURES = ("time to validation Dice target, 2 vs 1 ranks",
                     "validation Dice never falls > 0.1 between epochs",
-                    "samples to target, 8 vs 1 ranks")
+                    "samples to target at 2, 4 and 8 ranks vs 1",
+                    "predicted vs measured samples to target, 8 ranks x 8 slices")
 
 
 @dataclass

@@ -181,8 +181,9 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
         sim = bench.SimRanks(cfg, n)
         parts = np.array_split(np.arange(8), n)
         done = [sim.step([(images[k, p], masks[k, p]) for p in parts], 1e-3) for k in range(30)]
-        out[n] = ([loss for loss, _ in done], np.array([norms for _, norms in done]),
-                  steps.weight_checksum(sim.model.trainable_variables))
+        out[n] = ([loss for loss, _, _ in done], np.array([norms for _, norms, _ in done]),
+                  steps.weight_checksum(sim.model.trainable_variables),
+                  [adam for _, _, adam in done])
     np.testing.assert_allclose(out[ranks][0], out[1][0], rtol=1e-5)
     np.testing.assert_allclose(out[ranks][2], out[1][2], rtol=1e-5)
     assert out[1][0][-1] < out[1][0][0]
@@ -191,3 +192,7 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
     np.testing.assert_allclose(out[ranks][1][:, 1], out[1][1][:, 1], rtol=1e-3)
     np.testing.assert_allclose(out[1][1][:, 0], out[1][1][:, 1], rtol=1e-5)
     assert (out[ranks][1][:, 0] > 1.2 * out[ranks][1][:, 1]).all()
+    # Preconditioned by Adam's second moments from the second step on (none before
+    # the first update), with the same order between the two batch sizes.
+    adam = out[ranks][3]
+    assert adam[0] is None and all(a is not None and a[0] > a[1] > 0 for a in adam[1:])
