@@ -74,14 +74,14 @@ def test_preconditioning_divides_by_adams_bias_corrected_second_moments():
 
 
 def test_the_one_rank_step_logs_one_preconditioned_norm():
+    import dataclasses
+
+    import keras
     import tensorflow as tf
 
     from distseg.core import config as config_lib
     from distseg.networks import unet
     from distseg.training import steps
-    import dataclasses
-
-    import keras
     cfg = config_lib.smoke()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=2, image_size=16))
     model = unet.from_config(cfg.model)
