@@ -262,3 +262,41 @@ def test_ghost_batches_normalise_each_run_of_samples_as_its_own_batch(static):
     single.build(x.shape)
     np.testing.assert_allclose(single(x[:3], training=True).numpy(), parts[0].__class__(
         momentum=0.5)(x[:3], training=True).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(6, 4, 4, 3), (4, 2, 3, 3, 2)])
+def test_ghost_batches_of_a_batch_size_known_only_at_run_time_have_the_parts_gradients(shape):
+    """The run-time path (the runs as channels of one fused call, 2D and 3D): the
+    gradients with respect to the input, scale and offset are those of the runs
+    normalised apart."""
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(1.0, 2.0, size=shape).astype(np.float32))
+    w = tf.constant(rng.normal(size=shape).astype(np.float32))
+    runs = shape[0] // 2
+    ghost = model_lib.FusedBatchNorm(ghost_batch=2)
+    parts = [model_lib.FusedBatchNorm() for _ in range(runs)]
+    for layer in (ghost, *parts):
+        layer.build(shape)
+        layer.gamma.assign(rng.normal(1.0, 0.1, size=shape[-1]).astype(np.float32))
+    for p in parts:
+        p.gamma.assign(ghost.gamma)
+    spec = tf.TensorSpec((None, *shape[1:]), tf.float32)
+
+    @tf.function(input_signature=[spec, spec])
+    def ghost_grads(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(ghost(x, training=True) * w)
+        return tape.gradient(loss, [x, ghost.gamma, ghost.beta])
+
+    got = ghost_grads(x, w)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.concat([p(x[2 * i:2 * i + 2], training=True) for i, p in enumerate(parts)], 0)
+        loss = tf.reduce_sum(y * w)
+    want = tape.gradient(loss, [x] + [p.gamma for p in parts] + [p.beta for p in parts])
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[1].numpy(), np.sum([g.numpy() for g in want[1:1 + runs]], 0),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[2].numpy(), np.sum([g.numpy() for g in want[1 + runs:]], 0),
+                               rtol=1e-4, atol=1e-5)
