@@ -142,6 +142,16 @@ class Schedule:
     def lr(self, global_step: int) -> float:
         return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
 
+    def static_batch(self, train_samples: int, size: int) -> int | None:
+        """The one size of every batch of every rank, when there is one (the step is
+        then traced for it: BatchNorm's ghost batches split statically, 7 % faster than
+        at a size known only at run time); None where per-rank shards of a split that
+        does not divide hold some batches one sample short."""
+        per_rank = self.plan.per_rank
+        if self.plan.fixed or per_rank == 1 or train_samples % (size * per_rank) == 0:
+            return per_rank
+        return None
+
 
 def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcast: bool = True):
     """(model, optimizer, synced variables), identical on every rank (``broadcast``
@@ -294,7 +304,7 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
         train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
                                          cfg.train.loss, ranks=ctx.size,
-                                         batch=schedule.plan.per_rank if schedule.plan.fixed else None),
+                                         batch=schedule.static_batch(len(feed.train_ids), ctx.size)),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
         predict=steps.make_predict_step(model, shape),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,

@@ -42,6 +42,19 @@ def test_schedule_from_the_config():
     assert [sched.lr(s) / t.lr for s in (0, 2, 4, 9)] == pytest.approx([1, 2.5, 4, 4])
 
 
+@pytest.mark.parametrize("samples,size,batch,global_batch", [
+    (96, 1, 8, 0), (96, 2, 8, 0), (97, 2, 8, 0), (130, 4, 4, 0), (7, 3, 1, 0), (96, 2, 4, 8),
+    (100, 4, 4, 8)])
+def test_a_static_batch_is_claimed_only_when_every_batch_has_it(samples, size, batch, global_batch):
+    t = dataclasses.replace(smoke().train, batch_size=batch, global_batch=global_batch)
+    sched = Schedule.of(t, train_samples=samples, size=size)
+    ids = np.arange(samples)
+    sizes = {len(b) for r in range(size) for e in range(2)
+             for b in sched.batches(ids, r, size, e, 0)[:sched.steps]}
+    static = sched.static_batch(samples, size)
+    assert static == (sizes.pop() if len(sizes) == 1 else None)
+
+
 def _tiny_state(seed):
     from distseg.networks import unet as model_lib
     keras.utils.set_random_seed(seed)
