@@ -211,8 +211,31 @@ def parse_minutes(text: str) -> int:
     return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
-#: Seconds before the wall-time limit at which Slurm signals the job (USR1).
+#: Seconds before the wall-time limit at which Slurm signals the job (USR1), at most.
 SIGNAL_LEAD_S = 300
+#: Slurm sends the signal up to this many seconds earlier than asked (its event loop
+#: runs once a minute: sbatch(1), --signal).
+SIGNAL_SLACK_S = 60
+#: The shortest lead: time for the ranks to finish a step and write a checkpoint.
+MIN_SIGNAL_LEAD_S = 60
+
+
+def signal_lead(minutes: int) -> int:
+    """Seconds of ``#SBATCH --signal=B:USR1@...`` for a limit of ``minutes``: a fifth
+    of the limit, between ``MIN_SIGNAL_LEAD_S`` and ``SIGNAL_LEAD_S``. A fixed 300 s
+    fired at the start of any job of 5 minutes or less (Slurm signals when the time
+    left falls below the lead, up to a minute early).
+
+    Raises:
+      JobError: a limit too short to train at all before the earliest signal.
+    """
+    lead = min(SIGNAL_LEAD_S, max(MIN_SIGNAL_LEAD_S, minutes * 60 // 5))
+    if minutes * 60 < lead + SIGNAL_SLACK_S + MIN_SIGNAL_LEAD_S:
+        shortest = _slurm_time(-(-(lead + SIGNAL_SLACK_S + MIN_SIGNAL_LEAD_S) // 60))
+        raise JobError(f"--time {_slurm_time(minutes)} leaves no training before Slurm's "
+                       f"USR1 (sent {lead} s before the limit, up to {SIGNAL_SLACK_S} s "
+                       f"early); give at least {shortest}")
+    return lead
 
 
 def _slurm_time(minutes: int) -> str:
@@ -340,6 +363,7 @@ def resolve(spec: JobSpec) -> Job:
     if limits and minutes > limits.max_minutes:
         raise JobError(f"--time {spec.time} is longer than the {_slurm_time(limits.max_minutes)} the "
                        f"{queue} queue allows on {part.key}")
+    signal_lead(minutes)  # refuses, before anything is written, a limit it cannot serve
 
     for label, text in (("--data", spec.data), ("--run-dir", spec.run_dir), ("--runs-dir", spec.runs_dir),
                         ("--venv", spec.venv), *(("--setup", s) for s in spec.setup),
@@ -422,9 +446,9 @@ def render(job: Job, command: str = "") -> str:
     if t:
         header.append(f"#SBATCH --cpus-per-task={t.cpus_per_task}")
     header += [f"#SBATCH --time={_slurm_time(job.minutes)}",
-               # USR1 to the batch shell 5 minutes before the limit: the ranks
+               # USR1 to the batch shell ahead of the limit (signal_lead): the ranks
                # checkpoint and stop, and the job requeues itself to resume.
-               f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}",
+               f"#SBATCH --signal=B:USR1@{signal_lead(job.minutes)}",
                "#SBATCH --requeue",
                "#SBATCH --exclusive",
                f"#SBATCH --output={job.job_name}-%j.out"]

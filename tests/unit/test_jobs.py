@@ -206,6 +206,9 @@ def _err(result) -> str:
     (["--partition", "skx", "--nodes", "1", "--ranks-per-node", "3"], "straddle the 2 sockets"),
     (["--partition", "skx", "--nodes", "1", "--hw-threads", "4"], "--hw-threads must be between 1 and 2"),
     (["--partition", "knl", "--nodes", "1", "--time", "2 hours"], "not a Slurm wall time"),
+    (["--partition", "generic", "--nodes", "1", "--time", "00:02:00"],
+     "--time 00:02:00 leaves no training before Slurm's USR1 (sent 60 s before the limit, "
+     "up to 60 s early); give at least 00:03:00"),
     (["--partition", "generic", "--nodes", "1", "--name", "my run"], "--name 'my run'"),
     (["--partition", "generic", "--nodes", "1", "--preset", "liver2d"], "but --image-size is 240; pass --resize or --image-size 32"),
     (["--partition", "generic", "--nodes", "1", "--image-size", "30"], "not divisible by 2**depth"),
@@ -491,3 +494,18 @@ def test_docker_run_script_and_compose(tmp_path):
     mounts = {v.split(":")[1] for v in train["volumes"]}
     assert {"/work/data", "/work/runs"} <= mounts
     assert train["build"]["dockerfile"] == "docker/Dockerfile"
+
+
+@pytest.mark.parametrize("limit, lead", [
+    ("3", 60), ("00:05:00", 60), ("00:20:00", 240), ("00:30:00", 300), ("02:00:00", 300),
+    ("1-00:00:00", 300)])
+def test_the_time_limit_signal_comes_after_the_start(tiny, tmp_path, limit, lead):
+    # A fixed 300 s lead signalled every job of 5 minutes or less at its start (Slurm
+    # signals when less than the lead is left, up to a minute early).
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--time", limit,
+              "--run-dir", str(tmp_path / "r"), "--preset", "smoke")
+    assert out.exit_code == 0, out.output
+    assert f"#SBATCH --signal=B:USR1@{lead}\n" in out.stdout
+    # Even a signal a minute early leaves a minute to train.
+    minutes = jobs_lib.parse_minutes(limit)
+    assert minutes * 60 - lead - jobs_lib.SIGNAL_SLACK_S >= jobs_lib.MIN_SIGNAL_LEAD_S
