@@ -696,21 +696,21 @@ def _predicted_over_measured(preds: list[dict]) -> tuple[float | None, list[dict
     return ratio(predicted, measured), both
 
 
-def _prediction_goal(preds: list[dict], base: str, grown: str, raw: list[dict]) -> dict:
-    """The goal row of the prediction from the Adam-preconditioned B_noise (what
-    distseg-train logs), with the raw one's beside it."""
+def _prediction_goal(preds: list[dict], base: str, grown: str, adam: list[dict]) -> dict:
+    """The goal row of the prediction from the raw B_noise (what distseg-train logs),
+    with the Adam-preconditioned one's beside it."""
     off, both = _predicted_over_measured(preds)
-    off_raw, with_raw = _predicted_over_measured(raw)
+    off_adam, with_adam = _predicted_over_measured(adam)
     measured = statistics.fmean(p["measured"] for p in both) if both else None
     predicted = statistics.fmean(p["predicted"] for p in both) if both else None
-    also = "" if off_raw is None else (
-        "; from the raw B_noise (" + ", ".join(f"{p['b_noise']:.1f}" for p in with_raw)
-        + f"): {off_raw:.2f}x the measured samples")
+    also = "" if off_adam is None else (
+        "; from the Adam-preconditioned B_noise (" + ", ".join(f"{p['b_noise']:.1f}" for p in with_adam)
+        + f"): {off_adam:.2f}x the measured samples")
     return {"measure": "predicted vs measured samples to target, 8 ranks x 8 slices",
             "goal": "within 25 %", "measured": None if off is None else round(off, 2),
             "met": None if off is None else abs(off - 1) <= 0.25,
             "detail": "" if off is None else
-            f"predicted from {base} at 8 emulated ranks x 1 slice (Adam-preconditioned B_noise "
+            f"predicted from {base} at 8 emulated ranks x 1 slice (B_noise "
             + ", ".join(f"{p['b_noise']:.1f}" for p in both) + f" at the target), mean of "
             f"{len(both)} seeds: {predicted:.0f} predicted, {measured:.0f} measured ({grown})"
             + also}
@@ -752,8 +752,8 @@ def goal_rows(rows: list[dict], runs: list[dict], variant: str,
          "met": None if worst is None else worst <= 1.05,
          "detail": f"{variant}, the largest of " + ", ".join(
              f"{n} ranks {fmt(x)}x" for n, x in samples.items()) + " (means of seeds)"},
-        _prediction_goal(noise_predictions(runs, variant, grown, scale, field="b_simple_adam"),
-                         variant, grown, noise_predictions(runs, variant, grown, scale)),
+        _prediction_goal(noise_predictions(runs, variant, grown, scale), variant, grown,
+                         noise_predictions(runs, variant, grown, scale, field="b_simple_adam")),
     ]
 
 

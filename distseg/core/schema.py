@@ -30,9 +30,7 @@ field needs a new ``SCHEMA_VERSION``.
     spent waiting for input), loss (the loss of the whole global batch, the same on
     every rank; schema 1: the mean of the ranks' own losses), loss_local (this rank's
     batch), lr, samples (this rank's batch size), grad_sq [mean over ranks of
-    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes; of
-    Adam-preconditioned gradients where the epoch's noise_scale says
-    ``preconditioned: "adam"``, raw where it says false: logs written before it).
+    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes).
 ``epoch`` each finished epoch:
     epoch, t, epoch_time (training and validation), train_time (training only, with the
     epoch-end BatchNorm averaging and weight check), steps, samples (this rank's

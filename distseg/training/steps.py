@@ -76,27 +76,6 @@ def squared_norm(tensors):
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
 
 
-def preconditioned(optimizer, grads, variables):
-    """``grads`` divided elementwise by Adam's sqrt(v_hat) + eps, v_hat its bias-corrected
-    second moments before this step (AdaptDL's ``AdamGradientNoiseScale``): the space
-    Adam's update is taken in, where the gradient noise scale predicts how samples grow
-    with the batch (docs/statistical-efficiency.md). ``grads`` unchanged for an optimizer
-    without second moments, and at its first step (no moments yet)."""
-    import tensorflow as tf
-    moments = getattr(optimizer, "_velocities", None)
-    if not moments:
-        return list(grads)
-    t = tf.cast(optimizer.iterations, tf.float32)
-    correction = tf.maximum(1.0 - tf.pow(tf.cast(optimizer.beta_2, tf.float32), t), 1e-30)
-    started = tf.cast(t > 0, tf.float32)
-    out = []
-    for g, v in zip(grads, variables):
-        moment = moments[optimizer._get_variable_index(v)]
-        scale = 1.0 / (tf.sqrt(tf.convert_to_tensor(moment) / correction) + optimizer.epsilon)
-        out.append(g * (started * scale + (1.0 - started)))
-    return out
-
-
 def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
     """Applies ``grads`` unless ``skip_flag`` > 0; then puts ``stats`` back to ``before``."""
     import tensorflow as tf
@@ -127,9 +106,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     otherwise the BatchNorm statistics are put back as they were before the step.
 
     The gradient norms are [mean over ranks of |g_rank|^2, |g|^2 of the averaged
-    gradient], both ``preconditioned`` by Adam's second moments: the two batch sizes
-    of the gradient noise scale (``training.noise``), the first riding in the same
-    allreduce. ``ranks``: the ranks sharing the global
+    gradient]: the two batch sizes of the gradient noise scale (``training.noise``),
+    the first riding in the same allreduce. ``ranks``: the ranks sharing the global
     batch (``losses.global_loss``); with one, the step has no collective at all (an
     average over one rank is its own value, and a Horovod op would still wait for
     a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
@@ -145,13 +123,12 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
         all_flags = tf.concat([flags, [nonfinite]], 0)
         variables = model.trainable_variables
         if ranks == 1:
-            norm = squared_norm(preconditioned(optimizer, grads, variables))
+            norm = squared_norm(grads)
             apply_unless(all_flags[2], optimizer, grads, variables, stats, before)
             return local_loss, value, all_flags, tf.stack([norm, norm])
         # Horovod: average gradients, the flags and |g_rank|^2 in one grouped allreduce.
-        grads, (mean_flags, small_sq) = dist.average_gradients(
-            grads, [all_flags, squared_norm(preconditioned(optimizer, grads, variables))])
-        big_sq = squared_norm(preconditioned(optimizer, grads, variables))
+        grads, (mean_flags, small_sq) = dist.average_gradients(grads, [all_flags, squared_norm(grads)])
+        big_sq = squared_norm(grads)
         apply_unless(mean_flags[2], optimizer, grads, variables, stats, before)
         return local_loss, value, mean_flags, tf.stack([small_sq, big_sq])
 
