@@ -174,8 +174,14 @@ def test_node_ranges_are_expanded_by_scontrol(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
-def test_node_ranges_with_the_real_scontrol():
-    out = _hosts(_slurm("node[01-02],gpu7", "4(x2),1", path=os.environ["PATH"]))
+def test_node_ranges_with_the_real_scontrol(tmp_path):
+    # scontrol reads a slurm.conf even to expand names; a job's node has one, this
+    # machine perhaps not: a minimal one.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\n"
+                    "PartitionName=p Nodes=localhost\n")
+    env = dict(_slurm("node[01-02],gpu7", "4(x2),1", path=os.environ["PATH"]), SLURM_CONF=str(conf))
+    out = _hosts(env)
     assert (out.returncode, out.stdout) == (0, "node01:4\nnode02:4\ngpu7:1\n"), out.stderr
 
 
