@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-docker lint bench bench-stateff clean
+.PHONY: install demo test test-quick test-parallel test-serial test-slurm test-docker lint bench bench-stateff clean
 
 install:
 	@bash scripts/install.sh
@@ -47,7 +47,14 @@ test-parallel: install
 test-serial: install
 	$(BIN)/python -m pytest tests/unit tests/e2e $(PYTEST_FLAGS) -rs
 
-test: lint test-parallel test-serial
+# tests/slurm: distseg-jobs scripts through a real Slurm that the session starts and
+# stops (scripts/slurm-cluster.sh: munged, slurmctld and slurmd as plain processes; it
+# installs slurm-wlm and munge with apt the first time). Needs root, as CI has; skipped
+# with the reason otherwise. Time: docs/cluster.md#a-real-slurm-in-the-tests.
+test-slurm: install
+	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
+
+test: lint test-parallel test-serial test-slurm
 
 # The Docker image built from docker/Dockerfile and run for real without a Docker
 # engine (buildah, chroot isolation): 4 Horovod ranks and the report inside it, the

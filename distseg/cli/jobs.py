@@ -190,5 +190,19 @@ def partitions():
             click.echo(f"  queue {q.name}: up to {q.max_nodes} nodes, {q.max_minutes // 60} h")
 
 
+@jobs.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--ranks", required=True, type=click.IntRange(1), help="Ranks the launch started.")
+def outcome(run_dir, ranks):
+    """Say how the last launch of a run ended, from its logs and checkpoints.
+
+    Prints one line: `stopped` (every rank checkpointed and stopped: --resume continues
+    it), `ended` (every rank wrote its end record), or `lost R...` (these ranks' logs end
+    without one: killed or crashed). The job scripts call this after the launcher exits,
+    to decide whether to requeue and which ranks to name.
+    """
+    click.echo(jobs_lib.run_outcome(run_dir, ranks).line())
+
+
 if __name__ == "__main__":  # python -m distseg.cli.jobs (before the entry point is installed)
     jobs()

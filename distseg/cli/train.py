@@ -11,6 +11,7 @@ import click
 
 from distseg.core import config as config_lib
 from distseg.core.errors import fail
+from distseg.training import stopping
 
 TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
@@ -108,6 +109,9 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, mod
     SIGTERM or SIGUSR1 on any rank (or the end of horovodrun) stops every rank at the
     next step after a checkpoint (exit 130); `--resume` continues from there.
     """
+    # First, before TensorFlow and Horovod load: a stop signal from now on is recorded
+    # and becomes a clean stop at the first step instead of killing the rank.
+    stopping.install_early(stopping.stop_signals(os.environ.get("HOROVOD_ELASTIC") == "1"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,

@@ -19,6 +19,7 @@ run starts) and, for the data check, ``distseg.data`` (h5py).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -573,3 +574,49 @@ def _write(path: str, text: str, executable: bool = False) -> None:
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     except OSError as e:
         raise JobError(f"{path}: cannot write ({e.strerror})") from None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch of ``distseg-train`` ended, read from what the run wrote (the job
+    script decides from this, not from the launcher's exit status alone: srun reports a
+    coordinated stop as a failure when the ranks' exits are a moment apart)."""
+
+    #: Every rank's log ends in an ``end`` record with status ``interrupted`` and a
+    #: checkpoint exists: ``--resume`` continues the run.
+    stopped: bool
+    #: Ranks whose log does not end in an ``end`` record (killed or crashed).
+    without_end: tuple[int, ...]
+
+    def line(self) -> str:
+        """One word for the job script, then the ranks without an end record."""
+        if self.stopped:
+            return "stopped"
+        return " ".join(["lost", *map(str, self.without_end)]) if self.without_end else "ended"
+
+
+def _last_record(path: str) -> dict | None:
+    """The last complete JSON record of a log, or None (no log, empty, or a last line cut
+    off by a kill)."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    if not lines:
+        return None
+    try:
+        record = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def run_outcome(run_dir: str, ranks: int) -> Outcome:
+    """Reads the last record of each of ``ranks`` logs of ``run_dir`` (see ``Outcome``)."""
+    ends = {r: _last_record(rundir.log_path(run_dir, r)) for r in range(ranks)}
+    without_end = tuple(r for r, rec in ends.items() if not rec or rec.get("type") != "end")
+    interrupted = all(rec and rec.get("type") == "end" and rec.get("status") == "interrupted"
+                      for rec in ends.values())
+    stopped = interrupted and os.path.isfile(rundir.latest_path(run_dir))
+    return Outcome(stopped=stopped, without_end=without_end)

@@ -34,13 +34,40 @@ def stop_signals(elastic: bool) -> tuple:
     return (signal.SIGUSR1,) if elastic else STOP_SIGNALS
 
 
+#: Stop signals that came before ``install`` (see ``install_early``), first first.
+_EARLY: list[str] = []
+
+
+def _reason(signum: int) -> str:
+    return f"received signal {signum} ({signal.Signals(signum).name})"
+
+
+def install_early(signals: tuple = STOP_SIGNALS) -> None:
+    """Records ``signals`` from now on, for ``install`` to act on.
+
+    ``distseg-train`` calls this first thing, before it imports TensorFlow and Horovod
+    (seconds): a signal in that window (Slurm's time-limit USR1 sent early, a
+    ``scancel`` of a job just started) ended both ranks of a real Slurm job by the
+    signal's default action, with no log record and nothing to resume (issue 22).
+    Recorded here, it becomes a stop request at the first step, like a later one.
+    """
+    def on_signal(signum, frame):
+        _EARLY.append(_reason(signum))
+    for sig in signals:
+        signal.signal(sig, on_signal)
+
+
 def install(flag: StopFlag, resources, signals: tuple = STOP_SIGNALS) -> None:
     """Routes ``signals`` to ``flag`` until ``resources`` (an ExitStack) closes, and
-    starts the launcher watchdog."""
+    starts the launcher watchdog. A signal recorded by ``install_early`` is a stop
+    request from now on."""
     def on_signal(signum, frame):
-        flag.request(f"received signal {signum} ({signal.Signals(signum).name})")
+        flag.request(_reason(signum))
     for sig in signals:
         resources.callback(signal.signal, sig, signal.signal(sig, on_signal))
+    if _EARLY:
+        flag.request(f"{_EARLY[0]} during start-up")
+        _EARLY.clear()
     launcher = find_launcher()
     if launcher is not None:
         done = threading.Event()

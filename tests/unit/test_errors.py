@@ -86,6 +86,26 @@ def test_training_routes_a_real_signal_to_the_shared_flag():
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
+def test_a_signal_before_training_starts_becomes_a_stop_request():
+    # distseg-train installs these handlers before it imports TensorFlow (issue 22: an
+    # early Slurm USR1 killed both ranks of a real job).
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        stopping.install_early((signal.SIGUSR1,))
+        os.kill(os.getpid(), signal.SIGUSR1)  # recorded, the process lives on
+        flag = StopFlag()
+        with contextlib.ExitStack() as resources:
+            stopping.install(flag, resources, (signal.SIGUSR1,))
+            assert flag.reason == f"received signal {int(signal.SIGUSR1)} (SIGUSR1) during start-up"
+        # Acted on once: the next training of this process starts with no request.
+        later = StopFlag()
+        with contextlib.ExitStack() as resources:
+            stopping.install(later, resources, (signal.SIGUSR1,))
+            assert not later.requested
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_conversion_stops_at_the_next_case_and_at_once_on_a_second_signal():
     flag = StopFlag()
     before = signal.getsignal(signal.SIGTERM)

@@ -509,3 +509,38 @@ def test_the_time_limit_signal_comes_after_the_start(tiny, tmp_path, limit, lead
     # Even a signal a minute early leaves a minute to train.
     minutes = jobs_lib.parse_minutes(limit)
     assert minutes * 60 - lead - jobs_lib.SIGNAL_SLACK_S >= jobs_lib.MIN_SIGNAL_LEAD_S
+
+
+# ---- how a launch ended: what the job script decides requeueing from ---------------------------
+
+def _logs(run_dir, ends: dict) -> None:
+    """Rank logs written by the trainer's own writer: a run record, then the end record
+    ``ends[rank]`` names (None: no end record, as a killed rank leaves)."""
+    from distseg.training.runlog import RunLog
+
+    for rank, status in ends.items():
+        with RunLog(str(run_dir), rank) as log:
+            log.write("run", size=len(ends))
+            if status:
+                log.write("end", status=status, reason="r", t=1.0, epochs_done=0)
+
+
+def test_run_outcome_reads_the_logs_and_the_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    _logs(run, {0: "interrupted", 1: "interrupted"})
+    # Interrupted everywhere but no checkpoint: nothing to resume, not "stopped".
+    assert jobs_lib.run_outcome(str(run), 2).line() == "ended"
+    os.makedirs(rundir.checkpoint_dir(str(run)))
+    with open(rundir.latest_path(str(run)), "w") as f:
+        f.write("{}")
+    assert jobs_lib.run_outcome(str(run), 2).line() == "stopped"
+    # A rank the launch started but that left no log at all is lost too.
+    assert jobs_lib.run_outcome(str(run), 3).line() == "lost 2"
+
+    other = tmp_path / "other"
+    _logs(other, {0: "ok", 1: None, 2: "interrupted", 3: None})
+    assert jobs_lib.run_outcome(str(other), 4) == jobs_lib.Outcome(stopped=False, without_end=(1, 3))
+    # A last line cut off by a kill is no end record.
+    with open(rundir.log_path(str(other), 0), "a") as f:
+        f.write('{"type":"end","status":"interr')
+    assert cli("outcome", str(other), "--ranks", "4").stdout == "lost 0 1 3\n"
