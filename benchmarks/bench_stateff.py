@@ -730,7 +730,8 @@ def goal_rows(rows: list[dict], runs: list[dict], variant: str,
     rows = [r for r in rows if r["scale"] == scale]
     mine = [r for r in runs if r["scale"] == scale and r["variant"] == variant]
     speedup = statistics.median(t1 / t2 for _, t1, t2 in seeds) if seeds else None
-    samples = samples_ratios(rows, variant, scale)
+    every = samples_ratios(rows, variant, scale)
+    samples = {n: x for n, x in every.items() if n <= BATCH}
     worst = max((x for x in samples.values() if x is not None), default=None)
     drops = [r["max_drop"] for r in mine]
     return [
@@ -754,7 +755,29 @@ def goal_rows(rows: list[dict], runs: list[dict], variant: str,
              f"{n} ranks {fmt(x)}x" for n, x in samples.items()) + " (means of seeds)"},
         _prediction_goal(noise_predictions(runs, variant, grown, scale), variant, grown,
                          noise_predictions(runs, variant, grown, scale, field="b_simple_adam")),
+        *[past_g_row(runs, variant, scale, n, x) for n, x in every.items() if n > BATCH],
     ]
+
+
+def past_g_row(runs: list[dict], variant: str, scale: str, ranks: int, measured: float | None) -> dict:
+    """Samples to target at ``ranks`` > BATCH (one slice per rank: the global batch
+    grows to ``ranks``, with its learning-rate rule) vs 1 rank, beside McCandlish's
+    (B_noise + ranks) / (B_noise + BATCH) from the B_noise the 8-rank runs measured near
+    the target (raw, and Adam-preconditioned)."""
+    at8 = [r for r in runs if (r["backend"], r["scale"], r["variant"], r["ranks"])
+           == ("sim", scale, variant, BATCH)]
+    predicted = {}
+    for field in ("b_simple", "b_simple_adam"):
+        b = [x for x in (noise_at_target(r, field) for r in at8) if x is not None]
+        predicted[field] = [(x + ranks) / (x + BATCH) for x in b]
+    text = ", ".join(f"{name} {statistics.fmean(v):.2f}x (B_noise {len(v)} seeds)"
+                     for name, v in (("raw", predicted["b_simple"]),
+                                     ("Adam-preconditioned", predicted["b_simple_adam"])) if v)
+    return {"measure": f"samples to target at {ranks} ranks x 1 slice (global batch grows "
+                       f"from {BATCH} to {ranks}) vs 1 rank",
+            "goal": "reported", "measured": None if measured is None else round(measured, 2),
+            "met": None, "detail": f"{variant}, means of seeds; predicted from the "
+                                  f"{BATCH}-rank runs' noise scale: {text or 'none'}"}
 
 
 def machine() -> dict:

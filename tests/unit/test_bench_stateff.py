@@ -143,6 +143,26 @@ def test_the_noise_scale_at_the_target_predicts_the_larger_batch():
     assert "from the Adam-preconditioned B_noise (12.0): 0.67x the measured samples" in goal["detail"]
 
 
+def test_past_g_ranks_the_samples_are_reported_beside_the_noise_scale_prediction():
+    # 16 emulated ranks x 1 slice grow the global batch of 8 to 16: their samples are
+    # a row of their own, not part of the "<= 1.05 at 2, 4, 8 ranks" goal.
+    runs = [sim_run("v", 0, 1536, [1.0, None, 4.0, 100.0]),
+            sim_run("v", 1, 1024, [2.0, 6.0, 7.0, 9.0]),
+            dict(sim_run("v", 0, 1536, [None] * 4), ranks=1),
+            dict(sim_run("v", 1, 1024, [None] * 4), ranks=1),
+            dict(sim_run("v", 0, 2048, [None] * 4), ranks=16),
+            dict(sim_run("v", 1, 1536, [None] * 4), ranks=16)]
+    goals = bench.goal_rows(bench.table(runs), runs, "v")
+    assert goals[2]["measured"] == 1.0 and "16 ranks" not in goals[2]["detail"]
+    past = goals[4]
+    assert past["measure"] == "samples to target at 16 ranks x 1 slice (global batch grows from 8 to 16) vs 1 rank"
+    assert past["measured"] == pytest.approx(3584 / 2560, abs=0.01)
+    # B_noise at the target 4 and 6 (raw), 12 and 18 (preconditioned): (B + 16) / (B + 8).
+    raw = ((4 + 16) / 12 + (6 + 16) / 14) / 2
+    adam = ((12 + 16) / 20 + (18 + 16) / 26) / 2
+    assert f"raw {raw:.2f}x (B_noise 2 seeds), Adam-preconditioned {adam:.2f}x" in past["detail"]
+
+
 @pytest.mark.parametrize("ranks", [4, 8])
 def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
     """Issue 21's exactness at 4 and 8 ranks, in the step-exact emulation: GroupNorm, no
