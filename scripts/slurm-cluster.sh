@@ -3,27 +3,56 @@
 # job scripts by hand: munged, slurmctld and slurmd started as plain processes (no
 # systemd), with their configuration, state and logs in one folder.
 #
-#   bash scripts/slurm-cluster.sh start [DIR]   install slurm-wlm and munge when missing
+#   bash scripts/slurm-cluster.sh start [DIR] [--nodes N]
+#                                               install slurm-wlm and munge when missing
 #                                               (apt, as root), write DIR/slurm.conf and
 #                                               start the daemons; prints the SLURM_CONF line
 #   bash scripts/slurm-cluster.sh status [DIR]  sinfo, or why not
 #   bash scripts/slurm-cluster.sh stop [DIR]    stop the daemons this script started, by
-#                                               the PIDs in their own PID files
+#                                               the PIDs in their own PID files (and remove
+#                                               the namespaces of --nodes N)
 #
 # DIR defaults to $DISTSEG_SLURM_DIR, else /tmp/distseg-slurm. Then, in a shell:
 #   export SLURM_CONF=DIR/slurm.conf; sbatch ...
 # One partition, "generic", the default one: distseg-jobs --partition generic writes no
 # #SBATCH --partition line, so its jobs land there. Needs root (the daemons and munge's
 # key); docs/cluster.md#a-real-slurm-in-the-tests.
+#
+# --nodes N (or DISTSEG_SLURM_NODES=N), N > 1: N slurmd "nodes" on this machine, each in
+# a network namespace of its own (a veth to a bridge in this namespace, where slurmctld
+# listens), a UTS namespace with the node's name as host name, and a mount namespace in
+# which DIR/tmpfs (the TmpFS, where the PMIx plugin puts its client folders) is that
+# node's own. The addresses are $DISTSEG_SLURM_NET.1..N/24 (default 10.78.0), the
+# controller $DISTSEG_SLURM_NET.254; DISTSEG_SLURM_CPUS is then per node (default
+# nproc / N). Debian's slurmd is built without --enable-multiple-slurmd, hence this.
 set -euo pipefail
 
-cmd=${1:-}
-DIR=${2:-${DISTSEG_SLURM_DIR:-/tmp/distseg-slurm}}
-CONF=$DIR/slurm.conf
-CPUS=${DISTSEG_SLURM_CPUS:-$(nproc)}
-HOST=$(hostname -s)
-
 die() { echo "error: $*" >&2; exit 1; }
+
+cmd=${1:-}
+[ $# = 0 ] || shift
+DIR=""
+NODES=${DISTSEG_SLURM_NODES:-1}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; NODES=$2; shift 2 ;;
+    --nodes=*) NODES=${1#*=}; shift ;;
+    -*) die "unknown option $1" ;;
+    *) [ -z "$DIR" ] || die "one DIR only"; DIR=$1; shift ;;
+  esac
+done
+case $NODES in ''|*[!0-9]*|0) die "--nodes: a positive number, not '$NODES'" ;; esac
+DIR=${DIR:-${DISTSEG_SLURM_DIR:-/tmp/distseg-slurm}}
+CONF=$DIR/slurm.conf
+if [ "$NODES" -gt 1 ]; then
+  CPUS=${DISTSEG_SLURM_CPUS:-$(( $(nproc) / NODES > 0 ? $(nproc) / NODES : 1 ))}
+else
+  CPUS=${DISTSEG_SLURM_CPUS:-$(nproc)}
+fi
+HOST=$(hostname -s)
+PORT=${DISTSEG_SLURM_PORT:-6817}
+NET=${DISTSEG_SLURM_NET:-10.78.0}
+TAG=dss$PORT  # names of the namespaces, links and nodes: short (link names <= 15)
 
 install_packages() {
   local missing=()
@@ -47,8 +76,8 @@ ClusterName=distseg-test
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=${DISTSEG_SLURM_PORT:-6817}
-SlurmdPort=$(( ${DISTSEG_SLURM_PORT:-6817} + 1 ))
+SlurmctldPort=$PORT
+SlurmdPort=$(( PORT + 1 ))
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$DIR/munge/munge.sock
@@ -77,6 +106,84 @@ InactiveLimit=0
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
 PartitionName=generic Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
+  [ "$NODES" = 1 ] || adapt_conf_to_nodes
+}
+
+node_names() {  # the names of the N nodes (also their namespaces and host names)
+  local i
+  for i in $(seq 1 "$NODES"); do echo "${TAG}n$i"; done
+}
+
+adapt_conf_to_nodes() {
+  # The same settings for N nodes: slurmctld on the bridge's address, which every
+  # namespace reaches; one spool, PID file and log per slurmd (%n: its node name); a
+  # TmpFS that each node's mount namespace makes its own, since the PMIx plugin names
+  # its client folder there by job and step only (TmpFS/spmix_appdir_UID_JOB.STEP) and
+  # two nodes on one file system would remove each other's.
+  local nodes="" name i=0 tmp
+  tmp=$(mktemp "$DIR/slurm.conf.XXXXXX")
+  for name in $(node_names); do nodes+=${nodes:+,}$name; done
+  {
+    sed -e "s|^# Written by .*|# Written by scripts/slurm-cluster.sh: a test cluster of $NODES nodes in network namespaces.|" \
+        -e "s|^SlurmctldHost=.*|SlurmctldHost=$HOST($NET.254)|" \
+        -e "s|^SlurmdSpoolDir=.*|SlurmdSpoolDir=$DIR/spool-%n|" \
+        -e "s|^SlurmdPidFile=.*|SlurmdPidFile=$DIR/slurmd-%n.pid|" \
+        -e "s|^SlurmdLogFile=.*|SlurmdLogFile=$DIR/slurmd-%n.log|" \
+        -e '/^NodeName=/d' -e '/^PartitionName=/d' "$CONF"
+    echo "TmpFS=$DIR/tmpfs"
+    for name in $(node_names); do
+      i=$(( i + 1 ))
+      echo "NodeName=$name NodeAddr=$NET.$i CPUs=$CPUS State=UNKNOWN"
+    done
+    echo "PartitionName=generic Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
+  } >"$tmp"
+  chmod 644 "$tmp"
+  mv "$tmp" "$CONF"
+}
+
+make_namespaces() {
+  # A bridge here ($NET.254, slurmctld's address) and per node a network namespace
+  # joined to it by a veth pair ($NET.i). Recorded in DIR/netns for stop.
+  local name i=0
+  if ! command -v ip >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1 \
+     || ! command -v nsenter >/dev/null 2>&1; then
+    die "--nodes $NODES needs ip (iproute2), unshare and nsenter (util-linux)"
+  fi
+  echo "bridge ${TAG}br" >"$DIR/netns"
+  if ! ip link show "${TAG}br" >/dev/null 2>&1; then
+    ip link add "${TAG}br" type bridge || die "cannot create bridge ${TAG}br"
+    ip addr add "$NET.254/24" dev "${TAG}br"
+    ip link set "${TAG}br" up
+  fi
+  for name in $(node_names); do
+    i=$(( i + 1 ))
+    printf 'netns %s\nlink %s\n' "$name" "${TAG}h$i" >>"$DIR/netns"
+    mkdir -p "$DIR/spool-$name" "$DIR/tmp-$name"
+    if ! ip netns list | grep -qE "^$name( |\$)"; then
+      ip netns add "$name" || die "ip netns add $name failed"
+      ip link add "${TAG}h$i" type veth peer name "${TAG}v$i" netns "$name"
+      ip link set "${TAG}h$i" master "${TAG}br" up
+      ip -n "$name" addr add "$NET.$i/24" dev "${TAG}v$i"
+      ip -n "$name" link set "${TAG}v$i" up
+      ip -n "$name" link set lo up
+    fi
+  done
+}
+
+start_node_slurmds() {
+  local name
+  mkdir -p "$DIR/tmpfs"
+  for name in $(node_names); do
+    running "slurmd-$name" && continue
+    # In the node's namespaces: its network, its host name (slurmd finds its NodeName
+    # by it) and DIR/tmpfs bound to DIR/tmp-NAME. slurmd forks into the background and
+    # stays in them, and so do the jobs it starts. nsenter, not `ip netns exec`, which
+    # mounts a fresh /sys without /sys/fs/cgroup, and slurmd will not start without it.
+    # shellcheck disable=SC2016 # expanded by the inner sh
+    nsenter --net="/run/netns/$name" unshare --uts --mount --propagation private sh -c \
+      'hostname "$1" && mount --bind "$2/tmp-$1" "$2/tmpfs" && exec slurmd -f "$3"' \
+      sh "$name" "$DIR" "$CONF" || die "slurmd of $name did not start; see $DIR/slurmd-$name.log"
+  done
 }
 
 running() {  # running NAME: the daemon whose PID file is DIR/NAME.pid is alive
@@ -103,14 +210,16 @@ start_munge() {
 }
 
 wait_for_node() {
+  local up
   for _ in $(seq 1 60); do
-    if sinfo -h -o '%t' 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+    up=$(sinfo -h -N -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)' || true)
+    if [ "${up:-0}" -ge "$NODES" ]; then
       return 0
     fi
     sleep 0.5
   done
   sinfo 2>&1 || true
-  die "the node did not come up in 30 s; see $DIR/slurmctld.log and $DIR/slurmd.log"
+  die "the node(s) did not come up in 30 s; see $DIR/slurmctld.log and $DIR/slurmd*.log"
 }
 
 start() {
@@ -125,7 +234,10 @@ start() {
     # -c: a clean start, no jobs or node state from an earlier run of the same folder.
     slurmctld -c -f "$CONF" || die "slurmctld did not start; see $DIR/slurmctld.log"
   fi
-  if ! running slurmd; then
+  if [ "$NODES" -gt 1 ]; then
+    make_namespaces
+    start_node_slurmds
+  elif ! running slurmd; then
     slurmd -f "$CONF" || die "slurmd did not start; see $DIR/slurmd.log"
   fi
   wait_for_node
@@ -154,9 +266,31 @@ stop() {
     sleep 1
   fi
   stop_one slurmd
+  local kind name pid
+  if [ -f "$DIR/netns" ]; then
+    while read -r kind name; do
+      if [ "$kind" = netns ]; then stop_one "slurmd-$name"; fi
+    done <"$DIR/netns"
+  fi
   stop_one slurmctld
   stop_one munged
   rm -f "$DIR/munge/munged.pid"
+  if [ -f "$DIR/netns" ]; then
+    # What is left in a node's namespace was started by its slurmd (a job's processes):
+    # ended by PID, then the namespace, the veth pair and the bridge go.
+    while read -r kind name; do
+      case $kind in
+        netns)
+          for pid in $(ip netns pids "$name" 2>/dev/null || true); do
+            kill -9 "$pid" 2>/dev/null || true
+          done
+          ip netns del "$name" 2>/dev/null || true
+          ;;
+        link|bridge) ip link del "$name" 2>/dev/null || true ;;
+      esac
+    done <"$DIR/netns"
+    rm -f "$DIR/netns"
+  fi
 }
 
 case $cmd in
@@ -167,5 +301,5 @@ case $cmd in
     [ -f "$CONF" ] || die "no cluster in $DIR (bash scripts/slurm-cluster.sh start)"
     sinfo && squeue
     ;;
-  *) echo "usage: $0 start|stop|status [DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status [DIR] [--nodes N]" >&2; exit 2 ;;
 esac

@@ -1,10 +1,13 @@
 """A real one-node Slurm for the tests of this folder: ``scripts/slurm-cluster.sh``
 starts munged, slurmctld and slurmd (installing slurm-wlm and munge with apt when
 missing) for the test session, in a folder of its own and on free ports, and stops
-them, by their own PID files, at the end."""
+them, by their own PID files, at the end. ``slurm2``: a second cluster of two nodes,
+each slurmd in network, UTS and mount namespaces of its own (``--nodes 2``), for jobs
+across nodes; its namespaces and bridge are removed at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -37,12 +40,13 @@ def _free_port_pair() -> int:
 class Cluster:
     """The running test cluster: its environment and the Slurm commands the tests use."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, **env: str):
         self.folder = folder
         self.conf = os.path.join(folder, "slurm.conf")
         self.env = {k: v for k, v in command_env().items()
                     if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
         self.env["SLURM_CONF"] = self.conf
+        self.env.update(env)
 
     def run(self, *cmd: str, cwd: str | None = None, timeout: float = 30,
             check: bool = True) -> subprocess.CompletedProcess:
@@ -99,18 +103,20 @@ class Cluster:
         return self.wait(job_id, ("RUNNING",), timeout=timeout, poll=0.3)
 
 
-@pytest.fixture(scope="session")
-def slurm():
-    """The test cluster, started once for the session and stopped at its end."""
+@contextlib.contextmanager
+def _cluster(*options: str, **env: str):
+    """Starts scripts/slurm-cluster.sh in a new folder with ``options`` and ``env``;
+    yields (folder, port); stops it and removes the folder afterwards."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm test cluster runs its daemons as root (CI is root)")
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
         pytest.skip("no slurmctld and no apt-get to install it")
     folder = tempfile.mkdtemp(prefix="distseg-slurm-")
-    env = dict(os.environ, DISTSEG_SLURM_PORT=str(_free_port_pair()))
+    port = _free_port_pair()
+    env = dict(os.environ, DISTSEG_SLURM_PORT=str(port), **env)
     try:
-        started = subprocess.run(["bash", SCRIPT, "start", folder], env=env, capture_output=True,
-                                 text=True, timeout=600)
+        started = subprocess.run(["bash", SCRIPT, "start", folder, *options], env=env,
+                                 capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
         pytest.fail("scripts/slurm-cluster.sh start did not finish in 600 s")
@@ -118,7 +124,54 @@ def slurm():
         subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
         pytest.fail(f"the test cluster did not start: {started.stdout[-2000:]}{started.stderr[-2000:]}")
     try:
-        yield Cluster(folder)
+        yield folder, port
     finally:
         subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The test cluster, started once for the session and stopped at its end."""
+    with _cluster() as (folder, _):
+        yield Cluster(folder)
+
+
+def _why_no_namespaces() -> str | None:
+    """Why the two-node cluster cannot run here, or None (tried, not guessed)."""
+    if os.geteuid() != 0:
+        return "the two-node Slurm cluster needs root (network namespaces, a bridge, slurmd)"
+    for tool in ("ip", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"the two-node Slurm cluster needs {tool}, not found"
+    probe = f"dsprobe{os.getpid() % 100000}"
+    out = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=20)
+    if out.returncode != 0:
+        return f"ip netns add is not permitted here: {out.stderr.strip()}"
+    try:
+        out = subprocess.run(["ip", "netns", "exec", probe, "unshare", "--uts", "--mount", "true"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode != 0:
+            return f"unshare --uts --mount is not permitted here: {out.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=20)
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm2():
+    """A second cluster, of two nodes in network namespaces (one CPU each), on a
+    bridge of its own: ``.nodes`` are their names (also their host names), ``.links``
+    the veth ends on this side, one per node. Its jobs' Open MPI is held to that link
+    (TCP only, no shared memory between the ranks), as in tests/e2e/test_netns.py."""
+    reason = _why_no_namespaces()
+    if reason:
+        pytest.skip(reason)
+    net = f"10.78.{os.getpid() % 250}"
+    subnet = f"{net}.0/24"
+    with _cluster("--nodes", "2", DISTSEG_SLURM_NET=net, DISTSEG_SLURM_CPUS="1") as (folder, port):
+        cluster = Cluster(folder, OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,tcp",
+                          OMPI_MCA_btl_tcp_if_include=subnet, OMPI_MCA_oob_tcp_if_include=subnet)
+        cluster.nodes = [f"dss{port}n1", f"dss{port}n2"]
+        cluster.links = [f"dss{port}h1", f"dss{port}h2"]
+        yield cluster
