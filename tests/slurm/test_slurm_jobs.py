@@ -58,17 +58,23 @@ def _report(run_dir: str, out: str) -> dict:
         return json.load(f)
 
 
-def test_sweep_submits_chained_jobs_and_the_report_after_them(slurm, tiny, tmp_path):
+def _submit_sweep(slurm, data: str, tmp_path, name: str, epochs: int):
+    """``distseg-jobs sweep`` of one 2-rank training job, then ``bash submit.sh``;
+    (runs folder, training job id, report job id, submit.sh's output)."""
     runs, out = tmp_path / "runs", tmp_path / "sweep"
     res = cli("sweep", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2",
-              "--data", tiny, "--runs-dir", str(runs), "--name", "sw", "--out", str(out),
-              "--preset", "smoke", "--epochs", "2", "--no-validate", "--time", "00:05:00")
+              "--data", data, "--runs-dir", str(runs), "--name", name, "--out", str(out),
+              "--preset", "smoke", "--epochs", str(epochs), "--no-validate", "--time", "00:05:00")
     assert res.exit_code == 0, res.output
     sub = slurm.run("bash", str(out / "submit.sh"), cwd=str(tmp_path))
     ids = re.findall(r"as job (\d+)", sub.stdout)
     assert len(ids) == 2, sub.stdout
-    train_id, report_id = ids
-    assert f"(after jobs {train_id})" in sub.stdout
+    return runs, ids[0], ids[1], sub.stdout
+
+
+def test_sweep_submits_chained_jobs_and_the_report_after_them(slurm, tiny, tmp_path):
+    runs, train_id, report_id, submitted = _submit_sweep(slurm, tiny, tmp_path, "sw", 2)
+    assert f"(after jobs {train_id})" in submitted
     assert slurm.job(report_id)["Dependency"].startswith(f"afterany:{train_id}")
 
     report = slurm.wait(report_id, timeout=240)
@@ -215,13 +221,7 @@ def test_signal_during_start_up_stops_cleanly(slurm, tiny, tmp_path):
 
 
 def test_a_killed_rank_fails_the_job_and_the_report_still_runs(slurm, tiny, tmp_path):
-    runs, out = tmp_path / "runs", tmp_path / "sweep"
-    res = cli("sweep", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2",
-              "--data", tiny, "--runs-dir", str(runs), "--name", "kill", "--out", str(out),
-              "--preset", "smoke", "--epochs", "400", "--no-validate", "--time", "00:05:00")
-    assert res.exit_code == 0, res.output
-    sub = slurm.run("bash", str(out / "submit.sh"), cwd=str(tmp_path))
-    train_id, report_id = re.findall(r"as job (\d+)", sub.stdout)
+    runs, train_id, report_id, _ = _submit_sweep(slurm, tiny, tmp_path, "kill", 400)
     run_dir = str(runs / "kill-n1")
     _wait_for_step(slurm, train_id, run_dir, 10)
     ranks = {}
