@@ -67,13 +67,36 @@ install_packages() {
     || die "apt-get install ${missing[*]} failed; see $DIR/apt.log"
 }
 
+node_names() {  # the names of the N > 1 nodes (also their namespaces and host names)
+  local i
+  for i in $(seq 1 "$NODES"); do echo "${TAG}n$i"; done
+}
+
 write_conf() {
-  # A whole node of $CPUS CPUs, one core each; linuxproc tracks a job's processes by
-  # parentage and task/none binds nothing (no cgroups in a container).
+  # Nodes of $CPUS CPUs, one core each; linuxproc tracks a job's processes by parentage
+  # and task/none binds nothing (no cgroups in a container). One node: this host on
+  # 127.0.0.1. N nodes: slurmctld on the bridge's address, which every namespace
+  # reaches; one spool, PID file and log per slurmd (%n: its node name); a TmpFS that
+  # each node's mount namespace makes its own, since the PMIx plugin names its client
+  # folder there by job and step only (TmpFS/spmix_appdir_UID_JOB.STEP) and two nodes
+  # on one file system would remove each other's.
+  local what="a one-node test cluster" ctld=127.0.0.1 per="" extra="" nodes="" lines="" name i=0
+  if [ "$NODES" = 1 ]; then
+    nodes=$HOST
+    lines="NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN"
+  else
+    what="a test cluster of $NODES nodes in network namespaces"
+    ctld=$NET.254 per=-%n extra="TmpFS=$DIR/tmpfs"
+    for name in $(node_names); do
+      i=$(( i + 1 ))
+      nodes+=${nodes:+,}$name
+      lines+=${lines:+$'\n'}"NodeName=$name NodeAddr=$NET.$i CPUs=$CPUS State=UNKNOWN"
+    done
+  fi
   cat >"$CONF" <<EOF
-# Written by scripts/slurm-cluster.sh: a one-node test cluster.
+# Written by scripts/slurm-cluster.sh: $what.
 ClusterName=distseg-test
-SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldHost=$HOST($ctld)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$PORT
@@ -82,11 +105,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$DIR/munge/munge.sock
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool$per
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
+SlurmdPidFile=$DIR/slurmd$per.pid
 SlurmctldLogFile=$DIR/slurmctld.log
-SlurmdLogFile=$DIR/slurmd.log
+SlurmdLogFile=$DIR/slurmd$per.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -103,42 +126,10 @@ JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
 KillWait=10
 InactiveLimit=0
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
-PartitionName=generic Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+${extra:+$extra
+}$lines
+PartitionName=generic Nodes=$nodes Default=YES MaxTime=INFINITE State=UP
 EOF
-  [ "$NODES" = 1 ] || adapt_conf_to_nodes
-}
-
-node_names() {  # the names of the N nodes (also their namespaces and host names)
-  local i
-  for i in $(seq 1 "$NODES"); do echo "${TAG}n$i"; done
-}
-
-adapt_conf_to_nodes() {
-  # The same settings for N nodes: slurmctld on the bridge's address, which every
-  # namespace reaches; one spool, PID file and log per slurmd (%n: its node name); a
-  # TmpFS that each node's mount namespace makes its own, since the PMIx plugin names
-  # its client folder there by job and step only (TmpFS/spmix_appdir_UID_JOB.STEP) and
-  # two nodes on one file system would remove each other's.
-  local nodes="" name i=0 tmp
-  tmp=$(mktemp "$DIR/slurm.conf.XXXXXX")
-  for name in $(node_names); do nodes+=${nodes:+,}$name; done
-  {
-    sed -e "s|^# Written by .*|# Written by scripts/slurm-cluster.sh: a test cluster of $NODES nodes in network namespaces.|" \
-        -e "s|^SlurmctldHost=.*|SlurmctldHost=$HOST($NET.254)|" \
-        -e "s|^SlurmdSpoolDir=.*|SlurmdSpoolDir=$DIR/spool-%n|" \
-        -e "s|^SlurmdPidFile=.*|SlurmdPidFile=$DIR/slurmd-%n.pid|" \
-        -e "s|^SlurmdLogFile=.*|SlurmdLogFile=$DIR/slurmd-%n.log|" \
-        -e '/^NodeName=/d' -e '/^PartitionName=/d' "$CONF"
-    echo "TmpFS=$DIR/tmpfs"
-    for name in $(node_names); do
-      i=$(( i + 1 ))
-      echo "NodeName=$name NodeAddr=$NET.$i CPUs=$CPUS State=UNKNOWN"
-    done
-    echo "PartitionName=generic Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
-  } >"$tmp"
-  chmod 644 "$tmp"
-  mv "$tmp" "$CONF"
 }
 
 make_namespaces() {

@@ -595,11 +595,17 @@ class Outcome:
         return " ".join(["lost", *map(str, self.without_end)]) if self.without_end else "ended"
 
 
+#: Bytes read from the end of a rank log for its last record (a log grows by a step
+#: record per step; an end record is a few hundred bytes).
+_TAIL_BYTES = 1 << 16
+
+
 def _last_record(path: str) -> dict | None:
-    """The last complete JSON record of a log, or None (no log, empty, or a last line cut
-    off by a kill)."""
+    """The last line of a log as a JSON record, or None (no log, empty, or a last line
+    cut off by a kill, even after an earlier launch's end record)."""
     try:
         with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - _TAIL_BYTES))
             lines = f.read().splitlines()
     except OSError:
         return None
