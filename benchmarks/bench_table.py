@@ -36,7 +36,7 @@ peer in the same run. ``--trainers`` and ``--skip`` leave parts out for a quick 
 
     python benchmarks/bench_table.py --data data/liver117.h5
     python benchmarks/bench_table.py --trainers distseg-1,distseg-2 --skip precision,pipeline,bandwidth \
-        --ab distseg-2+slices,distseg-2+cycle1
+        --ab distseg-2+fancy,distseg-2+cycle1
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ MODIFIERS = {
     "kerasbn": (["--model", "kerasbn"], {}, []),
     "kerasgn": (["--model", "kerasgn"], {}, []),
     "bf16": ([], {}, ["--precision", "bfloat16"]),
-    "slices": (["--reader", "slices"], {}, []),
+    "fancy": (["--reader", "fancy"], {}, []),
     "checksum": (["--checksum", "compiled"], {}, []),
     "nocheck": (["--step", "nocheck"], {}, []),
     "sumcheck": (["--step", "sumcheck"], {}, []),
@@ -135,7 +135,7 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
     p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
-    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+slices")
+    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+fancy")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
     p.add_argument("--skip", default="",

@@ -3,7 +3,7 @@
 ``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
 ``distseg.training.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
 ``benchlib.model_variants`` (``kerasbn``, ``kerasgn``: Keras' own normalisation layers);
-``--reader slices`` reads batches slice by slice (``benchlib.read_variants``);
+``--reader fancy`` reads batches as distseg did before 2026-11-25 (``benchlib.read_variants``);
 ``--checksum compiled`` computes the per-epoch weight checksum as one
 ``tf.function`` (``step_variants.compiled_weight_checksum``). Everything else (sharding, the
 allreduce, logging, checkpoints) is distseg's own code, so the per-rank logs are timed

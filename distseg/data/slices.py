@@ -475,18 +475,29 @@ class SliceReader(H5Reader):
         same every epoch (``volumes.SlabReader`` uses it to place foreground slabs).
 
         Raises:
-          DatasetError: a chunk could not be read (damaged file, failing storage).
+          DatasetError: an index outside the file, or a chunk that could not be read
+            (damaged file, failing storage).
         """
-        # h5py wants increasing, unique indices for fancy selection; ``inverse`` puts
-        # them back in the order (and multiplicity) asked for.
-        uniq, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
+        # One slice at a time into one array: h5py's fancy selection of a few slices
+        # costs ~2.3 ms of CPU per slice against ~0.12 ms for this (a 128x128 slice),
+        # time a rank pinned to its core takes from its own training step.
+        indices = np.asarray(indices, dtype=np.int64)
+        outside = indices[(indices < 0) | (indices >= len(self._images))]
+        if len(outside):
+            raise DatasetError(f"{self.path}: slice {outside[0]} asked for, the file holds "
+                               f"slices 0..{len(self._images) - 1}")
+        images = np.empty((len(indices), *self._images.shape[1:]), self._images.dtype)
+        masks = np.empty((len(indices), *self._masks.shape[1:]), self._masks.dtype)
         try:
-            images = self._images[uniq][inverse].astype(np.float32, copy=False)
-            masks = self._masks[uniq][inverse]
+            for row, index in enumerate(indices):
+                self._images.read_direct(images, np.s_[index:index + 1], np.s_[row:row + 1])
+                self._masks.read_direct(masks, np.s_[index:index + 1], np.s_[row:row + 1])
         except OSError as e:
+            uniq = np.unique(indices)
             shown = ", ".join(str(i) for i in uniq[:4]) + (", ..." if len(uniq) > 4 else "")
             raise DatasetError(f"{self.path}: slices {shown} of 'images'/'masks' cannot be read "
                                f"({str(e).splitlines()[0]})") from e
+        images = images.astype(np.float32, copy=False)
         if self._resize:
             images = resize_bilinear(images, self.image_size)
             masks = resize_nearest(masks, self.image_size)

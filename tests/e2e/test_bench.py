@@ -140,13 +140,13 @@ def test_an_unreadable_stateff_file_is_named(tmp_path):
 # --- the local copies the benchmark times against distseg's own --------------------
 
 
-def test_slice_by_slice_reader_returns_what_distseg_reads(tiny):
+def test_the_former_fancy_selection_reader_returns_what_distseg_reads(tiny):
     from distseg.data import slices as data
 
-    from benchlib.read_variants import read_by_slices
+    from benchlib.read_variants import read_by_fancy_selection
     with data.SliceReader(tiny, 32) as reader:
         for ids in ([5, 3, 3, 90], list(range(8)), [127, 0]):
-            want, got = reader.read(ids), read_by_slices(reader, ids)
+            want, got = reader.read(ids), read_by_fancy_selection(reader, ids)
             for w, g in zip(want, got):
                 assert w.dtype == g.dtype and w.shape == g.shape and np.array_equal(w, g)
 

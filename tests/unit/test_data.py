@@ -193,6 +193,12 @@ def test_synth_round_trip(phantom, tmp_path):
         img, msk = reader.read([7, 2, 7, 29])
     assert np.array_equal(img, images[[7, 2, 7, 29]])
     assert np.array_equal(msk, masks[[7, 2, 7, 29]])
+    # an index outside the file is refused in one line naming it, not read as garbage
+    with data.SliceReader(path, image_size=64) as reader:
+        for bad in ([3, 30], [-1]):
+            with pytest.raises(data.DatasetError, match=rf"^{path}: slice {bad[-1]} asked for, "
+                                                        r"the file holds slices 0\.\.29$"):
+                reader.read(bad)
 
 
 class CountingFile(io.RawIOBase):
