@@ -62,12 +62,13 @@ float32-sized tensors the backward pass holds at its peak on top of the kept
 activations (calibrated, docs/memory.md; in bfloat16 the measured workspace does not
 halve, so it is counted in float32 sizes for both precisions)."""
 
-RUNTIME_BYTES = 200 * 2 ** 20
+RUNTIME_BYTES = 150 * 2 ** 20
 """Peak RSS beyond the other terms at small inputs (calibrated, docs/memory.md): Keras
 objects, the traced step, oneDNN's primitive cache, and a one-rank Horovod (its
 libraries, background thread and fusion buffer), since ``measure`` times training's own
-step. 165 MiB without Horovod; with it the peak at 16^3 and 32^3 x 4 filters rose
-from about 155 to 205 and 208 MiB (2 runs each)."""
+step. 200 MiB while the step ran Keras' own Adam (a dozen ops per variable) and was
+traced through autograph; with the fused Adam the peak at 16^3 and 32^3 x 4 filters
+fell to 156 and 164 MiB (3 and 2 runs, 2026-11-25)."""
 
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}

@@ -10,6 +10,7 @@ learning-rate arithmetic is importable without it.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -76,12 +77,51 @@ def squared_norm(tensors):
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
 
 
+def _plain_adam(optimizer) -> bool:
+    """Whether ``optimizer`` is Keras' Adam with nothing but its learning rate, betas and
+    epsilon in play (what ``apply_adam`` computes)."""
+    import keras
+    return (type(optimizer) is keras.optimizers.Adam and not optimizer.amsgrad
+            and not optimizer.weight_decay and not optimizer.use_ema
+            and optimizer.clipnorm is None and optimizer.clipvalue is None
+            and optimizer.global_clipnorm is None and not optimizer.gradient_accumulation_steps
+            and optimizer.loss_scale_factor is None)
+
+
+def apply_adam(optimizer, grads, variables):
+    """``optimizer.apply_gradients(zip(grads, variables))`` for a plain Keras Adam
+    (``_plain_adam``), as one fused kernel per variable on Keras' own moment variables:
+    the same update (m, v, then var -= lr_t m / (sqrt(v) + eps), lr_t = lr sqrt(1 -
+    beta2^t) / (1 - beta1^t)) and the same optimizer state, so checkpoints do not change.
+    Keras builds about a dozen ops per variable, which took a third of the train step's
+    tracing and 4-5 of its milliseconds on the demo U-Net (docs/performance.md). Any
+    other optimizer goes through ``apply_gradients``."""
+    if not _plain_adam(optimizer):
+        optimizer.apply_gradients(zip(grads, variables))
+        return
+    import tensorflow as tf
+    if not optimizer.built:  # as apply_gradients does: the moments on first use
+        optimizer.build(variables)
+    step = tf.cast(optimizer.iterations + 1, tf.float32)
+    for grad, var in zip(grads, variables):
+        index = optimizer._get_variable_index(var)  # noqa: SLF001 - Keras' slot lookup
+        cast = functools.partial(tf.cast, dtype=var.dtype)
+        tf.raw_ops.ResourceApplyAdam(
+            var=var.value.handle, m=optimizer._momentums[index].value.handle,  # noqa: SLF001
+            v=optimizer._velocities[index].value.handle,  # noqa: SLF001
+            beta1_power=cast(tf.pow(optimizer.beta_1, step)),
+            beta2_power=cast(tf.pow(optimizer.beta_2, step)),
+            lr=cast(optimizer.learning_rate), beta1=cast(optimizer.beta_1),
+            beta2=cast(optimizer.beta_2), epsilon=cast(optimizer.epsilon), grad=cast(grad))
+    optimizer.iterations.assign_add(1)
+
+
 def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
     """Applies ``grads`` unless ``skip_flag`` > 0; then puts ``stats`` back to ``before``."""
     import tensorflow as tf
 
     def apply():
-        optimizer.apply_gradients(zip(grads, variables))
+        apply_adam(optimizer, grads, variables)
         return tf.constant(True)
 
     def skip():
@@ -116,7 +156,10 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     """
     import tensorflow as tf
 
-    @tf.function(input_signature=_input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)])
+    # autograph=False: the step's Python branches are on Python values only (tf.cond
+    # is explicit), and converting its source took 0.5 s of the demo's 2.5 s trace.
+    @tf.function(input_signature=_input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
+                 autograph=False)
     def train_step(images, masks, flags):
         stats, before, value, local_loss, grads, nonfinite = checked_loss_and_grads(
             model, images, masks, num_classes, loss, ranks)
@@ -143,7 +186,7 @@ def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
 
     from distseg.networks import losses
 
-    @tf.function(input_signature=_input_spec(spatial_shape))
+    @tf.function(input_signature=_input_spec(spatial_shape), autograph=False)
     def eval_step(images, masks):
         probs = model(images, training=False)
         return losses.loss_sums(probs, masks, num_classes), losses.dice_counts(probs, masks, num_classes)
@@ -156,7 +199,7 @@ def make_predict_step(model, spatial_shape: Sequence[int]):
     validation of whole volumes calls it window batch by window batch)."""
     import tensorflow as tf
 
-    @tf.function(input_signature=_input_spec(spatial_shape)[:1])
+    @tf.function(input_signature=_input_spec(spatial_shape)[:1], autograph=False)
     def predict_step(images):
         return model(images, training=False)
 

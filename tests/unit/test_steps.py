@@ -161,3 +161,41 @@ def test_a_checkpoint_of_another_model_is_refused_with_one_line(tmp_path):
 def test_is_due():
     assert [checkpoint.is_due(d, 5, 2) for d in range(1, 6)] == [False, True, False, True, True]
     assert [checkpoint.is_due(d, 3, 0) for d in range(1, 4)] == [False, False, True]
+
+
+def _adam_runs(apply, model_seed=4, steps_=6):
+    """Weights and optimizer state after ``steps_`` updates of a tiny U-Net's Adam by
+    ``apply(optimizer, grads, variables)`` inside a tf.function, the learning rate
+    changed half way (as the warm-up changes it)."""
+    import tensorflow as tf
+
+    from distseg.networks import unet as model_lib
+    keras.utils.set_random_seed(model_seed)
+    model = model_lib.build_unet(16, depth=1, base_filters=2)
+    opt = keras.optimizers.Adam(learning_rate=1e-2)
+    opt.build(model.trainable_variables)
+    rng = np.random.default_rng(1)
+    grads = [[tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in model.trainable_variables]
+             for _ in range(steps_)]
+    update = tf.function(lambda g: apply(opt, g, model.trainable_variables), autograph=False)
+    for k, g in enumerate(grads):
+        if k == steps_ // 2:
+            opt.learning_rate.assign(3e-3)
+        update(g)
+    return [v.numpy() for v in model.trainable_variables], [v.numpy() for v in opt.variables]
+
+
+def test_the_fused_adam_makes_keras_adams_update():
+    fused = _adam_runs(steps.apply_adam)
+    keras_own = _adam_runs(lambda opt, g, vs: opt.apply_gradients(zip(g, vs)))
+    for got, want in zip(fused[0] + fused[1], keras_own[0] + keras_own[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding
+    assert int(fused[1][0]) == 6  # the iteration count moved as Keras' does
+    assert not np.allclose(fused[0][0], _adam_runs(lambda *a: None)[0][0])  # it trained
+
+
+def test_an_adam_with_other_settings_keeps_keras_own_update():
+    assert steps._plain_adam(keras.optimizers.Adam(1e-3))
+    for other in (keras.optimizers.Adam(1e-3, amsgrad=True), keras.optimizers.Adam(1e-3, clipnorm=1.0),
+                  keras.optimizers.AdamW(1e-3), keras.optimizers.SGD(1e-3)):
+        assert not steps._plain_adam(other)
