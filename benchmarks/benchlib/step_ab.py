@@ -59,7 +59,7 @@ def build(args, ctx):
     from distseg.data import slices as data
 
     from benchlib import model_variants
-    from benchlib.step_variants import ONE_RANK_ONLY, VARIANTS
+    from benchlib.step_variants import MANY_RANKS_ONLY, ONE_RANK_ONLY, VARIANTS
     cfg = config_lib.resolve(args.preset, args.config,
                              overrides={"data.path": args.data, "run_dir": "-"})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
@@ -68,8 +68,8 @@ def build(args, ctx):
         batches = [reader.read(ids) for ids in data.shard_batches(
             info.train_indices, ctx.rank, ctx.size, args.batch_size, 0, 0)]
     shape = (cfg.model.image_size,) * 2
-    names = [n for n in args.variants.split(",")
-             if ctx.size == 1 or n.split("+")[0] not in ONE_RANK_ONLY + ("keras",)]
+    only_here = MANY_RANKS_ONLY if ctx.size == 1 else ONE_RANK_ONLY + ("keras",)
+    names = [n for n in args.variants.split(",") if n.split("+")[0] not in only_here]
     built, fns = {}, {}
     for name in names:
         step, _, variant = name.partition("+")

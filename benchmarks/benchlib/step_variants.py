@@ -18,7 +18,10 @@ Variants (``VARIANTS``):
   ``nocond``       the original with the update always applied (no ``tf.cond``);
   ``bare``         forward, backward, update: what Keras ``fit`` runs;
   ``localloss``    each rank's own Dice loss, no forward allreduce, no gradient norms
-                   (the step before the global loss).
+                   (the step before the global loss);
+  ``overlap``      one allreduce per gradient as the backward pass makes it, so Horovod
+                   can reduce while backprop goes on (several ranks only; measured at 2
+                   ranks x 8 demo slices: 432.6 against 431.3 ms, no gain).
 
 ``compiled_weight_checksum`` is a local copy of ``distseg.training.steps.weight_checksum`` run
 as one ``tf.function`` instead of ~1,100 eager ops over the weights and optimizer
@@ -161,6 +164,30 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
     return train_step
 
 
+def make_overlap_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str,
+                            ranks: int = 1, batch: int | None = None):
+    """distseg's step with one allreduce per gradient, issued as the backward pass makes
+    it (Horovod fuses those that are ready in each cycle), instead of one grouped
+    allreduce once every gradient exists; the flags and norms follow in a small one."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from distseg.training import steps
+
+    @tf.function(input_signature=_signature(spatial_shape, batch), autograph=False)
+    def train_step(images, masks, flags):
+        stats, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
+            model, images, masks, num_classes, loss, ranks)
+        reduced = [hvd.allreduce(g, op=hvd.Average, name=f"grad{i}") for i, g in enumerate(grads)]
+        mean_flags, small_sq = hvd.grouped_allreduce(
+            [tf.concat([flags, [nonfinite]], 0), steps.squared_norm(grads)], op=hvd.Average)
+        big_sq = steps.squared_norm(reduced)
+        _apply_unless(mean_flags[2], optimizer, reduced, model.trainable_variables, stats, before)
+        return local_loss, value, mean_flags, tf.stack([small_sq, big_sq])
+
+    return train_step
+
+
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
              batch: int | None = None):
     """distseg's own step, untouched."""
@@ -175,9 +202,12 @@ VARIANTS = {
     "nocond": make_nocond_train_step,
     "bare": make_bare_train_step,
     "localloss": make_localloss_train_step,
+    "overlap": make_overlap_train_step,
 }
 #: Variants valid on one rank only (they skip the allreduce).
 ONE_RANK_ONLY = ("bare",)
+#: Variants valid on several ranks only (their allreduce is their point).
+MANY_RANKS_ONLY = ("overlap",)
 
 
 def _checksum_graph(variables):
