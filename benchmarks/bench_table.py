@@ -131,7 +131,8 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--data", default=os.path.join(REPO, "data", "liver117.h5"))
     p.add_argument("--preset", default="demo")
     p.add_argument("--epochs", type=int, default=4, help="per training run; the first is not timed")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every training run")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of every training run (the median of 3 resists one disturbed round)")
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
     p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
