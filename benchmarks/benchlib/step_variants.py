@@ -24,8 +24,10 @@ Variants (``VARIANTS``):
                    ranks x 8 demo slices: 432.6 against 431.3 ms, no gain).
 
 ``compiled_weight_checksum`` is a local copy of ``distseg.training.steps.weight_checksum`` run
-as one ``tf.function`` instead of ~1,100 eager ops over the weights and optimizer
-state (``check_weights`` calls it at every epoch's end, on every rank).
+as one ``tf.function`` instead of numpy sums over the weights and optimizer state
+(``check_weights`` calls it at every epoch's end, on every rank): 8-11 ms a call
+against numpy's 26-28 ms on the demo U-Net, but 0.9 s to trace for each list of
+variables.
 """
 
 from __future__ import annotations

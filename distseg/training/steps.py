@@ -14,6 +14,8 @@ import functools
 import os
 from typing import Sequence
 
+import numpy as np
+
 from distseg.core.errors import RunError
 from distseg.training import distributed as dist
 
@@ -218,11 +220,17 @@ def onednn_enabled() -> bool:
 
 def weight_checksum(variables) -> list[float]:
     """[sum, sum of squares] of every value, in float64, one variable at a time (never
-    a float64 copy of the whole model and optimizer state at once)."""
-    import tensorflow as tf
-    sums = [tf.stack([tf.reduce_sum(x), tf.reduce_sum(x * x)])
-            for x in (tf.cast(tf.convert_to_tensor(v), tf.float64) for v in variables)]
-    return [float(x) for x in tf.add_n(sums)]
+    a float64 copy of the whole model and optimizer state at once).
+
+    In numpy: the same sums as ~1,100 eager TensorFlow ops took 50-64 ms for the demo
+    U-Net and its Adam state, this 26-28 ms, at every epoch's end on every rank (a
+    ``tf.function`` took 8-11 ms but 0.9 s to trace, once for each list of variables).
+    """
+    total = np.zeros(2)
+    for v in variables:
+        values = np.asarray(v).ravel()
+        total += (values.sum(dtype=np.float64), np.square(values, dtype=np.float64).sum())
+    return [float(x) for x in total]
 
 
 def check_weights(where: str, variables) -> list[float]:
