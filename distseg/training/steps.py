@@ -10,7 +10,6 @@ learning-rate arithmetic is importable without it.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Sequence
 
@@ -104,17 +103,21 @@ def apply_adam(optimizer, grads, variables):
     import tensorflow as tf
     if not optimizer.built:  # as apply_gradients does: the moments on first use
         optimizer.build(variables)
+    # The step's scalars, once (float32 weights: the casts below are no-ops for them).
     step = tf.cast(optimizer.iterations + 1, tf.float32)
+    scalars = {"beta1_power": tf.pow(optimizer.beta_1, step),
+               "beta2_power": tf.pow(optimizer.beta_2, step),
+               "lr": tf.cast(optimizer.learning_rate, tf.float32),
+               "beta1": tf.constant(optimizer.beta_1, tf.float32),
+               "beta2": tf.constant(optimizer.beta_2, tf.float32),
+               "epsilon": tf.constant(optimizer.epsilon, tf.float32)}
     for grad, var in zip(grads, variables):
         index = optimizer._get_variable_index(var)  # noqa: SLF001 - Keras' slot lookup
-        cast = functools.partial(tf.cast, dtype=var.dtype)
         tf.raw_ops.ResourceApplyAdam(
             var=var.value.handle, m=optimizer._momentums[index].value.handle,  # noqa: SLF001
             v=optimizer._velocities[index].value.handle,  # noqa: SLF001
-            beta1_power=cast(tf.pow(optimizer.beta_1, step)),
-            beta2_power=cast(tf.pow(optimizer.beta_2, step)),
-            lr=cast(optimizer.learning_rate), beta1=cast(optimizer.beta_1),
-            beta2=cast(optimizer.beta_2), epsilon=cast(optimizer.epsilon), grad=cast(grad))
+            grad=tf.cast(grad, var.dtype),
+            **{k: tf.cast(x, var.dtype) for k, x in scalars.items()})
     optimizer.iterations.assign_add(1)
 
 
