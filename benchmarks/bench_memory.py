@@ -2,7 +2,7 @@
 ``recompute`` and ``bfloat16`` save.
 
 1. Estimate vs measured: the liver3d U-Net (16 base filters, depth 4, float32) at
-   32^3, 64^3 and 96^3, batch 2; each measured by ``memory.measure`` (a fresh process,
+   32^3, 64^3 and 96^3, batch 2; each measured by ``memprobe.measure`` (a fresh process,
    a few train steps, peak RSS above TensorFlow's own). Goal: within 15 %.
 2. Large inputs without tiling, at the largest size: the plain model, ``recompute``,
    ``bfloat16`` and both, run round-robin (A B C D A B C ...) so the shared machine's
@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distseg.networks import memory
 from distseg.networks import spec as spec_lib
+from distseg.training import memprobe
 
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
          "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
@@ -51,7 +52,7 @@ MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision"
 def run(size: int, batch: int, steps: int, **options) -> dict:
     """One measured run beside its estimate (MiB, seconds)."""
     spec = spec_lib.UNetSpec((size,) * 3, **options)
-    got = memory.measure(spec, batch, steps=steps)
+    got = memprobe.measure(spec, batch, steps=steps)
     est = memory.estimate(spec, batch)
     return {"size": size, "batch": batch, **options, "measured_mib": got.peak_rss / 2 ** 20,
             "estimate_mib": est.total / 2 ** 20, "tf_peak_mib": got.tf_peak / 2 ** 20,
@@ -125,7 +126,7 @@ def dice_ce_step(model, optimizer):
     term makes the small lesion class learn within a short run."""
     import tensorflow as tf
 
-    from distseg.networks import losses
+    from distseg import losses
 
     @tf.function
     def step(images, masks):
@@ -143,7 +144,7 @@ def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0)
     import keras
     import tensorflow as tf
 
-    from distseg.networks import losses
+    from distseg import metrics
     from distseg.networks import unet as model_lib
     (train_x, train_y), (val_x, val_y) = data
     keras.utils.set_random_seed(seed)
@@ -155,9 +156,9 @@ def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0)
     for ids in order:
         step(train_x[ids], train_y[ids])
     seconds = time.perf_counter() - started
-    counts = sum(losses.dice_counts(model(val_x[i:i + 1], training=False), tf.constant(val_y[i:i + 1]), 3).numpy()
+    counts = sum(metrics.dice_counts(model(val_x[i:i + 1], training=False), tf.constant(val_y[i:i + 1]), 3).numpy()
                  for i in range(len(val_x)))
-    dice = losses.dice_from_counts(counts)
+    dice = metrics.dice_from_counts(counts)
     return {"precision": precision, "dice_organ": dice[1], "dice_lesion": dice[2],
             "dice_mean": (dice[1] + dice[2]) / 2, "train_seconds": seconds}
 

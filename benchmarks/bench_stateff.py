@@ -307,14 +307,14 @@ class SimRanks:
         self.apply = tf.function(self._apply)
 
     def _sums(self, images, masks):
-        from distseg.networks import losses
+        from distseg import losses
         probs = self.model(images, training=True)
         return losses.loss_sums(probs, masks, self.cfg.model.num_classes)
 
     def _grads(self, images, masks, total):
         import tensorflow as tf
 
-        from distseg.networks import losses
+        from distseg import losses
         with tf.GradientTape() as tape:
             probs = self.model(images, training=True)
             value, surrogate, _ = losses.global_loss(
@@ -326,9 +326,9 @@ class SimRanks:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
     def _eval(self, images, masks):
-        from distseg.networks import losses
+        from distseg import metrics
         probs = self.model(images, training=False)
-        return losses.dice_counts(probs, masks, self.cfg.model.num_classes)
+        return metrics.dice_counts(probs, masks, self.cfg.model.num_classes)
 
     def preconditioner(self) -> list | None:
         """1 / (sqrt(v_hat) + eps) per variable from Adam's second moments before this
@@ -378,11 +378,11 @@ class SimRanks:
     def validate(self, images, masks) -> dict:
         import numpy as np
 
+        from distseg import metrics
         from distseg.core import config as config_lib
-        from distseg.networks import losses
         counts = sum(self.eval_step(images[i:i + 64], masks[i:i + 64]).numpy()
                      for i in range(0, len(images), 64))
-        dice = losses.dice_from_counts(np.asarray(counts))
+        dice = metrics.dice_from_counts(np.asarray(counts))
         return dict(zip(config_lib.CLASS_NAMES, dice))
 
 

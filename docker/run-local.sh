@@ -28,7 +28,7 @@ mkdir -p "$here/data" "$here/runs"
 # --shm-size: Open MPI's shared-memory transport between the ranks lives in /dev/shm,
 #   and Docker's default 64 MB is too small for a U-Net's gradients.
 # horovodrun -H localhost:RANKS starts every rank in this one container; Horovod's
-#   defaults for CPU scaling come from distseg itself (distseg/training/distributed.py).
+#   defaults for CPU scaling come from distseg itself (distseg/parallel/distributed.py).
 docker run --rm --init \
   --user "$(id -u):$(id -g)" -e HOME=/tmp \
   --shm-size=1g \

@@ -1,7 +1,7 @@
 """Allreduce bandwidth at the gradient size, against memory-copy bandwidth.
 
 ``allreduce`` (run under ``horovodrun -np 2``) times distseg's own gradient
-allreduce, ``distseg.training.distributed.average_gradients`` inside a ``tf.function``, on
+allreduce, ``distseg.parallel.distributed.average_gradients`` inside a ``tf.function``, on
 tensors of exactly the shapes of the demo U-Net's gradients, and reports the
 gradient bytes divided by the seconds per allreduce (the bandwidth a training step
 sees). ``memcpy`` times ``numpy.copyto`` of a buffer of the same size in one
@@ -53,7 +53,7 @@ def allreduce_seconds(shapes: list[tuple], repeats: int = 30) -> tuple[float, in
     """(median seconds per grouped allreduce of float32 tensors of ``shapes``, bytes)."""
     import tensorflow as tf
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     tensors = [tf.ones(s, tf.float32) for s in shapes]
     reduce = tf.function(dist.average_gradients)
     for _ in range(3):
@@ -81,7 +81,7 @@ def main(argv=None):
         nbytes = args.bytes or 4 * sum(math.prod(s) for s in gradient_shapes(args.preset))
         print(json.dumps({"bytes": nbytes, "memcpy_bytes_per_s": memcpy_bytes_per_s(nbytes)}), flush=True)
         return
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     ctx = dist.init()
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)

@@ -81,14 +81,14 @@ def val_liver_dice(model, cfg, reader, info) -> float:
     """Hard liver Dice of ``model`` on the validation split."""
     import numpy as np
 
+    from distseg import metrics
     from distseg.data import slices as data
-    from distseg.networks import losses
     counts = 0
     for ids in data.shard_eval(info.val_indices, 0, 1, cfg.train.batch_size):
         images, masks = reader.read(ids)
         probs = model(images, training=False)
-        counts = counts + losses.dice_counts(probs, masks, cfg.model.num_classes).numpy()
-    return losses.dice_from_counts(np.asarray(counts))[1]
+        counts = counts + metrics.dice_counts(probs, masks, cfg.model.num_classes).numpy()
+    return metrics.dice_from_counts(np.asarray(counts))[1]
 
 
 def seeded(cfg, seed: int):

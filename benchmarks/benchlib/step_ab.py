@@ -105,7 +105,7 @@ def run(args) -> dict:
     """Times every variant round-robin; returns {name: {"wall_ms", "cpu_ms"}} medians."""
     import tensorflow as tf
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     ctx = dist.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -126,7 +126,7 @@ def run(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     results = run(args)
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     if dist.context().is_root():
         base = results.get("distseg")
         print(f"{'variant':10s} {'wall ms':>8s} {'CPU ms':>8s} {'wall x':>7s} {'CPU x':>7s}")

@@ -69,7 +69,7 @@ def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, l
     gradient norms of the noise scale."""
     import tensorflow as tf
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
@@ -88,7 +88,7 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
     gradient norms."""
     import tensorflow as tf
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
 
     @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
@@ -109,7 +109,7 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
     the update: what the ``tf.cond`` around the update costs (not a valid change)."""
     import tensorflow as tf
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape, batch))
@@ -145,8 +145,8 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
     A/B of what those two cost (``make bench``'s ``global_loss_cost`` row)."""
     import tensorflow as tf
 
-    from distseg.networks import losses
-    from distseg.training import distributed as dist
+    from distseg import losses
+    from distseg.parallel import distributed as dist
     from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape, batch))

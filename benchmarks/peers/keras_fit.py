@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402 - after the log level; importing runs no TensorFlow op
 
-from distseg.networks import losses
+from distseg import losses
 from distseg.networks import unet as model_lib  # noqa: E402
 
 

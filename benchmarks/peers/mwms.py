@@ -60,7 +60,7 @@ class MwmsStep:
     def _replica_step(self, images, masks):
         import tensorflow as tf
 
-        from distseg.networks import losses
+        from distseg import losses
         with tf.GradientTape() as tape:
             probs = self.model(images, training=True)
             local = losses.segmentation_loss(probs, masks, self.num_classes, self.loss)

@@ -2,7 +2,7 @@
 
 Parses options, builds a ``UNetSpec``, prints ``memory.estimate`` with its
 per-level breakdown, the verdict against ``--budget`` and the largest batch and input
-that fit; ``--measure`` runs real steps in a fresh process (``memory.measure``). No
+that fit; ``--measure`` runs real steps in a fresh process (``memprobe.measure``). No
 TensorFlow in this process.
 """
 
@@ -13,6 +13,7 @@ import click
 from distseg.core.errors import DistsegError, InputError, fail
 from distseg.networks import memory
 from distseg.networks import spec as spec_lib
+from distseg.training import memprobe
 
 #: Base filters when --base-filters is not given: the liver2d and liver3d presets'.
 DEFAULT_FILTERS = {"unet2d": 64, "unet3d": 16}
@@ -63,7 +64,7 @@ def measured(est: memory.Estimate, steps: int, threads: int) -> list[str]:
     if available and est.total > available:
         raise InputError(f"--measure: the estimate ({memory.human(est.total)}) exceeds this "
                          f"machine's available memory ({memory.human(available)})")
-    got = memory.measure(est.spec, est.batch, steps=steps, threads=threads)
+    got = memprobe.measure(est.spec, est.batch, steps=steps, threads=threads)
     error = 100.0 * (est.total - got.peak_rss) / got.peak_rss
     times = sorted(got.step_seconds)
     return ["", f"measured peak RSS: {memory.human(got.peak_rss)} above TensorFlow's own "

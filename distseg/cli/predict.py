@@ -60,7 +60,7 @@ def predict(inputs, run_dir, out, export_dir, **options):
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from distseg.inference import predict as predict_lib
-    from distseg.training import distributed
+    from distseg.parallel import distributed
     opts = predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), out=out or "", **options)
     if export_dir:
         from distseg.inference import export

@@ -122,6 +122,6 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, mod
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))
-    from distseg.training import distributed
+    from distseg.parallel import distributed
     from distseg.training import loop as train_lib
     distributed.run_command(train_lib.run, cfg, resuming=resume)

@@ -12,7 +12,7 @@ holds a run, a training config that ``distseg-train`` would refuse.
 
 This module is logic only. It imports neither TensorFlow nor Horovod (it runs on login
 nodes, where importing TensorFlow can take a minute), only ``distseg.core.config``,
-``distseg.training.distributed`` for its Horovod defaults (that module imports Horovod only when a
+``distseg.parallel.distributed`` for its Horovod defaults (that module imports Horovod only when a
 run starts) and, for the data check, ``distseg.data`` (h5py).
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import InputError
-from distseg.training import distributed
+from distseg.parallel import distributed
 
 #: The choices of ``--launcher``: the command a job script starts its ranks with (not
 #: the processes a running rank watches, ``distseg.training.stopping.WATCHED_LAUNCHERS``).
@@ -419,7 +419,7 @@ def _q(text: str) -> str:
 def job_environment() -> dict[str, str]:
     """The Horovod and Open MPI settings a job script exports, in the order it exports them.
 
-    Taken from ``distseg.training.distributed`` (what ``distseg-train`` itself would set), plus
+    Taken from ``distseg.parallel.distributed`` (what ``distseg-train`` itself would set), plus
     ``JOB_HOROVOD_SETTINGS``: one definition of each value, not a copy in the template.
     """
     return {**distributed.HOROVOD_DEFAULTS, **JOB_HOROVOD_SETTINGS, **distributed.OMPI_DEFAULTS}

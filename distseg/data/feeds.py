@@ -1,44 +1,22 @@
 """What the training loop reads: slices for the 2D U-Net, slabs of volumes for the 3D one.
 
 A feed knows its sample ids (what the shards, the sample digests and the report's
-coverage check count), the model's input shape, how to open its reader, and how one
-rank scores its share of the validation set. ``distseg.training.loop`` holds one feed and
-never asks which kind it has: one loop for 2D and 3D.
+coverage check count), the model's input shape and how to open its reader.
+``distseg.training.loop`` holds one feed and never asks which kind it has: one loop for
+2D and 3D (how a rank scores its share of the validation set is
+``distseg.training.validation``).
 
 No Horovod here: ``rank`` and ``size`` come in as ints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.data import slices as data
 from distseg.data import volumes
-from distseg.inference import sliding
-from distseg.networks import losses
-
-
-@dataclass
-class Scores:
-    """One rank's share of a validation pass."""
-
-    sums: np.ndarray
-    """``losses.loss_sums`` of this rank's samples (slices or whole volumes), added up:
-    summed over ranks they give the loss of the whole validation set."""
-    samples: int
-    counts: np.ndarray
-    """Hard-Dice counts (3, classes): intersection, predicted, true voxels."""
-    cases: dict = field(default_factory=dict)
-    """3D: case id -> per-class Dice of that whole volume (this rank's cases)."""
-
-    @classmethod
-    def empty(cls, num_classes: int) -> "Scores":
-        return cls(np.zeros(2 * num_classes + 2), 0, np.zeros((3, num_classes)))
 
 
 class SliceFeed:
@@ -56,18 +34,6 @@ class SliceFeed:
     def open_reader(self) -> data.SliceReader:
         return data.SliceReader(self.cfg.data.path, image_size=self.cfg.model.image_size,
                                 resize=self.cfg.data.resize)
-
-    def score(self, reader, eval_step, predict, rank: int, size: int) -> Scores:
-        """This rank's contiguous share of the validation slices."""
-        num_classes = self.cfg.model.num_classes
-        out = Scores.empty(num_classes)
-        for ids in data.shard_eval(self.info.val_indices, rank, size, self.cfg.train.batch_size):
-            images, masks = reader.read(ids)
-            sums, counts = eval_step(images, masks)
-            out.sums += np.asarray(sums, np.float64)
-            out.samples += len(ids)
-            out.counts += np.asarray(counts)
-        return out
 
 
 class VolumeFeed:
@@ -88,23 +54,6 @@ class VolumeFeed:
         return volumes.SlabReader(self.cfg.data.path, self.input_shape,
                                   foreground_fraction=self.cfg.data.foreground_fraction,
                                   seed=self.cfg.train.seed)
-
-    def score(self, reader, eval_step, predict: Callable, rank: int, size: int) -> Scores:
-        """This rank's validation volumes (balanced by voxels), each predicted whole."""
-        num_classes = self.cfg.model.num_classes
-        out = Scores.empty(num_classes)
-        cases = self.info.val_cases
-        for k in sliding.shard_cases(cases, rank, size, voxels=self.info.shapes[cases].prod(1)):
-            image, mask = reader.read_case(int(k))
-            probs = sliding.sliding_window(predict, image, self.input_shape,
-                                           overlap=self.cfg.data.val_overlap,
-                                           batch=self.cfg.train.batch_size)
-            counts = losses.volume_dice_counts(probs, mask, num_classes)
-            out.sums += losses.volume_loss_sums(probs, mask, num_classes)
-            out.samples += 1
-            out.counts += counts
-            out.cases[str(int(self.info.case_ids[k]))] = losses.dice_from_counts(counts)
-        return out
 
 
 Feed = SliceFeed | VolumeFeed

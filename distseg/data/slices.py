@@ -550,7 +550,7 @@ def global_batches(indices: np.ndarray, rank: int, size: int, global_batch: int,
     ``global_batch`` consecutive ids, the same steps at any number of ranks; rank
     ``rank`` takes the ``rank``-th of ``size`` equal parts of each step. So step k trains
     on the same samples whether 1 or ``size`` ranks share it, and with the global loss
-    (``distseg.networks.losses.global_loss``) makes the same update. The last
+    (``distseg.losses.global_loss``) makes the same update. The last
     ``n % global_batch`` ids of each permutation (a new random few every epoch) are left
     out of that epoch.
 

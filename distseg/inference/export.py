@@ -24,10 +24,11 @@ import os
 
 import numpy as np
 
+from distseg import sliding
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.data.convert import geometry
-from distseg.inference import predict, sliding
+from distseg.inference import predict
 
 MODEL_FILE = "model.keras"
 CONVENTION_FILE = "model.json"

@@ -7,7 +7,7 @@ attributes or flags), ``collect_scans`` (input files and folders, with labels wh
 there are any), ``network`` (the newest checkpoint's U-Net as a sliding-window
 ``predict``: windows of one slice for a 2D run, of the training slab for a 3D one),
 then each of this rank's scans: ``segment`` (the converter's preprocessing, the one
-sliding-window inferer of ``distseg.inference.sliding``, the class probabilities
+sliding-window inferer of ``distseg.sliding``, the class probabilities
 resampled back, argmax, the reorientation undone), ``write_segmentation``
 (``OUT/<case>_seg.nii.gz``, uint8, the input's affine) and ``metrics.score_case``
 against the labels. Rank 0 writes ``metrics.csv`` and prints the table; the overlays
@@ -15,7 +15,7 @@ of the best, median and worst cases are drawn by the rank that predicted them
 (``distseg.inference.report``).
 
 Scans are dealt to ranks by voxel count (``sliding.shard_cases``, as 3D validation
-deals its volumes); Horovod is used only through ``distseg.training.distributed`` for
+deals its volumes); Horovod is used only through ``distseg.parallel.distributed`` for
 rank, size and agreement, so a bad input stops every rank with the same line.
 """
 
@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from distseg import metrics, sliding
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import InputError
@@ -38,7 +39,7 @@ from distseg.data import slices as data
 from distseg.data import volumes
 from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity
-from distseg.inference import metrics, report, sliding
+from distseg.inference import report
 from distseg.training import checkpoint
 
 SUBSETS = ("test", "val", "train", "all")
@@ -512,7 +513,7 @@ def make_out_dir(opts: Options) -> None:
 def start(opts: Options):
     """Every check before the first prediction, agreed by all ranks: the run's config,
     the training data, the scans (and their voxel counts), the network."""
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     cfg = dist.agree(run_config, opts.run_dir)
     known = dist.agree(training_data, cfg, opts)
     scans = dist.agree(collect_scans, opts, known.cases)
@@ -532,7 +533,7 @@ def predict_mine(scans: list[Scan], prep: Preprocessing, net: Network, cfg, opts
                  ctx) -> tuple[list, tuple | None]:
     """This rank's scans; stops at the first failure and returns it (message, code)
     instead of raising, so that every rank reaches the agreement after the loop."""
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     results, failure = [], None
     with _progress(len(scans), opts.progress and ctx.is_root()) as bar:
         for scan in scans:
@@ -553,12 +554,12 @@ def run(opts: Options) -> Outcome:
     Raises:
       RunError / InputError: one line, the same on every rank (exit 2 for bad input).
     """
-    from distseg.training import distributed as dist
-    from distseg.training.loop import configure_threads
+    from distseg.parallel import distributed as dist
+    from distseg.parallel import threads
     ctx = dist.init()
     # Training's thread rule (OMP_NUM_THREADS, else this rank's cores), not the run's
     # flags: those were chosen for the machine it trained on.
-    configure_threads(config_lib.TrainConfig(), ctx.cores)
+    threads.configure_threads(config_lib.TrainConfig(), ctx.cores)
     cfg, known, scans, sizes, net = start(opts)
     results, failure = predict_mine(mine(scans, sizes, ctx.rank, ctx.size), known.prep, net,
                                     cfg, opts, ctx)

@@ -14,8 +14,8 @@ import os
 
 import numpy as np
 
+from distseg import metrics
 from distseg.data.convert import geometry, sources
-from distseg.inference import metrics
 
 OVERLAY_PICKS = ("best", "median", "worst")
 #: Truth and prediction contour colours per foreground class (1, 2, ...).

@@ -1,5 +1,5 @@
 """The U-Net builder for 2D and 3D (Keras 3 on TensorFlow); the losses and Dice are in
-``distseg.networks.losses``.
+``distseg.losses``.
 
 ``build_unet`` builds the classic encoder-decoder of Ronneberger et al. for 2D or 3D
 inputs (``spatial_dims``): two 3x3 convolutions per level, ``depth`` poolings, filters

@@ -32,34 +32,13 @@ from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
 from distseg.data import slices as data
-from distseg.training import checkpoint, resume, steps, stopping
-from distseg.training import distributed as dist
+from distseg.parallel import distributed as dist
+from distseg.parallel import threads as threads_lib
+from distseg.training import checkpoint, resume, steps, stopping, validation
 from distseg.training.noise import NoiseScale
 from distseg.training.runlog import RunLog
 
 Failure = tuple[str, int]
-
-
-def resolve_threads(train_cfg, cores: int) -> tuple[int, int]:
-    """(intra_op, inter_op) threads: flags, else OMP_NUM_THREADS, else cores per rank."""
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    intra = train_cfg.intra_op_threads or (int(omp) if omp.isdigit() and int(omp) > 0 else cores)
-    inter = train_cfg.inter_op_threads or config_lib.default_inter_op_threads(cores)
-    return max(1, intra), max(1, inter)
-
-
-def configure_threads(train_cfg, cores: int) -> tuple[int, int]:
-    """Sets TensorFlow's thread pools (before its first op); returns those in force."""
-    intra, inter = resolve_threads(train_cfg, cores)
-    os.environ.setdefault("OMP_NUM_THREADS", str(intra))
-    import tensorflow as tf  # after dist.init(): threads must be set before first use
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:  # TF already running in this process (a second run in tests)
-        intra = tf.config.threading.get_intra_op_parallelism_threads()
-        inter = tf.config.threading.get_inter_op_parallelism_threads()
-    return intra, inter
 
 
 # --- start-up: checks without side effects, then the run directory -----------------
@@ -508,12 +487,13 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
     return result
 
 
-def _shard_scores(s: Session) -> tuple[feeds.Scores, Failure | None]:
+def _shard_scores(s: Session) -> tuple[validation.Scores, Failure | None]:
     """This rank's validation scores, and its failure (shared by the caller)."""
     try:
-        return s.feed.score(s.reader, s.eval_step, s.predict, s.ctx.rank, s.ctx.size), None
+        return validation.score(s.feed, s.reader, s.eval_step, s.predict, s.ctx.rank,
+                                s.ctx.size), None
     except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
-        return feeds.Scores.empty(s.cfg.model.num_classes), dist.failure_of(e)
+        return validation.Scores.empty(s.cfg.model.num_classes), dist.failure_of(e)
 
 
 def validate(s: Session) -> dict:
@@ -522,27 +502,12 @@ def validate(s: Session) -> dict:
     failed)."""
     if not (s.cfg.train.validate and s.feed.val_count):
         return {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
-    from distseg.networks import losses
     mine, failure = _shard_scores(s)
-    n, num_classes, kind = mine.samples, s.cfg.model.num_classes, s.cfg.train.loss
-    total = dist.allreduce(np.concatenate([[n, failure is not None], mine.counts.ravel(),
-                                           mine.sums]), op="sum")
-    if total[1] > 0:
+    total = dist.allreduce(mine.packed(failure is not None), op="sum")
+    totals = validation.Totals.unpack(total, s.cfg.model.num_classes)
+    if totals.failed:
         dist.raise_agreed(failure)
-    counts, sums = total[2:2 + 3 * num_classes].reshape(3, num_classes), total[2 + 3 * num_classes:]
-    local_dice = losses.dice_from_counts(mine.counts) if n else [None] * num_classes
-    cases = {"val_cases_local": {case: dict(zip(s.class_names, dice))
-                                 for case, dice in mine.cases.items()}} if mine.cases else {}
-    return {
-        # The loss of the whole validation set (its Dice sums over every rank's samples).
-        "val_loss": float(losses.loss_from_sums(sums, num_classes, kind)) if total[0] else None,
-        "val_loss_local": float(losses.loss_from_sums(mine.sums, num_classes, kind)) if n else None,
-        "val_samples_local": n,
-        "val_samples": int(total[0]),
-        "val_dice": dict(zip(s.class_names, losses.dice_from_counts(counts))),
-        "val_dice_local": dict(zip(s.class_names, local_dice)),
-        **cases,
-    }
+    return validation.record(mine, totals, s.class_names, s.cfg.train.loss)
 
 
 def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
@@ -667,7 +632,7 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     """Trains on every rank (``resuming``: continues the run in ``cfg.run_dir`` from its
     newest whole checkpoint); returns 0, or raises ``RunError`` / ``Interrupted``."""
     ctx = dist.init()
-    threads = configure_threads(cfg.train, ctx.cores)
+    threads = threads_lib.configure_threads(cfg.train, ctx.cores)
     if dist.is_elastic():
         # No collective before the elastic loop: a rank that joins later runs this alone.
         cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them

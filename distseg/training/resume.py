@@ -14,8 +14,8 @@ import numpy as np
 
 from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
+from distseg.parallel import distributed as dist
 from distseg.training import checkpoint
-from distseg.training import distributed as dist
 
 
 def local_variables(model) -> list:

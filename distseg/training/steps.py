@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from distseg.core.errors import RunError
-from distseg.training import distributed as dist
+from distseg.parallel import distributed as dist
 
 
 def lr_at(step: int, base: float, target: float, warmup_steps: int) -> float:
@@ -48,7 +48,7 @@ def loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int
     """
     import tensorflow as tf
 
-    from distseg.networks import losses
+    from distseg import losses
     total = dist.sum_in_step if ranks > 1 else _identity
     with tf.GradientTape() as tape:
         probs = model(images, training=True)
@@ -185,16 +185,16 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
 def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
     """Compiles ``eval_step(images, masks) -> (loss sums, Dice counts)`` (no
-    communication): ``losses.loss_sums`` and ``losses.dice_counts`` of the batch, which
+    communication): ``losses.loss_sums`` and ``metrics.dice_counts`` of the batch, which
     add up over batches and ranks into the loss and Dice of the whole validation set."""
     import tensorflow as tf
 
-    from distseg.networks import losses
+    from distseg import losses, metrics
 
     @tf.function(input_signature=_input_spec(spatial_shape), autograph=False)
     def eval_step(images, masks):
         probs = model(images, training=False)
-        return losses.loss_sums(probs, masks, num_classes), losses.dice_counts(probs, masks, num_classes)
+        return losses.loss_sums(probs, masks, num_classes), metrics.dice_counts(probs, masks, num_classes)
 
     return eval_step
 

@@ -193,7 +193,7 @@ _STEP_VARIANTS_SCRIPT = """
 import json, sys
 import keras, numpy as np
 from benchlib import step_variants
-from distseg.training import distributed as dist
+from distseg.parallel import distributed as dist
 from distseg.networks import unet as model_lib
 from distseg.training import steps
 dist.init()

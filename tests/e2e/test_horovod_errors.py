@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 PEER_GONE = textwrap.dedent("""
     import json, sys, time
     import tensorflow as tf
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
 
     ctx = dist.init()
     if ctx.rank == 1:
@@ -50,7 +50,7 @@ PEER_GONE = textwrap.dedent("""
 AFTER_SHUTDOWN = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
 
     dist.init()
     dist.shutdown()
@@ -97,7 +97,7 @@ def test_a_horovod_op_after_shutdown_is_not_a_lost_peer(tmp_path):
 def test_horovods_own_exceptions_are_read_by_type():
     from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-    from distseg.training import distributed as dist
+    from distseg.parallel import distributed as dist
     assert dist.lost_peer(HorovodInternalError("any words")) and dist.recoverable(HorovodInternalError("x"))
     assert dist.recoverable(HostsUpdatedInterrupt(False)) and not dist.lost_peer(HostsUpdatedInterrupt(True))
     assert not dist.lost_peer(RuntimeError("HorovodAllreduce failed: not a TensorFlow error"))

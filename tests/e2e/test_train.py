@@ -17,7 +17,7 @@ import pytest
 
 from distseg.core import schema
 from distseg.data import synth
-from distseg.training.distributed import physical_cores
+from distseg.parallel.distributed import physical_cores
 
 import proc_group
 from proc_group import run_group

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from distseg.training import distributed as dist
+from distseg.parallel import distributed as dist
 
 
 def _rank_from_env() -> int:

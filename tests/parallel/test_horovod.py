@@ -16,7 +16,7 @@ from distseg.core import rundir, schema
 from distseg.core.errors import RunError
 from distseg.data import slices as data
 from distseg.data import synth
-from distseg.training import distributed as dist
+from distseg.parallel import distributed as dist
 from distseg.training import steps
 
 pytestmark = pytest.mark.timeout(300)

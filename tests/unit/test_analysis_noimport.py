@@ -63,6 +63,7 @@ def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
 PLAIN_MODULES = ("distseg.core.config", "distseg.core.errors", "distseg.core.schema",
                  "distseg.core.rundir", "distseg.core.stopflag", "distseg.cluster.jobs",
                  "distseg.cli.jobs", "distseg.networks.spec", "distseg.networks.memory",
+                 "distseg.training.memprobe", "distseg.parallel.threads",
                  "distseg.training.noise", "analysis.report")
 
 

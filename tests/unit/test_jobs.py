@@ -22,7 +22,7 @@ import pytest
 from distseg.cluster import jobs as jobs_lib
 from distseg.core import errors, rundir, schema
 from distseg.data import synth
-from distseg.training import distributed
+from distseg.parallel import distributed
 
 from proc_group import run_group
 from support import BIN, REPO, command_env, slurm_env
@@ -144,7 +144,7 @@ def _horovod_section(script: str) -> str:
 
 @pytest.mark.parametrize("partition", sorted(jobs_lib.PARTITIONS))
 def test_rendered_script_exports_the_horovod_defaults_of_distseg(tmp_path, partition):
-    # The values come from distseg.training.distributed (what distseg-train sets itself) and
+    # The values come from distseg.parallel.distributed (what distseg-train sets itself) and
     # jobs.JOB_HOROVOD_SETTINGS, not from a copy in the template: run the script's
     # Horovod block in a clean shell and read back what it exported.
     out = cli("render", "--partition", partition, "--nodes", "1", "--data", "x.h5", "--no-check-data",

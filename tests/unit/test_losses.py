@@ -1,4 +1,4 @@
-"""distseg/networks/losses.py: the TensorFlow and numpy forms agree, and the global
+"""distseg/losses.py: the TensorFlow and numpy forms agree, and the global
 loss's per-rank surrogates add up to the gradient of the whole batch's loss."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from distseg.networks import losses
+from distseg import losses, metrics
 
 
 def _batch(seed: int, shape=(4, 6, 5), classes: int = 3):
@@ -66,25 +66,25 @@ def test_dice_counts_combine_like_one_batch():
     rng = np.random.default_rng(1)
     masks = rng.integers(0, 3, size=(4, 8, 8)).astype(np.uint8)
     probs = tf.nn.softmax(rng.normal(size=(4, 8, 8, 3)).astype(np.float32))
-    whole = losses.dice_counts(probs, tf.constant(masks), 3).numpy()
-    parts = sum(losses.dice_counts(probs[i:i + 1], tf.constant(masks[i:i + 1]), 3).numpy()
+    whole = metrics.dice_counts(probs, tf.constant(masks), 3).numpy()
+    parts = sum(metrics.dice_counts(probs[i:i + 1], tf.constant(masks[i:i + 1]), 3).numpy()
                 for i in range(4))
     np.testing.assert_allclose(whole, parts)
     pred = np.argmax(probs.numpy(), -1)
-    for c, d in enumerate(losses.dice_from_counts(whole)):
+    for c, d in enumerate(metrics.dice_from_counts(whole)):
         inter = np.sum((pred == c) & (masks == c))
         assert d == pytest.approx(2 * inter / (np.sum(pred == c) + np.sum(masks == c)))
-    assert losses.dice_from_counts(np.zeros((3, 2))) == [None, None]
+    assert metrics.dice_from_counts(np.zeros((3, 2))) == [None, None]
 
 
 def test_tensorflow_and_numpy_counts_agree():
     probs, masks = _batch(1, shape=(3, 8, 8), classes=4)
-    ours = losses.dice_counts(tf.constant(probs), tf.constant(masks), 4).numpy()
-    np.testing.assert_array_equal(ours, losses.volume_dice_counts(probs, masks, 4))
-    dice = losses.dice_from_counts(ours)
+    ours = metrics.dice_counts(tf.constant(probs), tf.constant(masks), 4).numpy()
+    np.testing.assert_array_equal(ours, metrics.volume_dice_counts(probs, masks, 4))
+    dice = metrics.dice_from_counts(ours)
     for c in range(4):
         assert dice[c] == pytest.approx(2 * ours[0, c] / (ours[1, c] + ours[2, c]))
-    assert losses.dice_from_counts(np.zeros((3, 2))) == [None, None]
+    assert metrics.dice_from_counts(np.zeros((3, 2))) == [None, None]
 
 
 def test_an_unknown_loss_is_refused():

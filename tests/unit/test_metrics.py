@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from distseg.inference import metrics
+from distseg import metrics
 
 
 def cube(shape=(30, 30, 30), lo=(5, 5, 5), side=10):

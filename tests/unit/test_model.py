@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from distseg.networks import losses
+from distseg import losses
 from distseg.networks import unet as model_lib  # noqa: E402
 
 

@@ -5,10 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from distseg import metrics, sliding
 from distseg.data import slices as data
 from distseg.data import synth, volumes
-from distseg.inference import sliding
-from distseg.networks import losses
 
 #: (volume shape, window, overlap, batch): divisible, not divisible, shorter than the
 #: window along some axes or all of them, overlaps from none to most.
@@ -161,31 +160,30 @@ def test_volume_dice_counts_count_voxels_per_class():
     pred = mask.copy()
     pred[:10] = 0  # 10 slices predicted all background
     probs = np.eye(3, dtype=np.float32)[pred] * 0.5 + 0.1
-    counts = losses.volume_dice_counts(probs, mask, 3)
+    counts = metrics.volume_dice_counts(probs, mask, 3)
     for c in range(3):
         assert counts[0, c] == ((pred == c) & (mask == c)).sum()
         assert counts[1, c] == (pred == c).sum() and counts[2, c] == (mask == c).sum()
-    dice = losses.dice_from_counts(counts)
+    dice = metrics.dice_from_counts(counts)
     for c in range(3):
         assert dice[c] == pytest.approx(2 * counts[0, c] / (counts[1, c] + counts[2, c]))
-    assert losses.dice_from_counts(losses.volume_dice_counts(np.eye(3)[mask], mask, 3)) == [1.0] * 3
-    only_bg = losses.volume_dice_counts(np.eye(3)[np.zeros_like(mask)], np.zeros_like(mask), 3)
-    assert losses.dice_from_counts(only_bg) == [1.0, None, None]
+    assert metrics.dice_from_counts(metrics.volume_dice_counts(np.eye(3)[mask], mask, 3)) == [1.0] * 3
+    only_bg = metrics.volume_dice_counts(np.eye(3)[np.zeros_like(mask)], np.zeros_like(mask), 3)
+    assert metrics.dice_from_counts(only_bg) == [1.0, None, None]
     with pytest.raises(ValueError, match="mask holds label 3"):
-        losses.volume_dice_counts(probs, np.full_like(mask, 3), 3)
+        metrics.volume_dice_counts(probs, np.full_like(mask, 3), 3)
 
 
 def test_volume_dice_counts_match_the_training_metric():
     import tensorflow as tf
 
-    from distseg.networks import losses
     rng = np.random.default_rng(1)
     mask = rng.integers(0, 3, size=(6, 8, 8)).astype(np.uint8)
     probs = rng.random((6, 8, 8, 3)).astype(np.float32)
-    ours = losses.volume_dice_counts(probs, mask, 3)
-    theirs = losses.dice_counts(tf.constant(probs[None]), tf.constant(mask[None]), 3).numpy()
+    ours = metrics.volume_dice_counts(probs, mask, 3)
+    theirs = metrics.dice_counts(tf.constant(probs[None]), tf.constant(mask[None]), 3).numpy()
     np.testing.assert_array_equal(ours, theirs)
-    assert losses.dice_from_counts(ours) == losses.dice_from_counts(theirs)
+    assert metrics.dice_from_counts(ours) == metrics.dice_from_counts(theirs)
 
 
 def test_sliding_window_on_a_file_gives_per_case_counts(tmp_path):
@@ -203,7 +201,7 @@ def test_sliding_window_on_a_file_gives_per_case_counts(tmp_path):
         for k in range(info.cases):
             image, mask = reader.read_case(k)
             probs = sliding.sliding_window(model, image, reader.slab, batch=2)
-            counts = losses.volume_dice_counts(probs, mask, 3)
+            counts = metrics.volume_dice_counts(probs, mask, 3)
             assert counts[2].sum() == mask.size == counts[1].sum()
             assert counts[1, 1] == (image > threshold).sum()
             assert counts[0, 2] == 0  # lesions never predicted

@@ -9,8 +9,9 @@ Soft Dice of class c over a batch (sums over every sample and voxel):
 with s = ``SMOOTH`` so that a class absent from both prediction and truth scores 1. The
 loss ``dice`` is -mean_c dice_c (-1 is perfect: the convention of the Stampede2 liver
 study whose targets are -0.75 and -0.76); ``dice_ce`` adds the mean categorical
-cross-entropy. The hard Dice of a set is kept as counts (intersection, predicted, true
-voxels per class) that add up over batches, cases and ranks.
+cross-entropy. What a loss is computed from, the loss sums, add up over batches, cases and
+ranks; their layout is ``sums_width`` and ``split_sums``. The hard Dice (argmax) is a
+metric: ``distseg.metrics``.
 
 TensorFlow is imported inside the TensorFlow forms, so the numpy forms load without it.
 tests/unit/test_losses.py holds the two forms to each other.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from distseg import metrics
 from distseg.core.config import LOSSES
 
 #: The soft Dice's smoothing constant.
@@ -34,18 +36,21 @@ def check_loss(kind: str) -> None:
         raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
 
 
+def sums_width(num_classes: int) -> int:
+    """Length of the loss sums of ``num_classes`` classes: I (C), D (C), the summed
+    cross-entropy and the voxel count."""
+    return 2 * num_classes + 2
+
+
+def split_sums(sums, num_classes: int):
+    """(I, D, cross-entropy total, voxels) of loss sums (numpy or TensorFlow)."""
+    c = num_classes
+    return sums[:c], sums[c:2 * c], sums[2 * c], sums[2 * c + 1]
+
+
 def dice_from_sums(inter, denom):
     """Per-class soft Dice from the sums ``I_c`` and ``D_c`` (numpy or TensorFlow)."""
     return (2.0 * inter + SMOOTH) / (denom + SMOOTH)
-
-
-def dice_from_counts(counts) -> list:
-    """Per-class hard Dice from summed counts (3, classes); None where a class is
-    absent from both prediction and truth (Dice is undefined there)."""
-    out = []
-    for inter, pred, true in zip(*[list(map(float, row)) for row in counts]):
-        out.append(None if pred + true == 0 else 2.0 * inter / (pred + true))
-    return out
 
 
 # --- TensorFlow forms (train and eval steps) ---------------------------------------
@@ -81,11 +86,11 @@ def loss_from_sums(sums, num_classes: int, kind: str = "dice"):
     """The loss (``dice`` or ``dice_ce``) of everything ``sums`` (``loss_sums``,
     ``volume_loss_sums``, summed) covers; numpy or TensorFlow in, the same out."""
     check_loss(kind)
-    c = num_classes
-    dice = dice_from_sums(sums[:c], sums[c:2 * c])
-    loss = -sum(dice[k] for k in range(c)) / c
+    inter, denom, ce, voxels = split_sums(sums, num_classes)
+    dice = dice_from_sums(inter, denom)
+    loss = -sum(dice[k] for k in range(num_classes)) / num_classes
     if kind == "dice_ce":
-        loss = loss + sums[2 * c] / sums[2 * c + 1]
+        loss = loss + ce / voxels
     return loss
 
 
@@ -113,53 +118,16 @@ def global_loss(probs, masks, num_classes: int, kind: str, sum_over_ranks, ranks
     c = num_classes
     local = loss_sums(probs, masks, c)
     total = tf.stop_gradient(sum_over_ranks(local))
-    inter, denom = total[:c], total[c:2 * c]
+    inter, denom, _, voxels = split_sums(total, c)
+    inter_r, denom_r, ce_r, _ = split_sums(local, c)
     d = denom + SMOOTH
-    part = -tf.reduce_mean(2.0 * local[:c] / d - (2.0 * inter + SMOOTH) * local[c:2 * c] / (d * d))
+    part = -tf.reduce_mean(2.0 * inter_r / d - (2.0 * inter + SMOOTH) * denom_r / (d * d))
     if kind == "dice_ce":
-        part = part + local[2 * c] / total[2 * c + 1]
+        part = part + ce_r / voxels
     return loss_from_sums(total, c, kind), float(ranks) * part, local
 
 
-def dice_counts(probs, masks, num_classes: int):
-    """Hard-Dice counts of a batch, shape (3, num_classes) float64: intersection,
-    predicted and true voxels per class."""
-    import tensorflow as tf
-    pred = tf.one_hot(tf.argmax(probs, axis=-1), num_classes, dtype=tf.float64)
-    true = tf.one_hot(tf.cast(masks, tf.int32), num_classes, dtype=tf.float64)
-    axes = list(range(len(probs.shape) - 1))
-    return tf.stack([tf.reduce_sum(pred * true, axis=axes), tf.reduce_sum(pred, axis=axes),
-                     tf.reduce_sum(true, axis=axes)])
-
-
 # --- numpy forms (whole volumes) ---------------------------------------------------
-
-def _check_volume(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> None:
-    if probs.shape[:-1] != mask.shape or probs.shape[-1] != num_classes:
-        raise ValueError(f"probabilities {probs.shape} and mask {mask.shape} do not match "
-                         f"({num_classes} classes)")
-    if mask.size and (int(mask.max()) >= num_classes or int(mask.min()) < 0):
-        raise ValueError(f"mask holds label {int(mask.max())}, expected 0..{num_classes - 1}")
-
-
-def volume_dice_counts(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:
-    """``dice_counts`` of one volume: the argmax of ``probs`` (..., C) against ``mask``
-    (...), (3, num_classes) float64, counted ``_CHUNK`` slices at a time.
-
-    Raises:
-      ValueError: shapes that differ, or a label outside 0..num_classes-1.
-    """
-    _check_volume(probs, mask, num_classes)
-    confusion = np.zeros(num_classes * num_classes, dtype=np.int64)
-    for z in range(0, mask.shape[0], _CHUNK):
-        pred = np.argmax(probs[z:z + _CHUNK], axis=-1).astype(np.int64)
-        true = mask[z:z + _CHUNK].astype(np.int64)
-        confusion += np.bincount((pred * num_classes + true).ravel(),
-                                 minlength=num_classes * num_classes)
-    confusion = confusion.reshape(num_classes, num_classes)  # rows predicted, columns true
-    return np.stack([np.diag(confusion), confusion.sum(axis=1),
-                     confusion.sum(axis=0)]).astype(np.float64)
-
 
 def volume_loss_sums(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> np.ndarray:
     """``loss_sums`` of one whole volume in float64 numpy, ``_CHUNK`` slices at a time.
@@ -167,18 +135,16 @@ def volume_loss_sums(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> n
     Raises:
       ValueError: shapes that differ, or a label out of range.
     """
-    _check_volume(probs, mask, num_classes)
-    out = np.zeros(2 * num_classes + 2)
+    metrics.check_volume(probs, mask, num_classes)
+    out = np.zeros(sums_width(num_classes))
     for z in range(0, mask.shape[0], _CHUNK):
         p = probs[z:z + _CHUNK].reshape(-1, num_classes).astype(np.float64)
         labels = mask[z:z + _CHUNK].reshape(-1).astype(np.int64)
         onehot = np.eye(num_classes)[labels]
-        out[:num_classes] += (p * onehot).sum(axis=0)
-        out[num_classes:2 * num_classes] += p.sum(axis=0) + onehot.sum(axis=0)
         # Clipped as Keras' cross-entropy clips (epsilon 1e-7).
         picked = np.clip(p[np.arange(len(labels)), labels], 1e-7, 1.0 - 1e-7)
-        out[2 * num_classes] -= float(np.log(picked).sum())
-    out[2 * num_classes + 1] = mask.size
+        out += np.concatenate([(p * onehot).sum(axis=0), p.sum(axis=0) + onehot.sum(axis=0),
+                               [-float(np.log(picked).sum()), labels.size]])
     return out
 
 

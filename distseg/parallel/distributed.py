@@ -328,7 +328,7 @@ def _watched(fn):
 
 def _require():
     if _hvd is None:
-        raise RuntimeError("distseg.training.distributed.init() has not been called")
+        raise RuntimeError("distseg.parallel.distributed.init() has not been called")
     return _hvd
 
 

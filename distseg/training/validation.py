@@ -1,0 +1,123 @@
+"""Validation: each rank scores its share of the validation set, and one allreduce of
+the packed scores gives the loss of the whole set and its hard Dice.
+
+Slices (2D) are scored in batches with the eval step; volumes (3D) whole, by the
+sliding-window inferer, each rank taking cases balanced by voxels. Both add up the same
+two things, the loss sums (``losses.sums_width``) and the hard-Dice counts
+(``metrics``), so the loss and Dice of the whole set are exact at any rank count.
+
+No Horovod here: ``rank`` and ``size`` come in as ints, and the caller runs the
+allreduce of ``Scores.packed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from distseg import losses, metrics, sliding
+from distseg.data import feeds
+from distseg.data import slices as data
+
+
+@dataclass
+class Scores:
+    """One rank's share of a validation pass."""
+
+    sums: np.ndarray
+    """``losses.loss_sums`` of this rank's samples (slices or whole volumes), added up:
+    summed over ranks they give the loss of the whole validation set."""
+    samples: int
+    counts: np.ndarray
+    """Hard-Dice counts (3, classes): intersection, predicted, true voxels."""
+    cases: dict = field(default_factory=dict)
+    """3D: case id -> per-class Dice of that whole volume (this rank's cases)."""
+
+    @classmethod
+    def empty(cls, num_classes: int) -> "Scores":
+        return cls(np.zeros(losses.sums_width(num_classes)), 0, np.zeros((3, num_classes)))
+
+    def packed(self, failed: bool) -> np.ndarray:
+        """[samples, failed, counts, sums]: what the ranks sum in one allreduce."""
+        return np.concatenate([[self.samples, failed], self.counts.ravel(), self.sums])
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The sum over ranks of every rank's ``Scores.packed``."""
+
+    samples: int
+    failed: bool
+    """True when any rank failed to score its share."""
+    counts: np.ndarray
+    sums: np.ndarray
+
+    @classmethod
+    def unpack(cls, total: np.ndarray, num_classes: int) -> "Totals":
+        end = 2 + 3 * num_classes
+        return cls(int(total[0]), bool(total[1] > 0),
+                   np.asarray(total[2:end]).reshape(3, num_classes), np.asarray(total[end:]))
+
+
+def score(feed: feeds.Feed, reader, eval_step: Callable, predict: Callable, rank: int,
+          size: int) -> Scores:
+    """This rank's scores: slices in batches of the eval step, or whole volumes."""
+    if isinstance(feed, feeds.VolumeFeed):
+        return score_volumes(feed, reader, predict, rank, size)
+    return score_slices(feed, reader, eval_step, rank, size)
+
+
+def score_slices(feed: feeds.SliceFeed, reader, eval_step: Callable, rank: int,
+                 size: int) -> Scores:
+    """This rank's contiguous share of the validation slices."""
+    out = Scores.empty(feed.cfg.model.num_classes)
+    for ids in data.shard_eval(feed.info.val_indices, rank, size, feed.cfg.train.batch_size):
+        images, masks = reader.read(ids)
+        sums, counts = eval_step(images, masks)
+        out.sums += np.asarray(sums, np.float64)
+        out.samples += len(ids)
+        out.counts += np.asarray(counts)
+    return out
+
+
+def score_volumes(feed: feeds.VolumeFeed, reader, predict: Callable, rank: int,
+                  size: int) -> Scores:
+    """This rank's validation volumes (balanced by voxels), each predicted whole by
+    sliding windows of the training slab."""
+    cfg, info = feed.cfg, feed.info
+    num_classes = cfg.model.num_classes
+    out = Scores.empty(num_classes)
+    cases = info.val_cases
+    for k in sliding.shard_cases(cases, rank, size, voxels=info.shapes[cases].prod(1)):
+        image, mask = reader.read_case(int(k))
+        probs = sliding.sliding_window(predict, image, feed.input_shape,
+                                       overlap=cfg.data.val_overlap, batch=cfg.train.batch_size)
+        counts = metrics.volume_dice_counts(probs, mask, num_classes)
+        out.sums += losses.volume_loss_sums(probs, mask, num_classes)
+        out.samples += 1
+        out.counts += counts
+        out.cases[str(int(info.case_ids[k]))] = metrics.dice_from_counts(counts)
+    return out
+
+
+def record(mine: Scores, totals: Totals, class_names: Sequence[str], kind: str) -> dict:
+    """The validation fields of an ``epoch`` record: the whole set's loss and Dice, and
+    this rank's share of them."""
+    num_classes = len(class_names)
+    n = mine.samples
+    local_dice = metrics.dice_from_counts(mine.counts) if n else [None] * num_classes
+    cases = {"val_cases_local": {case: dict(zip(class_names, dice))
+                                 for case, dice in mine.cases.items()}} if mine.cases else {}
+    return {
+        # The loss of the whole validation set (its Dice sums over every rank's samples).
+        "val_loss": (float(losses.loss_from_sums(totals.sums, num_classes, kind))
+                     if totals.samples else None),
+        "val_loss_local": float(losses.loss_from_sums(mine.sums, num_classes, kind)) if n else None,
+        "val_samples_local": n,
+        "val_samples": totals.samples,
+        "val_dice": dict(zip(class_names, metrics.dice_from_counts(totals.counts))),
+        "val_dice_local": dict(zip(class_names, local_dice)),
+        **cases,
+    }

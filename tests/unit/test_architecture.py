@@ -1,0 +1,115 @@
+"""The layout holds: every import in ``distseg/`` points down the stages, ``analysis/``
+reaches only ``distseg.core`` and the data file's format (``distseg.data``, for the
+coverage check against the file's split), no module of either imports itself round a cycle, and no
+function reaches 80 lines.
+
+The stages, lowest first (peers share a tier and may import each other):
+
+0. ``core``: plain facts (config, errors, log schema, run directory).
+1. ``parallel``: the runtime every stage shares (Horovod, thread pools).
+2. ``networks``, ``losses``, ``metrics``: the U-Net, what it is trained with, how it is scored.
+3. ``data``: data on disk and on its way to the model.
+4. ``sliding``: the sliding-window inferer (pads as the data's slab reader pads).
+5. ``training``: the loop, its step, validation, checkpoints.
+6. ``inference``, ``cluster``: prediction from a trained run; Slurm jobs and hosts.
+7. ``cli``: one thin module per command.
+
+The imports are read from the source (``ast``), function-level ones included, so a lazy
+import against the order fails too.
+"""
+
+import ast
+import os
+
+from support import REPO
+
+TIERS = (("core",), ("parallel",), ("networks", "losses", "metrics"), ("data",),
+         ("sliding",), ("training",), ("inference", "cluster"), ("cli",))
+TIER = {stage: i for i, names in enumerate(TIERS) for stage in names}
+PACKAGES = ("distseg", "analysis")
+
+
+def _modules(package: str) -> dict[str, str]:
+    """Dotted module name -> file, for every ``.py`` file under ``package``."""
+    out = {}
+    for root, _, files in os.walk(os.path.join(REPO, package)):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                out[dotted.removesuffix(".__init__")] = path
+    return out
+
+
+def _imported(path: str) -> set[str]:
+    """Every ``distseg``/``analysis`` module ``path`` imports, at any depth of the file
+    (``from distseg import losses`` counts as ``distseg.losses``)."""
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] in PACKAGES)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in PACKAGES:
+                out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "distseg" else None
+
+
+def test_every_stage_of_distseg_is_in_the_order():
+    stages = {_stage(m) for m in _modules("distseg")} - {None}
+    assert stages == set(TIER), "a new stage needs a tier in TIERS (and docs/architecture.md)"
+
+
+def test_every_import_in_distseg_points_down_the_stages():
+    against = []
+    for module, path in sorted(_modules("distseg").items()):
+        source = _stage(module)
+        for target in sorted(_imported(path)):
+            stage = _stage(target)
+            if source and stage in TIER and TIER[stage] > TIER[source]:
+                against.append(f"{module} -> {target}")
+    assert against == []
+
+
+def test_analysis_reaches_only_the_plain_stages_of_distseg():
+    reach = sorted(f"{m} -> {t}" for m, path in _modules("analysis").items()
+                   for t in _imported(path) if t.startswith("distseg.")
+                   and _stage(t) not in ("core", "data"))
+    assert reach == []
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    mods = _modules(package)
+
+    def owner(target: str) -> str | None:
+        # ``from distseg.core import config`` names a module; ``from x import name`` a name.
+        while target and target not in mods:
+            target = target.rpartition(".")[0]
+        return target or None
+    return {m: {o for t in _imported(p) if (o := owner(t)) and o != m and o != package}
+            for m, p in mods.items()}
+
+
+def test_no_import_cycle_between_modules():
+    for package in PACKAGES:
+        graph = _graph(package)
+
+        def reaches(start, goal, seen, graph=graph):
+            return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+                       for n in graph.get(start, ()))
+        assert [m for m in graph if reaches(m, m, set())] == [], package
+
+
+def test_no_function_reaches_80_lines():
+    long = []
+    for package in PACKAGES:
+        for module, path in sorted(_modules(package).items()):
+            tree = ast.parse(open(path).read())
+            long += [f"{module}:{n.name}" for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.end_lineno - n.lineno >= 80]
+    assert long == []
