@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import click
 
+from distseg.core import config as config_lib
 from distseg.core.errors import DistsegError, InputError, fail
 from distseg.networks import memory
 from distseg.networks import spec as spec_lib
 from distseg.training import memprobe
 
 #: Base filters when --base-filters is not given: the liver2d and liver3d presets'.
-DEFAULT_FILTERS = {"unet2d": 64, "unet3d": 16}
+DEFAULT_FILTERS = {"unet2d": config_lib.liver2d().model.base_filters,
+                   "unet3d": config_lib.liver3d().model.base_filters}
 _TERMS = ("parameters", "gradients", "optimizer", "activations", "workspace", "runtime")
 
 

@@ -27,7 +27,10 @@ NORMS = ("batch", "group", "none")
 MODELS = {"unet2d": 2, "unet3d": 3}
 PRECISIONS = ("float32", "bfloat16")
 NONFINITE = ("stop", "skip")
-CLASS_NAMES = ("background", "liver", "lesion")
+#: The liver labels 0, 1, 2 (LiTS' convention): what the phantom, the LiTS sample and
+#: LiTS-style pairs hold, and what a 3-class data file without ``class_names`` means.
+#: Any other file's classes are read from the file (``with_data_classes``).
+LIVER_CLASSES = ("background", "liver", "lesion")
 
 
 

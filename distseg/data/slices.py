@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from distseg.core import errors, schema
+from distseg.core.config import LIVER_CLASSES
 
 FORMAT_VERSION = 1
 SPLITS = schema.SPLITS
@@ -51,10 +52,6 @@ LAYOUT_USE = {
     "volumes": "the 3D path (distseg-train --model unet3d --slab D,H,W|full), or write "
                "slices with distseg-data synth/lits-sample/convert without --ndim 3",
 }
-
-#: What a 3-class file without a ``class_names`` attribute holds (the phantom's and
-#: LiTS' classes, the format's documented meaning).
-LIVER_CLASSES = ("background", "liver", "lesion")
 
 #: Hounsfield-unit window of every distseg dataset (phantom and LiTS alike): soft tissue,
 #: liver and lesions span it, while air and bone clip to 0 and 1.

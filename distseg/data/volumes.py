@@ -32,6 +32,7 @@ from typing import Sequence
 import h5py
 import numpy as np
 
+from distseg.core.config import LIVER_CLASSES
 from distseg.data import slices as data
 from distseg.data.slices import DatasetError
 
@@ -100,7 +101,7 @@ class VolumeWriter:
         return k
 
     def finish(self, *, source: str, hu_window: Sequence[float],
-               class_names: Sequence[str] = data.LIVER_CLASSES,
+               class_names: Sequence[str] = LIVER_CLASSES,
                spacing: Sequence[float] | None = None, extra: dict | None = None) -> None:
         """Writes the per-case tables and the attributes, closes and renames the file.
         ``spacing`` (the file's nominal one) defaults to the median of the cases'."""

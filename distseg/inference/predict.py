@@ -271,7 +271,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
     path = data_file(cfg, opts)
     described, where, table = None, "defaults", None
     size = cfg.model.image_size if cfg.model.spatial_dims == 2 else 0
-    names = list(getattr(cfg.model, "class_names", ()) or config_lib.CLASS_NAMES)
+    names = list(getattr(cfg.model, "class_names", ()) or data.default_class_names(cfg.model.num_classes))
     if path:
         attrs, num_classes, size = _data_info(path, cfg, opts.run_dir)
         if num_classes != cfg.model.num_classes:

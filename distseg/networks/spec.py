@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from distseg.core.config import NORMS, PRECISIONS, ModelConfig
 from distseg.core.errors import InputError
@@ -42,17 +43,17 @@ class UNetSpec:
 
     spatial: tuple[int, ...]
     """Input extents, (H, W) or (D, H, W); each divisible by 2**depth."""
-    depth: int = 4
-    base_filters: int = 16
+    depth: int = ModelConfig.depth
+    base_filters: int = ModelConfig.base_filters
     in_channels: int = 1
     num_classes: int = 3
     """Output classes (softmax); 1 means one sigmoid output (the reference study's
     model, which the planner counts and the builder does not make)."""
-    norm: str = "batch"
+    norm: str = ModelConfig.norm
     conv_bias: bool = False
     """A bias on convolutions followed by a norm (distseg drops it; the reference keeps it)."""
-    recompute: bool = False
-    precision: str = "float32"
+    recompute: bool = ModelConfig.recompute
+    precision: str = ModelConfig.precision
 
     def __post_init__(self):
         object.__setattr__(self, "spatial", tuple(int(s) for s in self.spatial))
@@ -76,7 +77,8 @@ class UNetSpec:
         """The 3D U-Net of the Intel/Dell BraTS study (Intel's ``unet_3d``): 16 base
         filters, 4 poolings, a bias on every convolution, 1 FLAIR channel, 1 sigmoid
         output; 5,650,801 parameters."""
-        return cls(tuple(spatial), conv_bias=True, num_classes=1)
+        return cls(tuple(spatial), depth=4, base_filters=16, norm="batch", conv_bias=True,
+                   num_classes=1)
 
     def filters(self, level: int) -> int:
         """Channels of ``level``'s convolutions (``depth``: the bottleneck)."""
@@ -104,10 +106,33 @@ class UNetSpec:
         return f"{block}_{NORM_SUFFIX.get(self.norm, '')}{unit}"
 
 
-def spec_of(cfg: ModelConfig, input_shape=None) -> UNetSpec:
+def spatial_shape(image_size: int, input_shape: Sequence[int] | None, spatial_dims: int,
+                  depth: int) -> tuple[int, ...]:
+    """The input's spatial extents: ``input_shape`` if given, else ``image_size`` on every
+    axis. Raises ``InputError`` (a ``ValueError``) unless there is one extent per spatial
+    dimension, each divisible by 2**depth (every pooling halves it exactly)."""
+    if spatial_dims not in (2, 3):
+        raise InputError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
+    shape = tuple(int(s) for s in input_shape) if input_shape else (image_size,) * spatial_dims
+    if len(shape) != spatial_dims:
+        raise InputError(f"input_shape {shape} must have {spatial_dims} extents for "
+                         f"spatial_dims={spatial_dims}")
+    for extent in shape:
+        if extent < 1 or extent % (2 ** depth):
+            what = "image_size" if not input_shape else f"input_shape {shape}: extent"
+            raise InputError(f"{what} {extent} is not divisible by 2**depth = {2 ** depth}")
+    return shape
+
+
+def spec_of(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> UNetSpec:
     """The spec of a ``ModelConfig`` for inputs of ``input_shape`` (None: ``image_size``
-    on every axis)."""
-    shape = tuple(input_shape) if input_shape else (cfg.image_size,) * cfg.spatial_dims
+    on every axis): the one path from a config to a network, which the builder
+    (``unet.from_config``) takes.
+
+    Raises:
+      InputError: extents that do not fit ``cfg.depth``, or a config no spec can hold.
+    """
+    shape = spatial_shape(cfg.image_size, input_shape, cfg.spatial_dims, cfg.depth)
     return UNetSpec(shape, depth=cfg.depth, base_filters=cfg.base_filters,
                     num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,
                     precision=cfg.precision)

@@ -33,8 +33,8 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from distseg.core.config import ModelConfig
-from distseg.networks.spec import NORM_SUFFIX, UNetSpec
+from distseg.core.config import LIVER_CLASSES, ModelConfig
+from distseg.networks.spec import NORM_SUFFIX, UNetSpec, spec_of
 
 #: Keras dtype policy per precision; None is Keras' global policy (float32 unless a
 #: caller, such as a benchmark comparing policies, set another).
@@ -364,63 +364,26 @@ class _Parts:
         return layers.Activation("softmax", dtype="float32", name="probs")(logits)
 
 
-def spatial_shape(image_size: int, input_shape: Sequence[int] | None, spatial_dims: int,
-                  depth: int) -> tuple[int, ...]:
-    """The input's spatial extents: ``input_shape`` if given, else ``image_size`` on every
-    axis. Raises ``ValueError`` unless there is one extent per spatial dimension, each
-    divisible by 2**depth (every pooling halves it exactly)."""
-    if spatial_dims not in (2, 3):
-        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
-    shape = tuple(int(s) for s in input_shape) if input_shape else (image_size,) * spatial_dims
-    if len(shape) != spatial_dims:
-        raise ValueError(f"input_shape {shape} must have {spatial_dims} extents for spatial_dims={spatial_dims}")
-    for extent in shape:
-        if extent < 1 or extent % (2 ** depth):
-            what = "image_size" if not input_shape else f"input_shape {shape}: extent"
-            raise ValueError(f"{what} {extent} is not divisible by 2**depth = {2 ** depth}")
-    return shape
-
-
-def build_unet(image_size: int = 240, *, input_shape: Sequence[int] | None = None,
-               spatial_dims: int = 2, depth: int = 4, base_filters: int = 64,
-               num_classes: int = 3, in_channels: int = 1, dropout: float = 0.0,
-               norm: str = "batch", bn_momentum: float = 0.9, recompute: bool = False,
-               precision: str = "float32", bn_ghost_batch: int = 0, name: str = "unet") -> keras.Model:
-    """Builds a U-Net that maps (B, *spatial, C) images to per-class softmax maps: the
-    ``UNetSpec`` of these arguments, made by ``build``.
+def build_unet(image_size: int | None = None, *, input_shape: Sequence[int] | None = None,
+               name: str = "unet", **fields) -> keras.Model:
+    """The U-Net of ``ModelConfig()`` with ``fields`` replaced (``num_classes`` 3 unless
+    given): the keyword form of ``from_config`` that tests and benchmarks use, with the
+    config's defaults (240x240 slices, depth 4, 64 base filters, BatchNorm).
 
     Args:
-      image_size: spatial extent on every axis (square/cubic input) when
-        ``input_shape`` is not given; divisible by 2**depth.
-      input_shape: spatial extents, (H, W) or (D, H, W), e.g. (32, 128, 128); each
-        divisible by 2**depth.
-      spatial_dims: 2 for slices, 3 for volumes.
-      depth: number of poolings.
-      base_filters: filters at the first level, doubled at each pooling.
-      num_classes: output channels (softmax over classes, so at least 2).
-      in_channels: input channels.
-      dropout: dropout rate in the bottleneck.
-      norm: ``batch``, ``group`` (GroupNorm: no moving statistics, so training and
-        inference normalise alike on every rank) or ``none``.
-      bn_momentum: momentum of BatchNorm's moving statistics.
-      recompute: gradient checkpointing: every convolution unit (conv, norm, ReLU) of
-        every level keeps only its inputs and is recomputed in the backward pass
-        (``ConvUnit``): less memory for more time (docs/memory.md has both measured).
-      precision: ``float32``, or ``bfloat16`` (Keras ``mixed_bfloat16`` on every layer:
-        bfloat16 activations, float32 weights, a float32 softmax output).
-      bn_ghost_batch: BatchNorm statistics over runs of this many samples of a larger
-        batch (``FusedBatchNorm``); 0: over the whole batch.
+      image_size: extent on every axis when ``input_shape`` is not given.
+      input_shape: spatial extents, (H, W) or (D, H, W), each divisible by 2**depth.
+      name: the Keras model's name.
+      **fields: any ``ModelConfig`` field (``spatial_dims``, ``depth``, ``base_filters``,
+        ``norm``, ``recompute``, ``precision``, ``bn_ghost_batch`` ...).
 
     Raises:
       ValueError: a hyper-parameter that cannot build a valid network.
     """
-    shape = spatial_shape(image_size, input_shape, spatial_dims, depth)
-    if num_classes < 2:
-        raise ValueError(f"need num_classes >= 2 (softmax), got {num_classes}")
-    spec = UNetSpec(shape, depth=depth, base_filters=base_filters, in_channels=in_channels,
-                    num_classes=num_classes, norm=norm, recompute=recompute, precision=precision)
-    return build(spec, dropout=dropout, bn_momentum=bn_momentum, bn_ghost_batch=bn_ghost_batch,
-                 name=name)
+    fields.setdefault("num_classes", len(LIVER_CLASSES))
+    if image_size is not None:
+        fields["image_size"] = image_size
+    return from_config(dataclasses.replace(ModelConfig(), **fields), input_shape, name=name)
 
 
 def build(spec: UNetSpec, *, dropout: float = 0.0, bn_momentum: float = 0.9,
@@ -445,15 +408,20 @@ def build(spec: UNetSpec, *, dropout: float = 0.0, bn_momentum: float = 0.9,
     return keras.Model(inputs, parts.head(x), name=name)
 
 
-def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> keras.Model:
+def from_config(cfg: ModelConfig, input_shape: Sequence[int] | None = None,
+                name: str = "unet") -> keras.Model:
     """The U-Net of a ``ModelConfig``, for inputs of ``input_shape`` (the 2D slice or
-    the 3D slab; None: ``image_size`` on every axis). The config's classes must have
-    been read from the data file (``feeds.with_classes``) or set."""
+    the 3D slab; None: ``image_size`` on every axis): ``build`` of ``spec_of``. The
+    config's classes must have been read from the data file (``feeds.with_classes``) or
+    set.
+
+    Raises:
+      ValueError: a hyper-parameter that cannot build a valid network.
+    """
     if not cfg.num_classes:
         raise ValueError("model.num_classes is 0, which means 'from the data file': "
                          "resolve it with distseg.data.feeds.with_classes first")
-    return build_unet(cfg.image_size, input_shape=input_shape, spatial_dims=cfg.spatial_dims,
-                      depth=cfg.depth, base_filters=cfg.base_filters,
-                      num_classes=cfg.num_classes, dropout=cfg.dropout, norm=cfg.norm,
-                      bn_momentum=cfg.bn_momentum, recompute=cfg.recompute,
-                      precision=cfg.precision, bn_ghost_batch=cfg.bn_ghost_batch)
+    if cfg.num_classes < 2:
+        raise ValueError(f"need num_classes >= 2 (softmax), got {cfg.num_classes}")
+    return build(spec_of(cfg, input_shape), dropout=cfg.dropout, bn_momentum=cfg.bn_momentum,
+                 bn_ghost_batch=cfg.bn_ghost_batch, name=name)

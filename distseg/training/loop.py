@@ -405,12 +405,12 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     # The first step of a launch also traces the step function on every rank.
     first = s.global_step == s.start[0] * s.schedule.steps + s.start[1]
     s.watch.arm(f"the allreduce of epoch {result.epoch} step {step}", 10.0 if first else 1.0)
-    loss_local, loss, any_flags, grad_sq = s.train_step(images, masks, flags)
+    out = s.train_step(images, masks, flags)
     s.watch.disarm()
-    failed, stop, nonfinite = (float(f) > 0 for f in any_flags)
+    failed, stop, nonfinite = steps.Flags.of(out.flags)
     if failed:
         dist.raise_agreed(result.failure)
-    loss_local, loss, grad_sq = float(loss_local), float(loss), [float(g) for g in grad_sq]
+    loss_local, loss, grad_sq = float(out.loss_local), float(out.loss), [float(g) for g in out.grad_sq]
     if not nonfinite:
         s.noise.update(*grad_sq)
     now = time.perf_counter()

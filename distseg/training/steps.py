@@ -11,7 +11,7 @@ learning-rate arithmetic is importable without it.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -57,10 +57,59 @@ def loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int
     return value, losses.loss_from_sums(mine, num_classes, loss), grads
 
 
-def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int = 1):
-    """``loss_and_grads`` with what the step needs to skip an update: (BatchNorm
-    statistics, their values before the forward pass, global loss, this rank's loss,
-    gradients, 1.0 if a loss or a gradient is not finite on this rank)."""
+class Checked(NamedTuple):
+    """``checked_loss_and_grads``: the forward and backward pass, and what the step needs
+    to skip an update."""
+
+    stats: list
+    """BatchNorm's moving statistics (changed by the forward pass itself)."""
+    before: list
+    """Their values before the forward pass, to put back when the update is skipped."""
+    loss: Any
+    """The loss of the whole global batch."""
+    loss_local: Any
+    """This rank's own loss."""
+    grads: list
+    """Gradients of the trainable variables (of the global batch's loss)."""
+    nonfinite: Any
+    """1.0 if a loss or a gradient is not finite on this rank."""
+
+
+#: Positions in the step's flags vector: this rank could not read its batch, was asked
+#: to stop, or met a non-finite loss or gradient (the third is the step's own).
+FAILED, STOP, NONFINITE = 0, 1, 2
+
+
+class StepResult(NamedTuple):
+    """What ``train_step`` returns (tensors)."""
+
+    loss_local: Any
+    """This rank's loss."""
+    loss: Any
+    """The global batch's loss (the same on every rank)."""
+    flags: Any
+    """[failed, stop, nonfinite] (``FAILED``, ``STOP``, ``NONFINITE``), means over ranks:
+    > 0 where some rank raised it."""
+    grad_sq: Any
+    """[mean over ranks of |g_rank|^2, |g|^2 of the averaged gradient]."""
+
+
+class Flags(NamedTuple):
+    """A step's flags, read on the host: each True where some rank raised it."""
+
+    failed: bool
+    stop: bool
+    nonfinite: bool
+
+    @classmethod
+    def of(cls, flags) -> "Flags":
+        values = [float(f) > 0 for f in flags]
+        return cls(values[FAILED], values[STOP], values[NONFINITE])
+
+
+def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str,
+                           ranks: int = 1) -> Checked:
+    """``loss_and_grads`` with what the step needs to skip an update (``Checked``)."""
     import tensorflow as tf
     # BatchNorm's moving statistics change in the forward pass itself: keep a copy
     # to put back when the step is skipped, so a NaN batch cannot poison them.
@@ -69,7 +118,7 @@ def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, ra
     value, local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss, ranks)
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]
                            + [tf.math.is_finite(value), tf.math.is_finite(local_loss)])
-    return stats, before, value, local_loss, grads, 1.0 - tf.cast(finite, tf.float32)
+    return Checked(stats, before, value, local_loss, grads, 1.0 - tf.cast(finite, tf.float32))
 
 
 def squared_norm(tensors):
@@ -139,8 +188,8 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
 
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
                     ranks: int = 1, batch: int | None = None):
-    """Compiles ``train_step(images, masks, flags) -> (this rank's loss, the global
-    batch's loss, any flags, gradient norms)``.
+    """Compiles ``train_step(images, masks, flags) -> StepResult`` (this rank's loss, the
+    global batch's loss, any rank's flags, the gradient norms).
 
     ``flags`` holds this rank's [failed, stop]: 1.0 on a rank that could not read its
     batch (it passes a blank one) or that was asked to stop. They ride in the step's
@@ -166,19 +215,19 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     @tf.function(input_signature=_input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
                  autograph=False)
     def train_step(images, masks, flags):
-        stats, before, value, local_loss, grads, nonfinite = checked_loss_and_grads(
-            model, images, masks, num_classes, loss, ranks)
-        all_flags = tf.concat([flags, [nonfinite]], 0)
+        c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        all_flags = tf.concat([flags, [c.nonfinite]], 0)
         variables = model.trainable_variables
         if ranks == 1:
-            norm = squared_norm(grads)
-            apply_unless(all_flags[2], optimizer, grads, variables, stats, before)
-            return local_loss, value, all_flags, tf.stack([norm, norm])
+            norm = squared_norm(c.grads)
+            apply_unless(all_flags[NONFINITE], optimizer, c.grads, variables, c.stats, c.before)
+            return StepResult(c.loss_local, c.loss, all_flags, tf.stack([norm, norm]))
         # Horovod: average gradients, the flags and |g_rank|^2 in one grouped allreduce.
-        grads, (mean_flags, small_sq) = dist.average_gradients(grads, [all_flags, squared_norm(grads)])
+        grads, (mean_flags, small_sq) = dist.average_gradients(
+            c.grads, [all_flags, squared_norm(c.grads)])
         big_sq = squared_norm(grads)
-        apply_unless(mean_flags[2], optimizer, grads, variables, stats, before)
-        return local_loss, value, mean_flags, tf.stack([small_sq, big_sq])
+        apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
+        return StepResult(c.loss_local, c.loss, mean_flags, tf.stack([small_sq, big_sq]))
 
     return train_step
 

@@ -101,8 +101,8 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice", ranks=ctx.size)
     results = [train_step(images, masks, np.zeros(2, np.float32)) for _ in range(4)]
     after_training = dist.find_divergence(steps.weight_checksum(trained), rtol=1e-9)
-    local_losses = dist.allgather_object(float(results[0][0]))
-    global_losses = dist.allgather_object(float(results[0][1]))
+    local_losses = dist.allgather_object(float(results[0].loss_local))
+    global_losses = dist.allgather_object(float(results[0].loss))
 
     # Control: one step on the local gradients alone makes the ranks drift apart, so
     # the check above can fail.
@@ -135,10 +135,10 @@ def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
         images[0, 3, 3, 0] = np.nan
     train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice", ranks=ctx.size)
     before = steps.weight_checksum(model.trainable_variables)
-    _, mean_loss, flags, _ = train_step(images, masks, np.array([0.0, float(last)], np.float32))
+    out = train_step(images, masks, np.array([0.0, float(last)], np.float32))
     after = steps.weight_checksum(model.trainable_variables)
-    everyone = dist.allgather_object(([float(f) > 0 for f in flags], after == before,
-                                      np.isnan(float(mean_loss))))
+    everyone = dist.allgather_object((list(steps.Flags.of(out.flags)), after == before,
+                                      np.isnan(float(out.loss))))
     # [failed, stop, non-finite]: stop and non-finite raised by one rank, seen by all
     assert everyone == [([False, True, True], True, True)] * ctx.size
 

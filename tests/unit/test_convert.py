@@ -20,9 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
+from distseg.core.config import LIVER_CLASSES
 from distseg.data import lits, synth, volumes
 from distseg.data import slices as data
-from distseg.data.convert import geometry, samples, sources, splits
+from distseg.data.convert import geometry, samples, splits
 from distseg.data.convert.pipeline import peak_rss_mib
 
 from proc_group import run_group
@@ -375,7 +376,7 @@ def test_lits_case_117_as_nifti_converts_to_the_lits_sample_slices(tmp_path):
         np.testing.assert_array_equal(a["masks"][:], b["masks"][:])
         # HU rounded to int16 in the NIfTI: at most half a HU of 400 apart
         assert np.abs(a["images"][:] - b["images"][:]).max() <= 0.5 / 400 + 1e-6
-        assert a["case_id"][0] == 117 and a.attrs["class_names"].tolist() == list(sources.LITS_CLASSES)
+        assert a["case_id"][0] == 117 and a.attrs["class_names"].tolist() == list(LIVER_CLASSES)
 
 
 def _cli(*args):

@@ -1,6 +1,7 @@
 """The memory estimator against a hand-computed tiny U-Net, the reference study's counts,
 the CLI's answers and bad input, and ``--measure`` against the estimate."""
 
+import dataclasses
 import math
 import os
 import re
@@ -77,9 +78,9 @@ def test_reference_and_liver3d_parameter_counts():
     # Intel's unet_3d of the BraTS study: 5,650,801 (5,647,857 trainable); distseg's
     # liver3d U-Net drops 1,472 conv biases and has 3 softmax outputs: 5,649,363.
     assert memory.count_params(spec_lib.UNetSpec.reference()) == (5_650_801, 5_647_857)
-    assert memory.count_params(spec_lib.UNetSpec((32, 128, 128))) == (5_649_363, 5_646_419)
-    # The 2D livermask-sized default: ~31.0M (tests/test_model.py builds it).
-    assert memory.count_params(spec_lib.UNetSpec((240, 240), base_filters=64)) == (31_048_387, 31_036_611)
+    assert memory.count_params(spec_lib.UNetSpec((32, 128, 128), base_filters=16)) == (5_649_363, 5_646_419)
+    # The 2D livermask-sized default (ModelConfig's): ~31.0M (tests/test_model.py builds it).
+    assert memory.count_params(spec_lib.UNetSpec((240, 240))) == (31_048_387, 31_036_611)
 
 
 def test_layer_list_matches_the_keras_model():
@@ -107,14 +108,14 @@ def test_layer_list_matches_the_keras_model():
 
 
 def test_largest_batch_and_input_are_the_edge_of_the_budget():
-    spec = spec_lib.UNetSpec((64, 64, 64))
+    spec = spec_lib.UNetSpec((64, 64, 64), base_filters=16)
     budget = memory.parse_bytes("3GB")
     b = memory.largest_batch(spec, budget)
     assert memory.estimate(spec, b).total <= budget < memory.estimate(spec, b + 1).total
     shape = memory.largest_input(spec, 2, budget)
     bigger = tuple(s + 16 for s in shape)
-    assert memory.estimate(spec_lib.UNetSpec(shape), 2).total <= budget
-    assert memory.estimate(spec_lib.UNetSpec(bigger), 2).total > budget
+    assert memory.estimate(dataclasses.replace(spec, spatial=shape), 2).total <= budget
+    assert memory.estimate(dataclasses.replace(spec, spatial=bigger), 2).total > budget
     assert memory.largest_input(spec, 2, memory.parse_bytes("1MB")) is None
 
 
@@ -174,7 +175,7 @@ def test_cli_answers_the_reference_rows():
         assert f"budget {memory.human(memory.parse_bytes(budget))}: fits" in out
         bottom = "x".join(str(int(e) // 16) for e in size.split(",") * (3 if "," not in size else 1))
         assert f"\nbottom {bottom} " in out and "largest batch at" in out
-    est = memory.estimate(spec_lib.UNetSpec((240, 240, 144)), 16)
+    est = memory.estimate(spec_lib.UNetSpec((240, 240, 144), base_filters=16), 16)
     assert 110 * 2 ** 30 < est.total < 200 * 2 ** 30  # ~1.1 KB per voxel per sample
     small = _cli("--model", "unet3d", "--input", "240,240,144", "--batch", "16", "--budget", "64GB")
     assert "does not fit: needs" in small.stdout

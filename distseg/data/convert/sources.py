@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distseg.core.config import LIVER_CLASSES
 from distseg.core.errors import DistsegError, InputError
 
-#: Class names of LiTS-style pairs (the names distseg's other datasets use).
-LITS_CLASSES = ("background", "liver", "lesion")
 EXTENSIONS = (".nii.gz", ".nii", ".nrrd")
 _PAIR = re.compile(r"^(test-volume|volume|segmentation)-(\d+)(\.nii\.gz|\.nii|\.nrrd)$")
 
@@ -142,7 +141,7 @@ def _pairs(root: str) -> Source:
                        for n, p in volumes.items()])
     unlabelled = _with_ids([(f"test-volume-{n}", p, None)
                             for (kind, n), p in found.items() if kind == "test-volume"])
-    return Source("pairs", root, cases, unlabelled, LITS_CLASSES, ("CT",),
+    return Source("pairs", root, cases, unlabelled, LIVER_CLASSES, ("CT",),
                   os.path.basename(os.path.abspath(root)))
 
 
