@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.document import Note
-from analysis.logs import RunData, count
+from analysis.logfile import count
+from analysis.logs import RunData
 from analysis.tables import first_per_epoch
 
 SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours", "samples",

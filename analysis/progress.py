@@ -187,8 +187,8 @@ class _Sums:
 @dataclass
 class SampleSum:
     """Every rank's samples per launch and step, added one rank at a time (``add``),
-    keyed by launch (any hashable key: ``logs`` uses the ``run`` records' start time
-    and run id).
+    keyed by launch (any hashable key: ``logs`` uses ``summary.launch_keys``, the
+    ``run`` records' start time and run id).
 
     Attributes:
       sums: launch key -> its running sums.

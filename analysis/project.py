@@ -35,7 +35,8 @@ import pandas as pd
 
 from analysis import stateff
 from analysis.document import Projection
-from analysis.logs import RunData, dict_field
+from analysis.logfile import dict_field
+from analysis.logs import RunData
 from analysis.stateff import Scaled
 from distseg.core.schema import steps_per_epoch
 

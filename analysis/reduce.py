@@ -17,7 +17,7 @@ reduced instead, right after its file is parsed, to what the tables need:
 
 None needs another rank, so files can be reduced in any order or in parallel, and
 memory is bounded by one file plus a few kilobytes per rank. Imports nothing else of
-``analysis`` but the model, so ``logs`` can use it.
+``analysis`` but the model, so ``summary`` can use it.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _stats(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_stats(compact: pd.DataFrame) -> pd.DataFrame:
-    """Rank-balance figures of one rank's compact steps (``logs.compact_steps``).
+    """Rank-balance figures of one rank's compact steps (``summary.compact_steps``).
 
     One row with ``basis`` ``steady`` (steps after the warm-up epoch of each launch;
     absent when there are none) and one with ``basis`` ``all``. A group's statistics
@@ -173,7 +173,7 @@ def reduce_curve(curve: pd.DataFrame, seg_rank: np.ndarray, spec: CurveSpec) -> 
     """Orders, smooths, finds the target crossings of, and thins one rank's curve.
 
     Args:
-      curve: ``logs.curve_steps`` of the rank's placed steps (file order).
+      curve: ``summary.curve_steps`` of the rank's placed steps (file order).
       seg_rank: the file's segment number -> its launch's place in time.
       spec: targets, smoothing window and resolution.
     """

@@ -25,8 +25,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.document import HOURS, TimeUnit
-from analysis.logs import Note, RunData, count, dict_field
+from analysis.document import HOURS, Note, TimeUnit
+from analysis.logfile import count, dict_field
+from analysis.logs import RunData
 from analysis.reduce import smoothed
 
 NOT_REACHED = "not reached"

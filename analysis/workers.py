@@ -2,7 +2,7 @@
 
 Parsing a log is CPU work (pyarrow's JSON reader, numpy, pandas, and Python for the
 few nested records); much of it holds the GIL, so files are parsed in worker
-processes, each returning the small summary of one file (``logs.reduce_file``). The
+processes, each returning the small summary of one file (``summary.reduce_file``). The
 results come back in the order the files were given, so the report is the same
 however it was read. A pool costs start-up time (each worker imports pandas and
 pyarrow) and memory (each worker holds the file it parses), so it is used only when

@@ -19,7 +19,6 @@ run starts) and, for the data check, ``distseg.data`` (h5py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from distseg.core import config as config_lib
-from distseg.core import rundir
+from distseg.core import rundir, schema
 from distseg.core.errors import InputError
 from distseg.parallel import distributed
 
@@ -601,21 +600,16 @@ _TAIL_BYTES = 1 << 16
 
 
 def _last_record(path: str) -> dict | None:
-    """The last line of a log as a JSON record, or None (no log, empty, or a last line
-    cut off by a kill, even after an earlier launch's end record)."""
+    """The record on the last line of a log, or None: no log, an empty one, or a last
+    line that holds no record (a write cut off by a kill, even after an earlier launch's
+    end record), read by the one rule of ``schema.parse_line``."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - _TAIL_BYTES))
-            lines = f.read().splitlines()
+            tail = f.read()
     except OSError:
         return None
-    if not lines:
-        return None
-    try:
-        record = json.loads(lines[-1])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return schema.last_line(tail).record
 
 
 def run_outcome(run_dir: str, ranks: int) -> Outcome:

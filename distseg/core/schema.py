@@ -60,6 +60,20 @@ field needs a new ``SCHEMA_VERSION``.
 
 Also, when a step's update was skipped on every rank (``--on-nonfinite skip``): the
 ``step`` record has ``skipped: true`` and the ``epoch`` record counts ``skipped_steps``.
+
+Reading a line (``parse_line``: the one rule of every reader, ``read_log``, the report's
+``analysis.logfile`` and ``distseg-jobs outcome``). A line holds a record when it parses
+as a JSON object whose ``type`` is a string; a blank line is skipped silently. A line
+that does not parse is damaged, and what it was depends on where it is:
+
+* the last line of the file, without its newline: a truncated write (the job was killed
+  mid-write, or is still writing). It is skipped with a note (``TRUNCATED``), never
+  repaired, and it is still the file's last line: a log that ends in one does not end
+  in a record.
+* any other line: when a whole record starts later on it, that record is kept with a
+  note (``SALVAGED``): a run resumed after a kill appends to the line the kill cut off.
+  Otherwise (and for a line that parses but is no record) it is skipped with a note
+  (``DAMAGED``).
 """
 
 from __future__ import annotations
@@ -67,7 +81,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Iterable, Mapping
+import re
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -217,27 +232,108 @@ def validate_record(record: Mapping[str, Any]) -> None:
         raise UnknownStatus(f"end record status {record['status']!r} is not one of {END_STATUSES}")
 
 
+#: ``LogLine.damage`` of a line that is not one whole record (see the module docstring).
+TRUNCATED, SALVAGED, DAMAGED = "truncated", "salvaged", "damaged"
+_RECORD_START = re.compile(rb'\{\s*"type"\s*:')
+
+
+class LogLine(NamedTuple):
+    """One line of a log as ``parse_line`` reads it.
+
+    Attributes:
+      record: the record the line yields (``None``: the line is skipped).
+      damage: ``""`` for a whole record or a blank line, else ``TRUNCATED``,
+        ``SALVAGED`` or ``DAMAGED``.
+      size: the line's length in bytes, as given.
+    """
+
+    record: dict | None
+    damage: str = ""
+    size: int = 0
+
+    @property
+    def problem(self) -> str:
+        """What the line's damage means to a reader, for a note (``""``: none)."""
+        return {"": "",
+                TRUNCATED: f"truncated last line ({self.size} bytes; job killed or still running)",
+                SALVAGED: "a truncated record followed by another on the same line (resumed "
+                          "after a kill); kept the latter",
+                DAMAGED: "not a log record (not a valid JSON object with a type)"}[self.damage]
+
+
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("type"), str)
+
+
+def _salvage(raw: bytes) -> dict | None:
+    """The first whole record that starts after the beginning of ``raw`` (``None``: none)."""
+    for m in _RECORD_START.finditer(raw, 1):
+        try:
+            rec = json.loads(raw[m.start():])
+        except ValueError:
+            continue
+        if _is_record(rec):
+            return rec
+    return None
+
+
+def parse_line(raw: bytes, terminated: bool = True) -> LogLine:
+    """Reads one line of a log by the one rule of the module docstring.
+
+    Args:
+      raw: the line's bytes (its newline may be included).
+      terminated: whether a newline ended the line; ``False`` only for the last line
+        of a file that does not end in one.
+    """
+    if not raw.strip():
+        return LogLine(None)
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        if not terminated:
+            return LogLine(None, TRUNCATED, len(raw))
+        rec = _salvage(raw)
+        return LogLine(rec, SALVAGED if rec is not None else DAMAGED, len(raw))
+    return LogLine(rec, "", len(raw)) if _is_record(rec) else LogLine(None, DAMAGED, len(raw))
+
+
+def parse_lines(data: bytes) -> Iterator[tuple[int, LogLine]]:
+    """``(line number from 1, parse_line)`` of every line of a log's bytes."""
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines):
+        yield i + 1, parse_line(raw, terminated=i < len(lines) - 1)
+
+
+def last_line(data: bytes) -> LogLine:
+    """The last non-blank line of a log's bytes (or of its last bytes), by
+    ``parse_line``; ``LogLine(None)`` when there is none.
+
+    A truncated last line is returned as such, not passed over: what came before it
+    (an earlier launch's ``end`` record, say) is not how the log ends.
+    """
+    lines = data.split(b"\n")
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].strip():
+            return parse_line(lines[i], terminated=i < len(lines) - 1)
+    return LogLine(None)
+
+
 def read_log(path: str) -> tuple[list[dict], list[str]]:
-    """Parses one rank's log, skipping lines that do not parse.
+    """Parses one rank's log by ``parse_line``.
 
     Returns:
-      The records, and one message per skipped line (a job killed mid-write leaves a
-      truncated last line; that is expected, not fatal).
+      The records, and one message per line skipped or salvaged, as
+      ``"PATH:LINE: problem"`` (a job killed mid-write leaves a truncated last line;
+      that is expected, not fatal).
     """
+    with open(path, "rb") as f:
+        data = f.read()
     records, problems = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                problems.append(f"{path}:{lineno}: not valid JSON (truncated line?)")
-                continue
-            if not isinstance(rec, dict) or "type" not in rec:
-                problems.append(f"{path}:{lineno}: not a log record")
-                continue
-            records.append(rec)
+    for lineno, line in parse_lines(data):
+        if line.record is not None:
+            records.append(line.record)
+        if line.damage:
+            problems.append(f"{path}:{lineno}: {line.problem}")
     return records, problems
 
 

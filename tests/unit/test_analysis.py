@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from analysis import logs, tables
+from analysis import logfile, tables
 from analysis.cli import report as report_cmd
 from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
@@ -490,11 +490,11 @@ def test_cli_rejects_bad_options(study):
 
 def test_fast_and_line_by_line_parsers_agree(tmp_path):
     run = write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=2))
-    fast = logs.read_rank_log(_log(run, 1), 1)
+    fast = logfile.read_rank_log(_log(run, 1), 1)
     # A blank line and a differently spaced step record send parts of the file to json.
     _rewrite(_log(run, 1), lambda lines: ["\n"] + lines[:2] + [
         json.dumps(json.loads(lines[2]), indent=None, separators=(", ", ": ")) + "\n"]
         + lines[3:])
-    mixed = logs.read_rank_log(_log(run, 1), 1)
+    mixed = logfile.read_rank_log(_log(run, 1), 1)
     pd.testing.assert_frame_equal(fast.steps, mixed.steps)
     assert len(fast.epochs) == len(mixed.epochs) == 2 and not mixed.notes

@@ -1,4 +1,5 @@
-"""``analysis.logs``: each step of the ``load_run`` pipeline alone, on hand-built logs.
+"""``analysis.logfile``, ``summary``, ``launches`` and ``logs``: each step of the
+``load_run`` pipeline alone, on hand-built logs.
 
 The logs are a few records written with ``tests/analysis_fixtures/runs.py``'s record
 builders, so every number below (launch durations, offsets, wall-clock times, which
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import logs
+from analysis import launches, logfile, logs, summary
 from distseg.core import rundir, schema
 from distseg.core.errors import InputError
 from tests.analysis_fixtures.runs import (
@@ -57,7 +58,7 @@ def _read(run_dir):
 
 
 def test_read_rank_log_files_records_by_type_and_places_steps_after_run_records(resumed):
-    log = logs.read_rank_log(rundir.log_path(resumed, 0), 0)
+    log = logfile.read_rank_log(rundir.log_path(resumed, 0), 0)
     assert [r["run_id"] for r in log.runs] == ["a", "b"]
     assert [r["_segment"] for r in log.epochs] == [0, 1]
     assert [r["_segment"] for r in log.ends] == [1]
@@ -71,7 +72,7 @@ def test_a_newer_schema_version_is_refused_naming_the_file(tmp_path):
     path = write_log(str(tmp_path / "new"), 0, [run_record(0, 1, schema_version=newer),
                                                 step(0, 0, 0, 1.0)])
     with pytest.raises(InputError) as e:
-        logs.read_rank_log(path, 0)
+        logfile.read_rank_log(path, 0)
     assert str(e.value) == (f"{path}: schema_version {newer} is newer than this distseg reads "
                             f"({schema.SCHEMA_VERSION}); upgrade distseg to read it")
     assert e.value.exit_code == 2
@@ -79,7 +80,7 @@ def test_a_newer_schema_version_is_refused_naming_the_file(tmp_path):
     for rec in (run_record(0, 1), {k: v for k, v in run_record(0, 1).items()
                                    if k != "schema_version"}):
         write_log(str(tmp_path / "new"), 0, [rec, step(0, 0, 0, 1.0)])
-        assert len(logs.read_rank_log(path, 0).steps) == 1
+        assert len(logfile.read_rank_log(path, 0).steps) == 1
 
 
 def test_the_command_refuses_a_newer_log_with_one_line_and_exit_2(tmp_path):
@@ -95,10 +96,10 @@ def test_the_command_refuses_a_newer_log_with_one_line_and_exit_2(tmp_path):
 
 
 def test_segment_steps_numbers_steps_by_the_run_record_before_them():
-    steps = pd.DataFrame({"_line": [0, 2, 5, 9], **{f: [1.0] * 4 for f in logs.STEP_FIELDS}})
+    steps = pd.DataFrame({"_line": [0, 2, 5, 9], **{f: [1.0] * 4 for f in logfile.STEP_FIELDS}})
     steps["lr"] = np.nan
     notes = []
-    out = logs.segment_steps(steps, [1, 6], "f", notes)
+    out = logfile.segment_steps(steps, [1, 6], "f", notes)
     assert list(out["segment"]) == [-1, 0, 0, 1] and "_line" not in out
     assert [n.line() for n in notes] == ["[warning] f: step records lack field 'lr'"]
 
@@ -108,7 +109,7 @@ def test_segment_steps_numbers_steps_by_the_run_record_before_them():
 
 def test_placed_steps_drops_steps_before_a_run_record_or_without_t():
     steps = pd.DataFrame({"segment": [-1, 0, 0, 1, -1], "t": [1.0, np.nan, 2.0, 3.0, np.nan]})
-    kept, notes = logs.placed_steps(steps, "f")
+    kept, notes = summary.placed_steps(steps, "f")
     assert list(kept["t"]) == [2.0, 3.0]
     assert [n.message for n in notes] == [
         "2 step record(s) before any run record (cannot be placed in time)",
@@ -119,7 +120,7 @@ def test_compact_steps_marks_the_first_epoch_of_each_segment_as_warmup():
     steps = pd.DataFrame({"segment": [0, 0, 0, 1, 1], "epoch": [0, 0, 1, 2, np.nan],
                           "step_time": [3.0, 3.0, 1.0, 2.0, 1.0], "data_wait": 0.5,
                           "samples": 2.0})
-    c = logs.compact_steps(7, steps)
+    c = summary.compact_steps(7, steps)
     assert list(c["rank"]) == [7] * 5 and c["rank"].dtype == np.int32
     assert list(c["warmup"]) == [True, True, False, True, False]
     assert list(c["epoch"]) == [0, 0, 1, 2, -1]  # a missing epoch becomes -1
@@ -130,7 +131,7 @@ def test_curve_steps_keeps_loss_and_lr_and_integer_counters():
     steps = pd.DataFrame({"segment": [0, 0], "epoch": [0.0, 0.0], "step": [0.0, np.nan],
                           "global_step": [4.0, 5.0], "t": [1.0, 2.0], "loss": [-0.1, -0.2],
                           "lr": [0.1, 0.1]})
-    c = logs.curve_steps(steps)
+    c = summary.curve_steps(steps)
     assert list(c.columns) == ["segment", "epoch", "step", "global_step", "t", "loss", "lr"]
     assert list(c["step"]) == [0, -1] and list(c["global_step"]) == [4, 5]
     assert list(c["loss"]) == [-0.1, -0.2]
@@ -171,41 +172,41 @@ def test_unknown_fields_notes_name_eight_and_count_the_rest():
 
 def test_launches_are_matched_across_ranks_and_timed(resumed):
     read = _read(resumed)
-    launches = logs.map_launches(read.logs)
-    assert launches.keys == [(100.0, "a"), (200.0, "b")] and launches.last == 1
-    assert launches.maps == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}}
-    durations = logs.launch_durations(read.logs, launches)
+    mapped = launches.map_launches(read.logs)
+    assert mapped.keys == [(100.0, "a"), (200.0, "b")] and mapped.last == 1
+    assert mapped.maps == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}}
+    durations = launches.launch_durations(read.logs, mapped)
     assert list(durations) == [3.5, 4.0]
-    assert list(logs.offsets_of(durations)) == [0.0, 3.5]
-    table = logs.launch_table(read.logs, launches)
+    assert list(launches.offsets_of(durations)) == [0.0, 3.5]
+    table = launches.launch_table(read.logs, mapped)
     assert list(table["run_id"]) == ["a", "b"] and list(table["ranks_logged"]) == [2, 2]
     assert list(table["start_time"]) == [100.0, 200.0] and list(table["size"]) == [2, 2]
     assert list(table["nodes"]) == [2, 2]
-    assert [n.message for n in logs.launch_notes(table, "r")] == [
+    assert [n.message for n in launches.launch_notes(table, "r")] == [
         "resumed run: 2 launches; wall-clock time is the sum of their durations"]
 
 
 def test_launch_notes_warn_when_config_or_size_change_and_when_there_is_none():
     table = pd.DataFrame({"config_hash": ["x", "y"], "size": [2, 4]})
-    assert [n.message for n in logs.launch_notes(table, "r")][1:] == [
+    assert [n.message for n in launches.launch_notes(table, "r")][1:] == [
         "the config changed between launches (config hashes x, y)",
         "the number of ranks changed between launches (2, 4)"]
-    (none,) = logs.launch_notes(table.iloc[:0], "r")
+    (none,) = launches.launch_notes(table.iloc[:0], "r")
     assert none.level == "warning" and none.message.startswith("no run record in any log")
 
 
 def test_identify_takes_the_last_launch_of_the_lowest_rank(resumed):
     read = _read(resumed)
-    who = logs.identify(read.logs, logs.map_launches(read.logs))
+    who = launches.identify(read.logs, launches.map_launches(read.logs))
     assert who.size == 2 and who.run_record["run_id"] == "b" and who.run_record["rank"] == 0
     assert who.rank_hosts == {0: "node0", 1: "node1"} and who.hosts == ["node0", "node1"]
 
 
 def test_steps_and_curve_on_the_runs_wall_clock(resumed):
     read = _read(resumed)
-    launches = logs.map_launches(read.logs)
+    mapped = launches.map_launches(read.logs)
     offsets = np.array([0.0, 3.5])
-    curve = logs.global_curve(read.curve, read.curve_rank, launches, offsets, "r")
+    curve = logs.global_curve(read.curve, read.curve_rank, mapped, offsets, "r")
     assert list(curve.frame["wall_s"]) == [1.0, 4.5, 5.5, 6.5] and not curve.notes
     assert list(curve.frame["segment"]) == [0, 1, 1, 1]
     stats = logs.combine_stats(read.logs)
@@ -213,7 +214,7 @@ def test_steps_and_curve_on_the_runs_wall_clock(resumed):
     assert list(zip(stats["rank"], stats["basis"], stats["steps"])) == [(0, "all", 3),
                                                                         (1, "all", 4)]
     assert all(log.stats is None for log in read.logs)  # freed: the frame is all that is kept
-    empty = logs.global_curve(None, None, launches, offsets, "r")
+    empty = logs.global_curve(None, None, mapped, offsets, "r")
     assert len(empty.frame) == 0 and len(empty.crossings) == 0
     assert [n.message for n in empty.notes] == ["no step records; no loss curve"]
 
@@ -223,8 +224,8 @@ def test_steps_and_curve_on_the_runs_wall_clock(resumed):
 
 def test_epoch_table_places_epochs_on_the_wall_clock(resumed):
     read = _read(resumed)
-    launches = logs.map_launches(read.logs)
-    epochs, classes, notes = logs.epoch_table(read.logs, launches, np.array([0.0, 3.5]), "r")
+    mapped = launches.map_launches(read.logs)
+    epochs, classes, notes = logs.epoch_table(read.logs, mapped, np.array([0.0, 3.5]), "r")
     assert list(zip(epochs["rank"], epochs["epoch"], epochs["wall_s"])) == [
         (0, 0, 3.0), (0, 1, 6.0), (1, 0, 3.5)]
     assert classes == ["liver"] and list(epochs["dice_liver"]) == [0.5] * 3 and not notes
@@ -238,9 +239,9 @@ def test_epoch_table_keeps_the_later_of_a_repeated_epoch_and_notes_the_unplaceab
         run_record(0, 1, start_time=200.0), epoch_record(0, 1, 5.0, train_loss=-0.7),
         {**epoch_record(0, 2, 9.0), "epoch": None}])
     read = _read(run_dir)
-    launches = logs.map_launches(read.logs)
-    offsets = logs.offsets_of(logs.launch_durations(read.logs, launches))
-    epochs, _, notes = logs.epoch_table(read.logs, launches, offsets, "r")
+    mapped = launches.map_launches(read.logs)
+    offsets = launches.offsets_of(launches.launch_durations(read.logs, mapped))
+    epochs, _, notes = logs.epoch_table(read.logs, mapped, offsets, "r")
     assert list(offsets) == [0.0, 8.0]
     assert list(epochs["epoch"]) == [0, 1] and list(epochs["wall_s"]) == [4.0, 13.0]
     assert epochs["train_loss"].iloc[1] == -0.7  # the resumed launch's record
@@ -252,9 +253,9 @@ def test_epoch_table_keeps_the_later_of_a_repeated_epoch_and_notes_the_unplaceab
 
 def test_run_status_reads_the_last_launchs_end_records(resumed):
     read = _read(resumed)
-    launches = logs.map_launches(read.logs)
-    who = logs.identify(read.logs, launches)
-    assert logs.run_status(read.logs, launches, who) == ("ok", True)
+    mapped = launches.map_launches(read.logs)
+    who = launches.identify(read.logs, mapped)
+    assert logs.run_status(read.logs, mapped, who) == ("ok", True)
     assert logs._status([{"status": "ok"}], 4) == (
         "ok on 1 of 4 ranks (others still running or killed)", False)
     assert logs._status([{"status": "ok"}, {"status": "error", "reason": " boom "}], 2) == (
@@ -293,8 +294,8 @@ def test_load_run_combines_the_steps(resumed):
 
 def test_dict_field_trusts_only_objects():
     rec = {"dataset": {"samples": 3}, "model": "unet"}
-    assert logs.dict_field(rec, "dataset") == {"samples": 3}
-    assert logs.dict_field(rec, "model") is None and logs.dict_field(rec, "nope") is None
+    assert logfile.dict_field(rec, "dataset") == {"samples": 3}
+    assert logfile.dict_field(rec, "model") is None and logfile.dict_field(rec, "nope") is None
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -333,5 +334,5 @@ def test_optional_step_fields_of_the_schema_are_not_called_unknown(tmp_path):
     extra = {name: True for name in schema.OPTIONAL["step"]}
     path = write_log(str(tmp_path / "r"), 0, [run_record(0, 1), step(0, 0, 0, 1.0, **extra,
                                                                      gpu_mem=3)])
-    log = logs.read_rank_log(path, 0)
+    log = logfile.read_rank_log(path, 0)
     assert log.unknown_fields == {"step.gpu_mem"} and len(log.steps) == 1

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import logs, reduce
+from analysis import logs, reduce, summary
 from analysis.reduce import CurveSpec
 from tests.analysis_fixtures.runs import RunSpec, run_record, step, write_log, write_run
 
@@ -22,7 +22,7 @@ def _compact(rank, n, rng, warm=3):
                           "step_time": rng.random(n), "data_wait": rng.random(n) / 10,
                           "samples": 2.0})
     steps.loc[5, "step_time"] = np.nan  # a step without its time: skipped, still counted
-    return logs.compact_steps(rank, steps)
+    return summary.compact_steps(rank, steps)
 
 
 def test_step_stats_per_rank_equal_a_group_by_over_all_ranks():
@@ -99,7 +99,7 @@ def test_launch_order_ranks_a_files_run_records_by_start():
     runs = [run_record(0, 1, start_time=200.0, run_id="b"),
             run_record(0, 1, start_time=100.0, run_id="a"),
             run_record(0, 1, start_time=200.0, run_id="b")]
-    assert list(logs.launch_order(runs)) == [1, 0, 1]
+    assert list(summary.launch_order(runs)) == [1, 0, 1]
 
 
 def test_a_long_run_reads_as_a_short_curve_with_the_same_hours_to_target(tmp_path):

@@ -1,6 +1,6 @@
 """``analysis.workers``: logs read in worker processes give the report read in one.
 
-The pool runs the real ``logs.reduce_file`` in real worker processes (two, on any
+The pool runs the real ``summary.reduce_file`` in real worker processes (two, on any
 machine: the test forces them), so these tests take a few seconds of start-up.
 """
 

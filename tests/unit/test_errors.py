@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from analysis import logs
+from analysis import logfile
 from distseg.core import errors, schema
 from distseg.core.stopflag import StopFlag
 from distseg.data.convert import pipeline
@@ -55,7 +55,7 @@ def test_the_report_notes_a_bad_status_as_is_and_missing_fields_as_used(tmp_path
     del epoch["val_dice"]
     path = write_log(str(tmp_path), 0, [run_record(0, 1), step(0, 0, 0, 1.0), epoch,
                                         end_record(0, 5.0, status="crashed"), _no_status(0, 6.0)])
-    notes = [n.message for n in logs.read_rank_log(path, 0).notes if n.level == "warning"]
+    notes = [n.message for n in logfile.read_rank_log(path, 0).notes if n.level == "warning"]
     assert notes == [
         "line 3: epoch record lacks field(s) val_dice; used what is there",
         "line 4: end record status 'crashed' is not one of ('ok', 'error', 'interrupted')",
