@@ -6,13 +6,15 @@ Exit codes, the same in every CLI (``distseg-train``, ``distseg-data``,
 ``distseg-jobs``, ``distseg-report``):
 
 * 0 done;
-* 1 a failure that is not the user's input (a crash, diverged ranks, a lost rank);
+* 1 a failure that is not the user's input (a crash, diverged ranks, a lost rank, a
+  disk that filled up during a run);
 * 2 bad input: a file, field, flag or directory that is not what was expected;
 * 130 interrupted (SIGTERM, Ctrl-C), as a shell reports a SIGINT.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
@@ -44,6 +46,31 @@ class InputError(DistsegError, ValueError):
 class RunError(DistsegError):
     """A problem every rank of a run agreed on (``distributed.agree``): each rank raises
     the same message and exit code, so none waits alone in a collective."""
+
+
+class WriteError(DistsegError, OSError):
+    """A file of a run could not be written while it ran (a full disk, a lost mount):
+    not the input's fault (exit 1). Names the file or directory and what was being
+    written.
+
+    Also an ``OSError``, so callers that guard a write with ``except OSError`` keep
+    working, and get exit 1 rather than the 2 (bad input) of any other ``OSError``.
+    """
+
+    @classmethod
+    def of(cls, where: str, doing: str, error: OSError) -> "WriteError":
+        """``WHERE: no space left on device while DOING`` for ``error``."""
+        return cls(f"{where}: {os_reason(error)} while {doing}")
+
+
+def os_reason(error: OSError) -> str:
+    """What went wrong in words, without the errno or the path: ``no space left on
+    device`` (the first line of the message where the error has no errno)."""
+    if error.errno:
+        reason = os.strerror(error.errno)
+    else:
+        reason = (str(error).splitlines() or [type(error).__name__])[0]
+    return reason[:1].lower() + reason[1:]
 
 
 class Interrupted(DistsegError):

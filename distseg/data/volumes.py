@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 
 from distseg.core.config import LIVER_CLASSES
+from distseg.core.partial import PartialFile
 from distseg.data import slices as data
 from distseg.data.slices import DatasetError
 
@@ -72,7 +73,8 @@ class VolumeWriter:
     to ``OUT``, ``abort`` removes it (an existing ``OUT`` stays untouched until then)."""
 
     def __init__(self, out: str, dtype: str = "float32", compression: dict | None = None):
-        self.out, self.partial = out, f"{out}.partial"
+        self._partial = PartialFile(out)
+        self.out, self.partial = out, self._partial.partial
         self.dtype, self.compression = np.dtype(dtype), dict(compression or {})
         self.rows: list[tuple[int, int, tuple, tuple]] = []
         try:
@@ -124,14 +126,11 @@ class VolumeWriter:
         for key, value in (extra or {}).items():
             f.attrs[key] = value
         f.close()
-        os.replace(self.partial, self.out)
+        self._partial.finish()
 
     def abort(self) -> None:
-        try:
-            self.file.close()
-        finally:
-            if os.path.exists(self.partial):
-                os.remove(self.partial)
+        """Closes and removes ``OUT.partial``; ``OUT`` (if any) is untouched."""
+        self._partial.abort(self.file.close)
 
 
 # ------------------------------------------------------------------- metadata

@@ -14,31 +14,36 @@ Layout under ``RUN/checkpoints/``, one stem per checkpoint (the names are
                                     when a signal stops the run)
     latest.json                     the newest manifest's name
 
-Every file is written to a temporary name and renamed, the manifest last, so a job
-killed mid-write leaves the previous checkpoint whole. ``find`` checks the checksums and
-falls back to an older checkpoint when the newest is damaged. The last ``keep``
-checkpoints are kept.
+Every file is written to a temporary name and renamed (``distseg.core.partial``), the
+manifest last, so a job killed mid-write leaves the previous checkpoint whole. A save
+that fails (a full disk) removes what it wrote of its checkpoint and raises
+``WriteError`` (exit 1) naming the directory and the file. ``find`` checks the
+checksums and falls back to an older checkpoint when the newest is damaged. The last
+``keep`` checkpoints are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from distseg.core import rundir
-from distseg.core.errors import InputError
+from distseg.core.errors import InputError, WriteError
+from distseg.core.partial import PartialFile
 
 
 def write_json_atomic(path: str, obj) -> None:
-    """Writes ``obj`` as JSON to ``path`` through a temporary file and a rename."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    """Writes ``obj`` as JSON to ``path`` through ``PATH.tmp`` and a rename."""
+    with PartialFile(path, f"{path}.tmp") as part:
+        with open(part.partial, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
 
 
 def sha256(path: str) -> str:
@@ -92,32 +97,104 @@ def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
     return arrays
 
 
+def _write_npz(path: str, arrays: dict) -> None:
+    """``np.savez``'s format, with the archive closed whatever happens: ``np.savez``
+    leaves it open when a write fails, and its finaliser then prints a traceback
+    ("Exception ignored in ZipFile.__del__") once the file is gone."""
+    with open(path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
+                                                 allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
+def weights_file(model) -> bytes:
+    """The bytes of ``model.save_weights``' ``.weights.h5`` file, made in memory.
+
+    HDF5 writing straight to a disk that fills up printed tracebacks from its
+    finalisers, left the file open and crashed the process (a segmentation fault
+    inside HDF5, at exit or during the save). Made in memory, the file reaches the
+    disk through one plain write whose failure is an ordinary ``OSError``. Keras has
+    no public call for this: these are the two that ``save_weights`` itself makes
+    (``keras.src.saving.saving_lib.save_weights_only``), with a ``BytesIO`` for the
+    path, which its store accepts.
+    """
+    from keras.src.saving import saving_lib
+
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    saving_lib._save_state(model, store, None, "", set())
+    store.close()
+    return buffer.getvalue()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _whole_stems(ckdir: str) -> list[str]:
+    """Stems with a manifest, oldest first (what ``find`` would try, unverified)."""
+    return [s for s in stems(ckdir) if os.path.exists(os.path.join(ckdir, rundir.manifest_name(s)))]
+
+
+def _save_failed(ckdir: str, position: Position, what: str, error: OSError) -> WriteError:
+    """One line for a checkpoint that could not be written: the directory, why, the
+    checkpoint and file, and the checkpoint a resume would start from."""
+    label = f"epoch {position.epoch}" + (f" step {position.step}" if position.step else "")
+    try:
+        whole = _whole_stems(ckdir)
+    except OSError:
+        whole = []
+    newest = f"{whole[-1]} is the newest whole checkpoint" if whole else "no whole checkpoint yet"
+    return WriteError.of(ckdir, f"writing checkpoint {label} ({what}); {newest}", error)
+
+
 def save(run_dir: str, position: Position, model, optimizer, ranks: list[RankState],
          keep: int) -> str:
     """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
     and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
-    (gathered). Returns the stem's path."""
+    (gathered). Returns the stem's path.
+
+    A file that cannot be written (a full disk) raises ``WriteError`` (exit 1) naming
+    the directory and the file; what was written of a checkpoint without its manifest
+    is removed, and the previous checkpoints are untouched."""
     ckdir = rundir.checkpoint_dir(run_dir)
-    os.makedirs(ckdir, exist_ok=True)
     name = rundir.checkpoint_stem(position.epoch, position.step)
     files = {kind: os.path.join(ckdir, rundir.checkpoint_file(name, kind))
              for kind in rundir.CHECKPOINT_FILES}
     temporary = {kind: os.path.join(ckdir, rundir.temporary_file(name, kind))
                  for kind in rundir.CHECKPOINT_FILES}
-    model.save_weights(temporary["weights"])
-    os.replace(temporary["weights"], files["weights"])
-    with open(temporary["state"], "wb") as f:
-        np.savez(f, **_state_arrays(optimizer, ranks))
-    os.replace(temporary["state"], files["state"])
-    manifest = {**position.__dict__, "format": 1, "files": {
-        kind: {"name": os.path.basename(path), "sha256": sha256(path)}
-        for kind, path in files.items()}}
-    # Last: a manifest means a whole checkpoint.
-    write_json_atomic(os.path.join(ckdir, rundir.manifest_name(name)), manifest)
-    write_json_atomic(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
-                      {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
-                       "step": position.step})
-    rotate(ckdir, keep)
+    manifest_path = os.path.join(ckdir, rundir.manifest_name(name))
+    what = "creating the directory"
+    try:
+        os.makedirs(ckdir, exist_ok=True)
+        what = os.path.basename(files["weights"])
+        weights = weights_file(model)
+        with PartialFile(files["weights"], temporary["weights"]) as part:
+            _write_bytes(part.partial, weights)
+        what = os.path.basename(files["state"])
+        arrays = _state_arrays(optimizer, ranks)
+        with PartialFile(files["state"], temporary["state"]) as part:
+            _write_npz(part.partial, arrays)
+        what = os.path.basename(manifest_path)
+        manifest = {**position.__dict__, "format": 1, "files": {
+            kind: {"name": os.path.basename(path), "sha256": sha256(path)}
+            for kind, path in files.items()}}
+        # Last: a manifest means a whole checkpoint.
+        write_json_atomic(manifest_path, manifest)
+        what = rundir.LATEST_CHECKPOINT
+        write_json_atomic(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
+                          {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
+                           "step": position.step})
+        what = "removing older checkpoints"
+        rotate(ckdir, keep)
+    except OSError as e:
+        if not os.path.exists(manifest_path):  # files without their manifest: no checkpoint
+            for path in files.values():
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        raise _save_failed(ckdir, position, what, e) from e
     return os.path.join(ckdir, name)
 
 

@@ -33,7 +33,9 @@ def rank_state(model, seen: list, losses: list, losses_local: list) -> checkpoin
 
 def save(ctx, run_dir: str, position: checkpoint.Position, model, optimizer,
          mine: checkpoint.RankState, keep: int) -> None:
-    """Collective: rank 0 writes a checkpoint holding every rank's ``RankState``."""
+    """Collective: rank 0 writes a checkpoint holding every rank's ``RankState``. One it
+    cannot write (a full disk: ``checkpoint.save`` raises ``WriteError``) stops every
+    rank with rank 0's line and exit 1."""
     everyone = dist.allgather_object(mine)
     if ctx.is_root():
         dist.agree(checkpoint.save, run_dir, position, model, optimizer, everyone, keep)

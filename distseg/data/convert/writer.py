@@ -29,6 +29,7 @@ import os
 import h5py
 import numpy as np
 
+from distseg.core.partial import PartialFile
 from distseg.data import slices as data
 from distseg.data import volumes
 from distseg.data.convert.geometry import Geometry
@@ -96,7 +97,8 @@ class SliceWriter:
 
     def __init__(self, out: str, size: int, dtype: str = "float32", compression: str = "lzf"):
         self.out = out
-        self.partial = f"{out}.partial"
+        self._partial = PartialFile(out)
+        self.partial = self._partial.partial
         self.rows = 0
         self.spacings: list[np.ndarray] = []
         filters = COMPRESSIONS[compression]
@@ -148,15 +150,11 @@ class SliceWriter:
         for key, value in extra.items():
             f.attrs[key] = value
         f.close()
-        os.replace(self.partial, self.out)
+        self._partial.finish()
 
     def abort(self) -> None:
         """Closes and removes ``OUT.h5.partial``; ``OUT.h5`` (if any) is untouched."""
-        try:
-            self._f.close()
-        finally:
-            if os.path.exists(self.partial):
-                os.remove(self.partial)
+        self._partial.abort(self._f.close)
 
 
 class VolumeCaseWriter:
