@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-slurm test-docker lint bench bench-stateff clean
+.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-stateff clean
 
 install:
 	@bash scripts/install.sh
@@ -44,14 +44,23 @@ test-parallel: install
 	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
 	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
 
-test-serial: install
+# Slurm's commands are installed first (slurm-install), so tests/e2e's test of node
+# ranges expanded by the real scontrol runs on a fresh machine too.
+test-serial: install slurm-install
 	$(BIN)/python -m pytest tests/unit tests/e2e $(PYTEST_FLAGS) -rs
 
+# slurm-wlm and munge with apt when missing (scripts/slurm-cluster.sh install; about a
+# minute the first time, nothing after). Root only, as CI is: elsewhere the tests that
+# need Slurm skip with their reason.
+slurm-install:
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm-cluster.sh install; \
+	else echo "slurm-install: not root, Slurm not installed (the tests that need it skip)"; fi
+
 # tests/slurm: distseg-jobs scripts through a real Slurm that the session starts and
-# stops (scripts/slurm-cluster.sh: munged, slurmctld and slurmd as plain processes; it
-# installs slurm-wlm and munge with apt the first time). Needs root, as CI has; skipped
-# with the reason otherwise. Time: docs/cluster.md#a-real-slurm-in-the-tests.
-test-slurm: install
+# stops (scripts/slurm-cluster.sh: munged, slurmctld and slurmd as plain processes;
+# slurm-install puts slurm-wlm and munge there). Needs root, as CI has; skipped with the
+# reason otherwise. Time: docs/cluster.md#a-real-slurm-in-the-tests.
+test-slurm: install slurm-install
 	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
 
 test: lint test-parallel test-serial test-slurm

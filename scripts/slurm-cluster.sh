@@ -3,6 +3,10 @@
 # job scripts by hand: munged, slurmctld and slurmd started as plain processes (no
 # systemd), with their configuration, state and logs in one folder.
 #
+#   bash scripts/slurm-cluster.sh install      install slurm-wlm and munge when missing
+#                                               (apt, as root); nothing else (make test
+#                                               runs it before the test tiers that use
+#                                               Slurm's commands)
 #   bash scripts/slurm-cluster.sh start [DIR] [--nodes N]
 #                                               install slurm-wlm and munge when missing
 #                                               (apt, as root), write DIR/slurm.conf and
@@ -285,6 +289,7 @@ stop() {
 }
 
 case $cmd in
+  install) mkdir -p "$DIR"; install_packages ;;
   start) start ;;
   stop) stop ;;
   status)
@@ -292,5 +297,5 @@ case $cmd in
     [ -f "$CONF" ] || die "no cluster in $DIR (bash scripts/slurm-cluster.sh start)"
     sinfo && squeue
     ;;
-  *) echo "usage: $0 start|stop|status [DIR] [--nodes N]" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status [DIR] [--nodes N]" >&2; exit 2 ;;
 esac

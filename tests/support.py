@@ -5,8 +5,18 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+
+import pytest
 
 from distseg.core import rundir, schema
 
@@ -14,14 +24,39 @@ from distseg.core import rundir, schema
 BIN = os.path.dirname(sys.executable)
 #: The repository root.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Where a launcher tells a process its rank: Horovod's own launcher (Gloo), Open MPI,
+#: PMI (MPICH, Intel MPI) and srun. A launched command inherits none of them, and a
+#: test process started by a launcher reads its rank from them.
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+#: Prefixes of what a launcher or a batch system sets for the processes it starts.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMIX_", "HOROVOD_")
+#: Slurm's commands, which a job script takes as the sign of a real Slurm job.
+SLURM_COMMANDS = ("srun", "sbatch", "scontrol", "scancel", "squeue", "sinfo", "salloc")
 
 
 def command_env(**extra: str) -> dict:
     """The environment for a launched command: this venv first on PATH, TF quiet, and
     no rank variables inherited from a parent launcher (which would confuse Horovod)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"):
+    for name in RANK_VARIABLES:
         env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def rank_from_env() -> int:
+    """This process's rank as its launcher set it (0 when no launcher did)."""
+    for name in RANK_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def launcher_free_env(**extra: str) -> dict:
+    """``command_env`` without any variable of a launcher or a batch system
+    (``LAUNCHER_PREFIXES``): a command that must place its ranks itself, or a job
+    whose Slurm variables the test sets by hand."""
+    env = {k: v for k, v in command_env().items() if not k.startswith(LAUNCHER_PREFIXES)}
     env.update(extra)
     return env
 
@@ -42,35 +77,98 @@ def log_records(run_dir: str, rank: int, running: bool = False) -> list[dict]:
     return recs
 
 
-def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 120.0,
-                 poll: float = 0.2) -> None:
-    """Waits until rank ``rank``'s log holds ``needle`` (e.g. ``'"global_step":3,'``),
-    looking every ``poll`` seconds.
+@contextlib.contextmanager
+def background(cmd, *, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT):
+    """Starts ``cmd`` in a session (process group) of its own and yields its ``Popen``:
+    the one way a test runs a command in the background (a launch it signals, a run
+    it watches). Output is text; by default stderr joins stdout.
 
-    If ``proc`` (a ``Popen`` started with ``start_new_session=True``) ends first or the
-    time runs out, its process group is killed and the test fails with the tail of its
-    output: a hung launch never outlives the test.
+    On the way out of the block the whole group is killed, however the block ended:
+    the ranks that ``horovodrun``, ``mpirun`` or a job script started die with their
+    launcher, and a failed assertion never leaves them running on CI's cores
+    (``subprocess``'s own timeout kills only the direct child). Wait for the end with
+    ``finish``, for an event with ``wait_for``.
     """
-    import signal
-    import time
+    proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=cwd, stdout=stdout,
+                            stderr=stderr, text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        kill_group(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
 
-    import pytest
 
-    path = rundir.log_path(run_dir, rank)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                if needle in f.read():
-                    return
-        time.sleep(poll)
+def kill_group(proc) -> None:
+    """SIGKILL to the process group of ``proc`` (started in a session of its own)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    out = proc.communicate()[0] if proc.stdout is not None else ""
-    pytest.fail(f"{needle} not in {path} within {timeout} s (exit {proc.returncode}): "
-                f"{(out or '')[-3000:]}")
+
+
+def fail_group(proc, message: str):
+    """Kills the group of ``proc`` and fails the test with ``message`` and the tail of
+    what the command wrote."""
+    kill_group(proc)
+    out, err = proc.communicate()
+    pytest.fail(f"{message} (exit {proc.returncode}):\n{(out or '')[-3000:]}\n{(err or '')[-3000:]}")
+
+
+def finish(proc, timeout: float, what: str | None = None) -> tuple[str, str]:
+    """Waits for ``proc`` to end; its stdout and stderr ("" for one not piped). After
+    ``timeout`` seconds its group is killed and the test fails, saying ``what`` (by
+    default: the command did not finish)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail_group(proc, what or f"{' '.join(map(str, proc.args))} did not finish in {timeout} s")
+    return out or "", err or ""
+
+
+def wait_for(predicate, timeout: float, what: str, *, poll: float = 0.2, proc=None):
+    """Waits for an event: calls ``predicate()`` every ``poll`` seconds until it returns
+    something true, and returns that. A test orders its steps by such events (a log
+    line, a file, a process state), never by a guessed ``sleep``.
+
+    Fails the test after ``timeout`` seconds, saying that ``what`` did not happen. With
+    ``proc`` (from ``background``), the command ending first fails it too, and either
+    failure kills the command's group and shows its output.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            value = predicate()  # the event may have come just before the end
+            if value:
+                return value
+            fail_group(proc, f"{what}: the command ended first")
+        if time.monotonic() > deadline:
+            break
+        time.sleep(poll)
+    if proc is not None:
+        fail_group(proc, f"{what}: not within {timeout} s")
+    pytest.fail(f"{what}: not within {timeout} s")
+
+
+def wait_for_log(run_dir: str, rank: int, needle: str, proc, timeout: float = 120.0,
+                 poll: float = 0.2) -> None:
+    """Waits until rank ``rank``'s log holds ``needle`` (e.g. ``'"global_step":3,'``),
+    looking every ``poll`` seconds: ``wait_for`` on the log of the run that ``proc``
+    (from ``background``) is doing."""
+    path = rundir.log_path(run_dir, rank)
+
+    def logged() -> bool:
+        if not os.path.exists(path):
+            return False
+        with open(path, encoding="utf-8") as f:
+            return needle in f.read()
+
+    wait_for(logged, timeout, f"{needle} in {path}", poll=poll, proc=proc)
 
 
 def jobs_cli(*args: str, cwd: str | None = None):
@@ -89,9 +187,11 @@ def jobs_cli(*args: str, cwd: str | None = None):
 
 
 def slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str]:
-    """What Slurm would set in a batch job on one node called localhost."""
-    env = {k: v for k, v in command_env().items()
-           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
+    """What Slurm would set in a batch job on one node called localhost, for a job that
+    runs without a real Slurm: PATH hides Slurm's commands where they are installed
+    (``path_without_slurm``), so a job script sees no ``srun`` and takes the hand-made
+    allocation for what it is."""
+    env = launcher_free_env(PATH=path_without_slurm())
     env.update(SLURM_JOB_ID="4242", SLURM_JOBID="4242", SLURM_JOB_NAME="distseg-local",
                SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_NTASKS=str(tasks),
                SLURM_NPROCS=str(tasks), SLURM_NTASKS_PER_NODE=str(per_node),
@@ -99,6 +199,32 @@ def slurm_env(nodes: int, tasks: int, per_node: int, cpus: int) -> dict[str, str
                SLURM_NODELIST="localhost", SLURMD_NODENAME="localhost", SLURM_CPUS_ON_NODE=str(cpus),
                SLURM_SUBMIT_DIR=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="2")
     return env
+
+
+@functools.cache
+def path_without_slurm() -> str:
+    """``command_env()``'s PATH with Slurm's commands (``SLURM_COMMANDS``) left out.
+
+    Unchanged where Slurm is not installed. Where it is (``make test`` installs it
+    before the tiers), every other command of the PATH's system folders is linked into
+    one folder of this session, which stands in for them: a job script under
+    ``slurm_env`` then runs as on a machine without Slurm (mpirun on localhost), as
+    it would before Slurm was installed. This venv's folder stays itself, ahead of it
+    (a link to its python would lose the venv).
+    """
+    folders = command_env()["PATH"].split(os.pathsep)
+    if not any(os.path.exists(os.path.join(d, c)) for d in folders for c in SLURM_COMMANDS):
+        return os.pathsep.join(folders)
+    links = tempfile.mkdtemp(prefix="distseg-no-slurm-")
+    atexit.register(shutil.rmtree, links, True)
+    for folder in folders:
+        if folder == BIN or not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            target = os.path.join(links, name)
+            if name not in SLURM_COMMANDS and not os.path.lexists(target):
+                os.symlink(os.path.join(folder, name), target)
+    return os.pathsep.join([BIN, links])
 
 
 def tree_bytes(root: str) -> dict:

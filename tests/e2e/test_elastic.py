@@ -7,9 +7,7 @@ exactly once, and the learning rate of the new size.
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
 
 import pytest
 
@@ -19,7 +17,7 @@ from distseg.core import schema
 from distseg.data import slices as data
 
 from proc_group import horovodrun_cmd
-from support import command_env, wait_for_log
+from support import background, command_env, finish, wait_for_log
 from support import log_records as records
 
 TIMEOUT = 300
@@ -37,31 +35,24 @@ def _discovery(tmp_path, hosts: list[str]) -> tuple[str, str]:
     return str(script), str(hosts_file)
 
 
-def _elastic_launch(script: str, tiny: str, run_dir: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        horovodrun_cmd(
-            "distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
-            "--epochs", str(EPOCHS), "--intra-op-threads", "1", "--inter-op-threads", "1",
-            controller="gloo", local_hosts=False,
-            launcher_args=["--min-np", "1", "--max-np", "2", "--host-discovery-script", script,
-                           "--network-interface", "lo"]),
-        env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+def _elastic_cmd(script: str, tiny: str, run_dir: str) -> list[str]:
+    return horovodrun_cmd(
+        "distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
+        "--epochs", str(EPOCHS), "--intra-op-threads", "1", "--inter-op-threads", "1",
+        controller="gloo", local_hosts=False,
+        launcher_args=["--min-np", "1", "--max-np", "2", "--host-discovery-script", script,
+                       "--network-interface", "lo"])
 
 
 def test_a_host_leaves_and_the_run_finishes_on_the_rest(tiny, tmp_path):
     run_dir = str(tmp_path / "run")
     script, hosts_file = _discovery(tmp_path, ["localhost", "127.0.0.1"])
-    proc = _elastic_launch(script, tiny, run_dir)
-    # 16 steps an epoch at 2 ranks: the host leaves during epoch 1 or 2.
-    wait_for_log(run_dir, 1, '"global_step":30,', proc, timeout=180)
-    with open(hosts_file, "w") as f:
-        f.write("localhost:1\n")
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        pytest.fail("the elastic run did not finish after the host left")
+    with background(_elastic_cmd(script, tiny, run_dir), env=command_env()) as proc:
+        # 16 steps an epoch at 2 ranks: the host leaves during epoch 1 or 2.
+        wait_for_log(run_dir, 1, '"global_step":30,', proc, timeout=180)
+        with open(hosts_file, "w") as f:
+            f.write("localhost:1\n")
+        out, _ = finish(proc, TIMEOUT, "the elastic run did not finish after the host left")
     assert proc.returncode == 0, out[-3000:]
 
     rank0 = records(run_dir, 0)

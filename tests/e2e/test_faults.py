@@ -5,11 +5,10 @@ in time, what each rank's log says, and that nothing finished is lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from distseg.data import slices as data
 
 import proc_group
 from proc_group import run_group
-from support import BIN, command_env, log_records, tree_bytes, wait_for_log
+from support import BIN, background, command_env, log_records, tree_bytes, wait_for, wait_for_log
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -45,17 +44,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def launch(run_dir, data_path, controller, *extra):
+    """A 2-rank run in the background (``support.background``: its whole process group
+    is killed when the block ends, a test that failed included)."""
+    cmd = proc_group.horovodrun_cmd("distseg-train", *SMOKE, "--data", data_path,
+                                    "--run-dir", run_dir, "--epochs", "1000", "--no-validate",
+                                    *extra, controller=controller)
+    with background(cmd, env=command_env()) as proc:
+        yield Launch(run_dir, proc)
+
+
 class Launch:
     """A 2-rank run in the background, with the ranks' pids once they log."""
 
-    def __init__(self, run_dir, data_path, controller, *extra):
+    def __init__(self, run_dir, proc):
         self.run_dir = run_dir
-        self.proc = subprocess.Popen(
-            proc_group.horovodrun_cmd("distseg-train", *SMOKE, "--data", data_path,
-                                      "--run-dir", run_dir, "--epochs", "1000", "--no-validate",
-                                      *extra, controller=controller),
-            env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
+        self.proc = proc
 
     def wait_for_step(self, global_step: int, timeout: float = 120) -> list[int]:
         # Polled often: a smoke step takes tens of milliseconds, and a test that signals
@@ -63,20 +68,13 @@ class Launch:
         wait_for_log(self.run_dir, 1, f'"global_step":{global_step},', self.proc, timeout, poll=0.01)
         return [records(self.run_dir, r)[0]["pid"] for r in (0, 1)]
 
-    def seconds_until_gone(self, pids: list[int], limit: float) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < limit:
-            if not any(_alive(p) for p in pids + [self.proc.pid]):
-                return time.monotonic() - start
-            time.sleep(0.2)
-        self.kill()
-        pytest.fail(f"processes still alive {limit} s after the fault")
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def wait_gone(self, pids: list[int], limit: float) -> None:
+        """Waits until the ranks ``pids`` and the launcher have ended, and fails the test
+        if any is alive ``limit`` seconds after the call: the limit is the assertion
+        (how fast a fault must end every process), so callers compare nothing after it
+        (a returned duration would always be below the limit)."""
+        wait_for(lambda: not any(_alive(p) for p in pids + [self.proc.pid]), limit,
+                 f"every process of the run gone within {limit} s of the fault")
 
     def ends(self) -> list[tuple | None]:
         out = []
@@ -94,10 +92,10 @@ def _no_tmp(run_dir):
 def test_sigterm_to_the_launcher_alone_stops_every_rank(tiny, tmp_path, controller):
     """`kill PID`, `timeout` or `docker stop` on horovodrun: the ranks notice, stop at
     the next step after a checkpoint, and say so."""
-    run = Launch(str(tmp_path / "run"), tiny, controller)
-    pids = run.wait_for_step(20)
-    os.kill(run.proc.pid, signal.SIGTERM)
-    assert run.seconds_until_gone(pids, 10) < 10
+    with launch(str(tmp_path / "run"), tiny, controller) as run:
+        pids = run.wait_for_step(20)
+        os.kill(run.proc.pid, signal.SIGTERM)
+        run.wait_gone(pids, 10)
     ends = run.ends()
     assert [e[0] for e in ends] == ["interrupted", "interrupted"], ends
     assert _no_tmp(run.run_dir)
@@ -105,11 +103,11 @@ def test_sigterm_to_the_launcher_alone_stops_every_rank(tiny, tmp_path, controll
 
 @pytest.mark.parametrize("controller", ["mpi", "gloo"])
 def test_sigterm_to_one_rank_stops_every_rank_after_a_checkpoint(tiny, tmp_path, controller):
-    run = Launch(str(tmp_path / "run"), tiny, controller)
-    pids = run.wait_for_step(20)
-    os.kill(pids[1], signal.SIGTERM)
-    assert run.seconds_until_gone(pids, 10) < 10
-    assert run.proc.returncode != 0
+    with launch(str(tmp_path / "run"), tiny, controller) as run:
+        pids = run.wait_for_step(20)
+        os.kill(pids[1], signal.SIGTERM)
+        run.wait_gone(pids, 10)
+        assert run.proc.wait() != 0
     ends = run.ends()
     assert ends[1][0] == "interrupted" and ends[1][1].startswith("received signal 15 (SIGTERM)")
     assert ends[0][0] == "interrupted" and "another rank was asked to stop" in ends[0][1]
@@ -121,23 +119,20 @@ def test_sigterm_to_one_rank_stops_every_rank_after_a_checkpoint(tiny, tmp_path,
 def test_a_killed_rank_is_named_by_the_survivor(tiny, tmp_path):
     """Gloo leaves rank 0 alive long enough to write its end (under MPI, mpirun kills
     every rank at once, which is faster still and leaves nothing to write)."""
-    run = Launch(str(tmp_path / "run"), tiny, "gloo")
-    pids = run.wait_for_step(20)
-    os.kill(pids[1], signal.SIGKILL)
-    assert run.seconds_until_gone(pids, 10) < 10
+    with launch(str(tmp_path / "run"), tiny, "gloo") as run:
+        pids = run.wait_for_step(20)
+        os.kill(pids[1], signal.SIGKILL)
+        run.wait_gone(pids, 10)
     status, reason = run.ends()[0]
     assert status == "error" and reason.startswith("lost rank(s) 1: killed or exited"), reason
 
 
 @pytest.mark.parametrize("controller", ["mpi", "gloo"])
 def test_a_hung_rank_ends_the_run_with_its_name(tiny, tmp_path, controller):
-    run = Launch(str(tmp_path / "run"), tiny, controller, "--hang-timeout", "5")
-    pids = run.wait_for_step(20)
-    os.kill(pids[1], signal.SIGSTOP)
-    try:
-        assert run.seconds_until_gone(pids, 60) < 60
-    finally:
-        run.kill()
+    with launch(str(tmp_path / "run"), tiny, controller, "--hang-timeout", "5") as run:
+        pids = run.wait_for_step(20)
+        os.kill(pids[1], signal.SIGSTOP)  # left stopped; the block's end kills it if need be
+        run.wait_gone(pids, 60)
     status, reason = run.ends()[0]
     assert status == "error" and reason.startswith("waited 5 s in ")
     assert "rank(s) 1 stopped answering" in reason
@@ -159,11 +154,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny, tmp_path):
     out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", full, "--epochs", "3",
                      "--no-validate")
     assert out.returncode == 0, out.stdout[-3000:]
-    run = Launch(cut, tiny, "mpi")
-    pids = run.wait_for_step(18)  # epoch 1 is global steps 16-31
-    for pid in pids:  # Slurm at the time limit: every rank gets SIGTERM
-        os.kill(pid, signal.SIGTERM)
-    run.seconds_until_gone(pids, 10)
+    with launch(cut, tiny, "mpi") as run:
+        pids = run.wait_for_step(18)  # epoch 1 is global steps 16-31
+        for pid in pids:  # Slurm at the time limit: every rank gets SIGTERM
+            os.kill(pid, signal.SIGTERM)
+        run.wait_gone(pids, 10)
     cp = json.load(open(rundir.latest_path(cut)))
     # Inside an epoch (mid-epoch resume is the point), before the full run's end. CI under
     # load once saw the ranks reach the end of epoch 1 before the signal arrived.

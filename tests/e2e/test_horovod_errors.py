@@ -20,16 +20,40 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 
 #: Runs three collectives on rank 0 after rank 1 has shut Horovod down and exited, and
 #: writes what each raised (type, whether it holds the shut-down phrase, lost_peer).
+#: Rank 0 waits for those two events: rank 1 writes its pid to a file once shut down,
+#: and rank 0 then waits for that process to end (a minute at most).
 PEER_GONE = textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     import tensorflow as tf
     from distseg.parallel import distributed as dist
 
     ctx = dist.init()
+    shut_down = sys.argv[1] + ".rank1"
     if ctx.rank == 1:
         dist.shutdown()  # this rank finishes; rank 0's next collective has no peer
+        with open(shut_down + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(shut_down + ".tmp", shut_down)
         sys.exit(0)
-    time.sleep(2)
+
+
+    def rank1_gone():
+        if not os.path.exists(shut_down):
+            return False
+        with open(shut_down) as f:
+            pid = int(f.read())
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not yet reaped
+        except OSError:
+            return True
+
+
+    deadline = time.monotonic() + 60
+    while not rank1_gone():
+        if time.monotonic() > deadline:
+            sys.exit("rank 1 did not shut down and exit within 60 s")
+        time.sleep(0.05)
     step = tf.function(lambda x: dist.average_gradients([x], [x * 2]))
     seen = {}
     for name, call in (("step", lambda: step(tf.constant(1.0))),

@@ -11,25 +11,20 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from proc_group import horovodrun_cmd, run_group
-from support import log_records
+from support import BIN, command_env, log_records
 
-BIN = os.path.dirname(sys.executable)
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(3 * TIMEOUT)
 
 
 def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
-               MPLBACKEND="Agg")
-    env.pop("OMPI_COMM_WORLD_RANK", None)
-    return env
+    return command_env(MPLBACKEND="Agg")
 
 
 def _run(cmd):

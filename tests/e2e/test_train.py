@@ -21,7 +21,7 @@ from distseg.parallel.distributed import physical_cores
 
 import proc_group
 from proc_group import run_group
-from support import BIN, command_env, wait_for_log
+from support import BIN, background, command_env, finish, wait_for_log
 from support import log_records as records
 
 TIMEOUT = 300
@@ -103,18 +103,12 @@ def test_sigterm_ends_the_run_as_interrupted_with_exit_130(tiny, tmp_path):
     """What Slurm does at the time limit: SIGTERM to the rank. The run writes an
     ``end`` record with status ``interrupted``, exits 130 and keeps its checkpoint."""
     run_dir = tmp_path / "term"
-    proc = subprocess.Popen(
-        [f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", str(run_dir),
-         "--epochs", "1000", "--no-validate"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env(),
-        start_new_session=True)
-    wait_for_log(str(run_dir), 0, '"type":"step"', proc)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("SIGTERM did not stop the run within 60 s")
+    cmd = [f"{BIN}/distseg-train", "--preset", "smoke", "--data", tiny, "--run-dir", str(run_dir),
+           "--epochs", "1000", "--no-validate"]
+    with background(cmd, env=command_env(), stderr=subprocess.PIPE) as proc:
+        wait_for_log(str(run_dir), 0, '"type":"step"', proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = finish(proc, 60, "SIGTERM did not stop the run within 60 s")
     assert proc.returncode == 130, err[-3000:]
     assert "error: interrupted: received signal 15" in err
     end = records(str(run_dir), 0)[-1]

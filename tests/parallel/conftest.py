@@ -13,19 +13,14 @@ import pytest
 
 from distseg.parallel import distributed as dist
 
-
-def _rank_from_env() -> int:
-    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
+from support import rank_from_env
 
 
 def pytest_configure(config):
     # Two pytest processes must not race for the same /tmp/pytest-of-USER/pytest-N.
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(
-            tempfile.gettempdir(), f"distseg-parallel-{os.getuid()}", f"rank{_rank_from_env()}")
+            tempfile.gettempdir(), f"distseg-parallel-{os.getuid()}", f"rank{rank_from_env()}")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from support import REPO, command_env
+from support import REPO, launcher_free_env
 
 SCRIPT = os.path.join(REPO, "scripts", "slurm-cluster.sh")
 
@@ -43,10 +43,7 @@ class Cluster:
     def __init__(self, folder: str, **env: str):
         self.folder = folder
         self.conf = os.path.join(folder, "slurm.conf")
-        self.env = {k: v for k, v in command_env().items()
-                    if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
-        self.env["SLURM_CONF"] = self.conf
-        self.env.update(env)
+        self.env = launcher_free_env(SLURM_CONF=self.conf, **env)
 
     def run(self, *cmd: str, cwd: str | None = None, timeout: float = 30,
             check: bool = True) -> subprocess.CompletedProcess:
@@ -90,7 +87,8 @@ class Cluster:
             time.sleep(poll)
         self.run("scancel", job_id, check=False)
         out = info.get("StdOut", "")
-        tail = open(out).read()[-3000:] if out and os.path.exists(out) else ""
+        # errors="replace": a progress bar cut in the middle of a character
+        tail = open(out, errors="replace").read()[-3000:] if out and os.path.exists(out) else ""
         pytest.fail(f"job {job_id} not {what} within {timeout} s: {info.get('JobState')} "
                     f"(restarts {info.get('Restarts')})\n{tail}")
 

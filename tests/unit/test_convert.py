@@ -8,10 +8,9 @@ writes can be checked against the arrays it started from.
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
-import subprocess
-import time
 
 import h5py
 import nibabel as nib
@@ -27,7 +26,7 @@ from distseg.data.convert import geometry, samples, splits
 from distseg.data.convert.pipeline import peak_rss_mib
 
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, background, command_env, finish, wait_for
 
 SPACING = (0.7, 0.9, 3.0)  # x, y, z in mm: anisotropic in-plane and across slices
 
@@ -379,8 +378,15 @@ def test_lits_case_117_as_nifti_converts_to_the_lits_sample_slices(tmp_path):
         assert a["case_id"][0] == 117 and a.attrs["class_names"].tolist() == list(LIVER_CLASSES)
 
 
-def _cli(*args):
-    return [f"{BIN}/distseg-data", "convert", *map(str, args), "--no-progress"]
+def _cli(*args, progress: bool = False):
+    return [f"{BIN}/distseg-data", "convert", *map(str, args),
+            "--progress" if progress else "--no-progress"]
+
+
+def _cases_counted(progress) -> int:
+    """The last case count that the progress bar wrote to the file ``progress``."""
+    counts = re.findall(r"(\d+)/\d+ \[", progress.read_text(encoding="utf-8", errors="replace"))
+    return int(counts[-1]) if counts else 0
 
 
 def _peak(out: str) -> float:
@@ -411,18 +417,22 @@ def test_interrupted_conversion_leaves_no_complete_looking_file(tmp_path):
     samples.write_task(src, 30, kind="pairs", size=96, slices=48, ext=".nii.gz")
     out = tmp_path / "out.h5"
     for sig, code in ((signal.SIGTERM, 130), (signal.SIGKILL, -9)):
-        proc = subprocess.Popen(_cli(src, out, "--size", 96), env=command_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
-        while not os.path.exists(f"{out}.partial") and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        stderr = tmp_path / f"stderr-{sig.name}.txt"
+        with open(stderr, "w") as progress, background(
+                _cli(src, out, "--size", 96, progress=True), env=command_env(), stderr=progress) as proc:
+            # Signalled in the middle: once the progress bar has counted a case (so the
+            # partial file is open and the signal handler set), before it counts all 30.
+            counted = wait_for(lambda: _cases_counted(stderr), 60, "a case on the progress bar",
+                               poll=0.01, proc=proc)
+            assert counted < 30, "the conversion finished before the signal"
+            proc.send_signal(sig)
+            finish(proc, 60)
+        err = stderr.read_text(encoding="utf-8", errors="replace")
         assert proc.returncode == code, err
         assert not out.exists()
         if sig == signal.SIGTERM:
             assert "interrupted" in err and not os.path.exists(f"{out}.partial")
         else:  # no chance to clean up: the partial name still says so
+            assert os.path.exists(f"{out}.partial")
             with pytest.raises(data.DatasetError):
                 data.examine(str(out))

@@ -1,18 +1,15 @@
 """Slurm job scripts (distseg/cluster/jobs.py, distseg/cli/jobs.py, jobs/) and the Docker files.
 
 Rendered scripts are checked for the numbers they hold (linting them with `bash -n` and
-shellcheck is tests/test_lint.py's job, so a missing shellcheck never skips these); one
-is run for real on this machine as a 1-node, 2-rank job under a hand-made Slurm
-environment (the launcher resolves to mpirun on localhost), and its run directory goes
-through distseg-report.
+shellcheck is tests/unit/test_lint.py's job, so a missing shellcheck never skips these),
+and run only as far as their checks, which refuse before anything is launched. A
+rendered script run for real, with 2 ranks, is tests/e2e/test_jobs_e2e.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -20,15 +17,13 @@ import sys
 import pytest
 
 from distseg.cluster import jobs as jobs_lib
-from distseg.core import errors, rundir, schema
+from distseg.core import errors, rundir
 from distseg.data import synth
 from distseg.parallel import distributed
 
-from proc_group import run_group
-from support import BIN, REPO, command_env, slurm_env
+from support import REPO, command_env, slurm_env
 from support import jobs_cli as cli
 
-RUN_TIMEOUT = 300
 #: What every rendered script exports, from the one definition of each value.
 EXPECTED_ENV = {**distributed.HOROVOD_DEFAULTS, **jobs_lib.JOB_HOROVOD_SETTINGS, **distributed.OMPI_DEFAULTS}
 
@@ -385,66 +380,6 @@ def test_script_refuses_an_allocation_of_another_size(tiny, tmp_path):
     env = dict(slurm_env(1, 2, 2, 2), DISTSEG_LAUNCHER="pbsdsh")
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, env=env)
     assert res.returncode == 2 and "launcher 'pbsdsh' is unknown" in res.stderr
-
-
-def _run_script(script, env, timeout=RUN_TIMEOUT):
-    """bash SCRIPT in its own process group, killed whole on timeout."""
-    res = run_group(["bash", script], env=env, timeout=timeout, merge_stderr=True)
-    return res.returncode, res.stdout
-
-
-@pytest.mark.timeout(RUN_TIMEOUT + 120)
-def test_rendered_generic_script_runs_for_real_and_reports(tiny, tmp_path):
-    if shutil.which("srun"):
-        pytest.skip("srun is installed: this is a Slurm node, where the hand-made allocation would be taken for real")
-    if not shutil.which("mpirun"):
-        pytest.skip("mpirun not installed (scripts/install.sh installs openmpi-bin)")
-    runs = tmp_path / "runs"
-    out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2",
-              "--data", tiny, "--runs-dir", str(runs), "--name", "local", "--preset", "smoke",
-              "--epochs", "1", "--seed", "3", "--venv", os.path.dirname(BIN))
-    assert out.exit_code == 0, out.output
-    script = tmp_path / "local-n1.sbatch"
-    script.write_text(out.stdout)
-
-    code, log = _run_script(script, slurm_env(nodes=1, tasks=2, per_node=2, cpus=2))
-    assert code == 0, log[-5000:]
-    run_dir = runs / "local-n1"
-    job_txt = (run_dir / rundir.JOB_FILE).read_text().splitlines()
-    assert "launcher: mpirun" in job_txt
-    # The job printed the settings in force: distseg's own values, as exported.
-    assert {f"{k}={v}" for k, v in EXPECTED_ENV.items()} <= set(job_txt)
-    assert sorted(os.listdir(rundir.log_dir(run_dir))) == ["rank-00000.jsonl", "rank-00001.jsonl"]
-    with open(rundir.config_path(run_dir)) as f:
-        config = json.load(f)
-    assert config["train"]["seed"] == 3 and config["data"]["path"] == tiny
-    for rank in (0, 1):
-        records, problems = schema.read_log(rundir.log_path(run_dir, rank))
-        assert not problems
-        run, end = records[0], records[-1]
-        assert run["size"] == 2 and run["local_size"] == 2
-        # The script's thread numbers reached the ranks: 2 CPUs / 2 ranks = 1 each.
-        assert run["threads"]["intra_op"] == 1 and run["threads"]["inter_op"] == 1
-        assert {k: run["horovod_env"].get(k) for k in distributed.HOROVOD_DEFAULTS} == distributed.HOROVOD_DEFAULTS
-        assert end["status"] == "ok"
-        assert [r for r in records if r["type"] == "epoch"]
-
-    # The run is read by distseg-report, directly and through a sweep's report script.
-    report_dir = tmp_path / "report"
-    rep = subprocess.run([f"{BIN}/distseg-report", str(run_dir), "--out", str(report_dir)],
-                         capture_output=True, text=True, timeout=120, env=slurm_env(1, 2, 2, 2))
-    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
-    assert (report_dir / "report.md").is_file()
-
-    job = jobs_lib.resolve(jobs_lib.JobSpec(partition="generic", nodes=1, data=tiny, ranks_per_node=2,
-                                            runs_dir=str(runs), name="other", venv=os.path.dirname(BIN)))
-    report_script = tmp_path / "report.sbatch"
-    report_script.write_text(jobs_lib.render_report(job, [str(run_dir), str(runs / "never-ran")],
-                                                    str(tmp_path / "report2")))
-    code, log = _run_script(report_script, slurm_env(1, 1, 1, 2), timeout=120)
-    assert code == 0, log[-3000:]
-    assert "skipping" in log and "never-ran" in log
-    assert (tmp_path / "report2" / "report.md").is_file()
 
 
 # ---- the light side stays light --------------------------------------------------------------
