@@ -73,7 +73,7 @@ def time_steps(step, batches, n: int, start: int) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
         images, masks = batches[(start + i) % len(batches)]
-        float(step(images, masks, flags)[0])
+        float(step(images, masks, flags).loss_local)
     return (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
 
 

@@ -34,34 +34,35 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from distseg.training import steps
+
 
 def _loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int):
     """distseg's forward and backward with the global loss: (global loss, this rank's
     loss, gradients)."""
-    from distseg.training import steps
     return steps.loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
 def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int):
-    from distseg.training import steps
     return steps.checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
 def _signature(spatial_shape: Sequence[int], batch: int | None = None):
     import tensorflow as tf
 
-    from distseg.training import steps
     return steps._input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)]
 
 
 def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
-    from distseg.training import steps
     return steps.apply_unless(flag, optimizer, grads, variables, stats, before)
 
 
-def _no_norms():
+def _no_norms(raw=None):
+    """The step's four noise-scale norms where a variant computes none (NaN: the loop's
+    estimate skips the step), or only the raw two."""
     import tensorflow as tf
-    return tf.zeros([2])
+    missing = tf.fill([2], float("nan"))
+    return tf.concat([raw if raw is not None else missing, missing], 0)
 
 
 def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1, batch: int | None = None):
@@ -76,8 +77,8 @@ def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, l
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, ranks)
         nonfinite = 1.0 - tf.cast(tf.math.is_finite(value), tf.float32)
         grads, (mean_flags,) = dist.average_gradients(grads, [tf.concat([flags, [nonfinite]], 0)])
-        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables)
-        return local_loss, value, mean_flags, _no_norms()
+        _apply_unless(mean_flags[steps.NONFINITE], optimizer, grads, model.trainable_variables)
+        return steps.StepResult(local_loss, value, mean_flags, _no_norms())
 
     return train_step
 
@@ -98,8 +99,8 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
         total = tf.add_n([tf.reduce_sum(g) for g in grads]) + value
         nonfinite = 1.0 - tf.cast(tf.math.is_finite(total), tf.float32)
         grads, (mean_flags,) = dist.average_gradients(grads, [tf.concat([flags, [nonfinite]], 0)])
-        _apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        return local_loss, value, mean_flags, _no_norms()
+        _apply_unless(mean_flags[steps.NONFINITE], optimizer, grads, model.trainable_variables, stats, before)
+        return steps.StepResult(local_loss, value, mean_flags, _no_norms())
 
     return train_step
 
@@ -110,17 +111,17 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
     import tensorflow as tf
 
     from distseg.parallel import distributed as dist
-    from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
-        _, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
-            model, images, masks, num_classes, loss, ranks)
+        c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        before, value, local_loss, grads, nonfinite = c.before, c.loss, c.loss_local, c.grads, c.nonfinite
         grads, (mean_flags, small_sq) = dist.average_gradients(
             grads, [tf.concat([flags, [nonfinite]], 0), steps.squared_norm(grads)])
         with tf.control_dependencies(before):
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return local_loss, value, mean_flags, tf.stack([small_sq, steps.squared_norm(grads)])
+        return steps.StepResult(local_loss, value, mean_flags,
+                                _no_norms(tf.stack([small_sq, steps.squared_norm(grads)])))
 
     return train_step
 
@@ -133,7 +134,7 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
     def train_step(images, masks, flags):
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, 1)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return local_loss, value, tf.concat([flags, [0.0]], 0), _no_norms()
+        return steps.StepResult(local_loss, value, tf.concat([flags, [0.0]], 0), _no_norms())
 
     return train_step
 
@@ -147,7 +148,6 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
 
     from distseg import losses
     from distseg.parallel import distributed as dist
-    from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape, batch))
     def train_step(images, masks, flags):
@@ -160,8 +160,8 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
                                + [tf.math.is_finite(local_loss)])
         grads, (mean_loss, mean_flags) = dist.average_gradients(
             grads, [local_loss, tf.concat([flags, [1.0 - tf.cast(finite, tf.float32)]], 0)])
-        steps.apply_unless(mean_flags[2], optimizer, grads, model.trainable_variables, stats, before)
-        return local_loss, mean_loss, mean_flags, _no_norms()
+        steps.apply_unless(mean_flags[steps.NONFINITE], optimizer, grads, model.trainable_variables, stats, before)
+        return steps.StepResult(local_loss, mean_loss, mean_flags, _no_norms())
 
     return train_step
 
@@ -174,18 +174,18 @@ def make_overlap_train_step(model, optimizer, spatial_shape, num_classes: int, l
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from distseg.training import steps
 
     @tf.function(input_signature=_signature(spatial_shape, batch), autograph=False)
     def train_step(images, masks, flags):
-        stats, before, value, local_loss, grads, nonfinite = _checked_loss_and_grads(
-            model, images, masks, num_classes, loss, ranks)
+        c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        stats, before, value, local_loss, grads, nonfinite = (
+            c.stats, c.before, c.loss, c.loss_local, c.grads, c.nonfinite)
         reduced = [hvd.allreduce(g, op=hvd.Average, name=f"grad{i}") for i, g in enumerate(grads)]
         mean_flags, small_sq = hvd.grouped_allreduce(
             [tf.concat([flags, [nonfinite]], 0), steps.squared_norm(grads)], op=hvd.Average)
         big_sq = steps.squared_norm(reduced)
-        _apply_unless(mean_flags[2], optimizer, reduced, model.trainable_variables, stats, before)
-        return local_loss, value, mean_flags, tf.stack([small_sq, big_sq])
+        _apply_unless(mean_flags[steps.NONFINITE], optimizer, reduced, model.trainable_variables, stats, before)
+        return steps.StepResult(local_loss, value, mean_flags, _no_norms(tf.stack([small_sq, big_sq])))
 
     return train_step
 
@@ -193,7 +193,6 @@ def make_overlap_train_step(model, optimizer, spatial_shape, num_classes: int, l
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
              batch: int | None = None):
     """distseg's own step, untouched."""
-    from distseg.training import steps
     return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss, ranks, batch)
 
 

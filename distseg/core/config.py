@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from distseg.core import rundir
 from distseg.core.errors import InputError
 
-LR_SCALINGS = ("linear", "sqrt", "none")
+LR_SCALINGS = ("linear", "sqrt", "none", "gain")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "group", "none")
 #: ``--model`` name -> ``model.spatial_dims``.
@@ -109,7 +109,11 @@ class TrainConfig:
     lr: float = 1e-4
     """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
     lr_scaling: str = "linear"
-    """``linear`` (lr * size), ``sqrt`` (lr * sqrt(size)) or ``none``."""
+    """How the lr follows a global batch larger than the one it was set for (per-rank
+    batches on N ranks, or a fixed G grown past it): ``linear`` (x growth), ``sqrt``
+    (x sqrt(growth)), ``none``, or ``gain``: x sqrt(r), r the gain AdaScale measures
+    from the gradient noise scale (between 1 and the growth; AdaptDL's rule for Adam),
+    updated every step. The presets that grow their global batch use ``gain``."""
     warmup_epochs: float = 1.0
     """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
     loss: str = "dice"
@@ -261,8 +265,11 @@ def with_data_classes(cfg: Config, path: str, num_classes: int,
 
 def lr_factor(scaling: str, growth: float) -> float:
     """How the lr grows with the batch: x growth (``linear``, Goyal et al. 2017),
-    x sqrt(growth) (``sqrt``, the rule for Adam of Malladi et al. 2022) or x 1 (``none``)."""
-    return {"linear": float(growth), "sqrt": math.sqrt(growth), "none": 1.0}[scaling]
+    x sqrt(growth) (``sqrt``, the rule for Adam of Malladi et al. 2022), x 1 (``none``);
+    for ``gain`` the most it can reach, sqrt(growth) (the measured gain is at most the
+    growth)."""
+    return {"linear": float(growth), "sqrt": math.sqrt(growth), "none": 1.0,
+            "gain": math.sqrt(growth)}[scaling]
 
 
 @dataclass(frozen=True)
@@ -278,7 +285,13 @@ class BatchPlan:
     batch smaller than the ranks could share, grown to ``per_rank * ranks``) or
     ``per_rank`` (``batch_size`` per rank)."""
     lr_factor: float
-    """What ``train.lr`` is multiplied by at the end of the warm-up."""
+    """What ``train.lr`` is multiplied by at the end of the warm-up (with ``gain``: at
+    most)."""
+    lr_scaling: str
+    """The lr rule in force: ``none`` for a fixed global batch, else ``train.lr_scaling``."""
+    base: int
+    """The global batch ``train.lr`` is set for: G, or one process's ``batch_size``
+    (the gradient noise scale's gain is measured against it)."""
 
     @property
     def fixed(self) -> int:
@@ -295,17 +308,18 @@ def batch_plan(t: "TrainConfig", ranks: int) -> BatchPlan:
     """
     if not t.global_batch:
         return BatchPlan(t.batch_size, t.batch_size * ranks, "per_rank",
-                         lr_factor(t.lr_scaling, ranks))
+                         lr_factor(t.lr_scaling, ranks), t.lr_scaling, t.batch_size)
     g = t.global_batch
     if g % ranks == 0:
-        return BatchPlan(g // ranks, g, "global", 1.0)
+        return BatchPlan(g // ranks, g, "global", 1.0, "none", g)
     if not t.global_batch_grows:
         raise InputError(f"--global-batch {g} cannot be shared by {ranks} ranks: it must be "
                          f"a multiple of the number of ranks (e.g. {ranks * max(1, g // ranks)}"
                          f" or {ranks * (g // ranks + 1)}), or pass --batch-size per rank")
     per_rank = -(-g // ranks)  # ceil: the global batch never shrinks below G
     grown = per_rank * ranks
-    return BatchPlan(per_rank, grown, "grown", lr_factor("sqrt", grown / g))
+    return BatchPlan(per_rank, grown, "grown", lr_factor(t.lr_scaling, grown / g),
+                     t.lr_scaling, g)
 
 
 def default() -> Config:
@@ -313,7 +327,7 @@ def default() -> Config:
     GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``), a fixed global
     batch of 8 (docs/statistical-efficiency.md: more ranks, the same model sooner)."""
     return Config(model=ModelConfig(norm="group"),
-                  train=TrainConfig(global_batch=8, global_batch_grows=True))
+                  train=TrainConfig(global_batch=8, global_batch_grows=True, lr_scaling="gain"))
 
 
 def liver2d() -> Config:
@@ -343,7 +357,7 @@ def smoke() -> Config:
                                   norm="batch"),
         # Per-rank batches, the lr scaled with the ranks: what most tests exercise.
         train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0,
-                                  global_batch=0, global_batch_grows=False),
+                                  global_batch=0, global_batch_grows=False, lr_scaling="linear"),
     )
 
 
@@ -355,10 +369,11 @@ def liver3d() -> Config:
         base,
         model=dataclasses.replace(base.model, spatial_dims=3, base_filters=16, image_size=128),
         data=dataclasses.replace(base.data, slab="32,128,128", foreground_fraction=0.5),
-        # One slab per rank per step (a global batch that grows with the ranks): 3D time
-        # to target at a fixed global batch is not measured yet.
+        # One slab per rank per step (a global batch that grows with the ranks), the lr
+        # x N: 3D time to target, at a fixed global batch or with the gain, is not
+        # measured yet.
         train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=20, global_batch=0,
-                                  global_batch_grows=False))
+                                  global_batch_grows=False, lr_scaling="linear"))
 
 
 def smoke3d() -> Config:

@@ -21,7 +21,8 @@ field needs a new ``SCHEMA_VERSION``.
     global_batch_size, batch_policy (``global``: a fixed global batch split over the
     ranks; ``grown``: a fixed one grown past the ranks; ``per_rank``), loss_scope
     (``global_batch``: since schema 2 ``loss`` is the loss of the whole global batch),
-    lr_base, lr_scaled, warmup_steps, epochs, voxels_per_sample (a
+    lr_base, lr_scaled (with lr_scaling ``gain``: the most it can reach), lr_scaling,
+    warmup_steps, epochs, voxels_per_sample (a
     sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
     record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off).
 ``step``  each training step:
@@ -39,8 +40,10 @@ field needs a new ``SCHEMA_VERSION``.
     over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
     val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares],
-    noise_scale {b_simple, g2, trace, small_batch, big_batch, method, ema,
-    preconditioned} (``distseg.training.noise``); since schema 2 val_loss is the loss
+    noise_scale {b_simple, g2, trace (Adam-preconditioned), b_simple_raw, g2_raw,
+    trace_raw, small_batch, big_batch, base_batch, method, ema, preconditioned}
+    (``distseg.training.noise``), lr_rule {rule, lr, gain, progress, global_batch,
+    base_batch} (the lr rule in force and AdaScale's gain); since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
     3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
@@ -120,11 +123,11 @@ FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_policy",
-            "loss_scope"),
+            "loss_scope", "lr_scaling"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local", "noise_scale"),
+              "val_cases_local", "noise_scale", "lr_rule"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),

@@ -85,6 +85,10 @@ class Position:
     """Ranks that wrote it."""
     train_time: float = 0.0
     """Training seconds already spent in the unfinished epoch."""
+    scaling: dict | None = None
+    """The lr rule's state: the noise scale's averages (``NoiseScale.state``) and the
+    gain-weighted progress, so ``--resume`` continues the lr where it was (None in
+    checkpoints from before it was kept: the averages start afresh)."""
 
 
 def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
@@ -225,7 +229,7 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
         files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
-        position = Position(**{k: m[k] for k in Position.__dataclass_fields__})
+        position = Position(**{k: m[k] for k in Position.__dataclass_fields__ if k in m})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{path}: not a checkpoint manifest ({type(e).__name__}: {e})") from e
     for kind, file in files.items():

@@ -99,8 +99,11 @@ class Schedule:
     steps: int
     lr_base: float
     lr_target: float
+    """The lr after the warm-up (with the ``gain`` rule: the most it can reach)."""
     warmup_steps: int
     plan: config_lib.BatchPlan
+    warmup_progress: float = 0.0
+    """The ``gain`` rule's warm-up: steps of the base batch (``plan.base``)."""
 
     @classmethod
     def of(cls, train_cfg, train_samples: int, size: int) -> "Schedule":
@@ -109,7 +112,8 @@ class Schedule:
         if train_cfg.max_steps_per_epoch:
             n = min(n, train_cfg.max_steps_per_epoch)
         return cls(steps=n, lr_base=train_cfg.lr, lr_target=train_cfg.lr * plan.lr_factor,
-                   warmup_steps=int(round(train_cfg.warmup_epochs * n)), plan=plan)
+                   warmup_steps=int(round(train_cfg.warmup_epochs * n)), plan=plan,
+                   warmup_progress=train_cfg.warmup_epochs * n * plan.global_batch / plan.base)
 
     def batches(self, ids, rank: int, size: int, epoch: int, seed: int) -> list:
         """This rank's batches of ``ids`` for ``epoch``: parts of fixed global batches,
@@ -118,7 +122,11 @@ class Schedule:
             return data.global_batches(ids, rank, size, self.plan.fixed, epoch, seed)
         return data.shard_batches(ids, rank, size, self.plan.per_rank, epoch, seed)
 
-    def lr(self, global_step: int) -> float:
+    def lr(self, global_step: int, gain: float = 1.0, progress: float = 0.0) -> float:
+        """The lr of ``global_step``; the ``gain`` rule reads the measured ``gain`` and
+        the gain-weighted ``progress`` instead (``steps.gain_lr``)."""
+        if self.plan.lr_scaling == "gain" and self.plan.global_batch > self.plan.base:
+            return steps.gain_lr(self.lr_base, gain, progress, self.warmup_progress)
         return steps.lr_at(global_step, self.lr_base, self.lr_target, self.warmup_steps)
 
     def static_batch(self, train_samples: int, size: int) -> int | None:
@@ -206,6 +214,9 @@ class Session:
     lr_now: float | None = None
     noise: NoiseScale | None = None
     """The gradient noise scale's moving averages (set by ``open_session``)."""
+    progress: float = 0.0
+    """Steps of the base batch trained, each step weighted by its gain: the ``gain``
+    rule's clock (AdaScale's scale-invariant iterations)."""
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
 
@@ -288,12 +299,29 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         predict=steps.make_predict_step(model, shape),
         bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
                           start[0] * schedule.steps + start[1], resources))
-    session.noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch)
+    session.noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch,
+                               schedule.plan.base)
+    _restore_scaling(session)
     session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
     resources.callback(session.watch.close)
     dist.watch_collectives(session.watch)
     resources.callback(dist.watch_collectives, None)
     return session
+
+
+def _restore_scaling(s: Session) -> None:
+    """A resumed launch continues the noise scale's averages and the gain-weighted
+    progress its checkpoint kept (a run of other ranks or batches: afresh)."""
+    kept = s.resumed.position.scaling if s.resumed else None
+    if kept and kept.get("global_batch") == s.schedule.plan.global_batch:
+        s.noise.restore(kept.get("noise"))
+        s.progress = float(kept.get("progress", 0.0))
+
+
+def scaling_state(s: Session) -> dict:
+    """What a checkpoint keeps of the lr rule (``_restore_scaling`` reads it back)."""
+    return {"noise": s.noise.state(), "progress": s.progress,
+            "global_batch": s.schedule.plan.global_batch}
 
 
 def _on_hang(s: Session, where: str, waited: float) -> None:
@@ -340,6 +368,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         dataset=s.feed.summary(), global_seed=t.seed, steps_per_epoch=s.schedule.steps,
         batch_size=s.schedule.plan.per_rank, global_batch_size=s.schedule.plan.global_batch,
         batch_policy=s.schedule.plan.policy, loss_scope="global_batch",
+        lr_scaling=s.schedule.plan.lr_scaling,
         lr_base=t.lr, lr_scaled=s.schedule.lr_target, warmup_steps=s.schedule.warmup_steps,
         epochs=t.epochs)
 
@@ -376,8 +405,8 @@ def _next_batch(s: Session, result: EpochResult):
 
 
 def _set_lr(s: Session) -> float:
-    lr = s.schedule.lr(s.global_step)
-    if lr != s.lr_now:  # changes during warm-up only
+    lr = s.schedule.lr(s.global_step, s.noise.gain(s.schedule.plan.global_batch), s.progress)
+    if lr != s.lr_now:  # changes during the warm-up, and every step with the gain rule
         s.optimizer.learning_rate.assign(lr)
         s.lr_now = lr
     return lr
@@ -413,6 +442,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     loss_local, loss, grad_sq = float(out.loss_local), float(out.loss), [float(g) for g in out.grad_sq]
     if not nonfinite:
         s.noise.update(*grad_sq)
+        s.progress += s.noise.gain(s.schedule.plan.global_batch)
     now = time.perf_counter()
     try:
         s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
@@ -453,7 +483,8 @@ def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
     t = s.cfg.train
     position = checkpoint.Position(
         epoch=result.epoch + (0 if step else 1), step=step, global_step=s.global_step,
-        size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start)
+        size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start,
+        scaling=scaling_state(s))
     seen, losses, local = ((result.seen, result.losses, result.losses_local) if step
                            else ([], [], []))
     mine = resume.rank_state(s.model, seen, losses, local)
@@ -523,7 +554,15 @@ def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
                 train_loss=float(np.mean(result.losses)),
                 train_loss_local=float(np.mean(result.losses_local)),
                 weight_checksum=result.weights, skipped_steps=result.skipped,
-                noise_scale=s.noise.record(), **val)
+                noise_scale=s.noise.record(), lr_rule=lr_rule_record(s), **val)
+
+
+def lr_rule_record(s: Session) -> dict:
+    """The ``lr_rule`` field of an ``epoch`` record: the rule, the lr in force, the gain of
+    this run's global batch over the base batch, and the gain-weighted progress."""
+    plan = s.schedule.plan
+    return {"rule": plan.lr_scaling, "lr": s.lr_now, "gain": s.noise.gain(plan.global_batch),
+            "progress": s.progress, "global_batch": plan.global_batch, "base_batch": plan.base}
 
 
 def print_epoch(s: Session, result: EpochResult, val: dict) -> None:

@@ -1,76 +1,154 @@
-"""The gradient noise scale of McCandlish et al. 2018 ("An Empirical Model of
-Large-Batch Training", Appendix A), measured in every multi-rank run at no extra pass.
+"""The gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+Training", Appendix A), measured in every run at no extra pass, as AdaptDL measures it
+for Adam.
 
 Each step gives two squared gradient norms (``steps.make_train_step``): |G_b|^2, the mean
-over ranks of each rank's own gradient (a batch of b samples: the small batch), and
-|G_B|^2, the averaged gradient (B = N x b: the big batch). Unbiased estimates of the
-true gradient's squared norm and of the trace of the per-sample gradient covariance:
+over ``count`` gradients of b samples each (one per rank), and |G_B|^2, the norm of their
+average (B = count x b). Unbiased estimates of the true gradient's squared norm and of
+the trace of the per-sample gradient covariance:
 
-    |G|^2     = (B |G_B|^2 - b |G_b|^2) / (B - b)
-    tr(Sigma) = (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
+    |G|^2     = (count |G_B|^2 - |G_b|^2) / (count - 1)
+    tr(Sigma) = (|G_b|^2 - |G_B|^2) b count / (count - 1)
 
-each smoothed by an exponential moving average before the ratio
-B_simple = tr(Sigma) / |G|^2 is taken (the ratio of two noisy estimates is biased;
-the averages are not). B_simple is in samples: the batch size beyond which a larger
-batch buys little.
+On one rank there is one gradient per step, so ``count`` is 2 with the previous step's
+gradient as the second (AdaptDL's difference estimator; method ``consecutive``). Its two
+gradients were taken at weights one update apart, which biases tr(Sigma) up by the
+change of the true gradient, small next to the noise of a batch; the first step of a
+launch has no previous gradient and estimates nothing.
 
-The gradients are the raw ones, not preconditioned by Adam's second moments (AdaptDL's
-``AdamGradientNoiseScale`` divides by them). Measured in the step-exact emulation
-(docs/statistical-efficiency.md), the preconditioned B_simple predicted the samples of
-8 ranks x 8 slices better (1.26x the measured against the raw one's 2.05x), but in a
-run's first steps Adam's second moments rest on a handful of gradients, and dividing
-by them made the estimate unusable in short runs (|g|^2 of 1e7 at step 2, |G|^2 < 0
-for a whole 12-step run), so the log keeps the raw one. On one rank there is one gradient per step, so B = b and
-nothing is estimated (``method: none``).
+Both are smoothed separately (the ratio of two noisy estimates is biased; the averages
+are not) by a bias-corrected exponential moving average whose decay is tied to the
+samples a step covers: ``DECAY`` per ``base`` samples, so a step of B samples decays
+by DECAY^(B / base) (AdaptDL: 0.999 per initial batch). Read back, |G|^2 is clipped at
+0 and tr(Sigma) at ``TRACE_FLOOR``; a step whose norms are not finite is skipped.
 
-Plain Python: the loop feeds it floats; the log holds its ``record()``.
+The norms come twice: of the raw gradients, and of the gradients divided by Adam's
+bias-corrected sqrt(v) + epsilon (``preconditioned``; the identity in Adam's first
+``PRECONDITION_AFTER`` steps, when v rests on a handful of gradients). The
+preconditioned one is the noise of the update Adam actually makes; it drives the gain
+(``gain``, AdaScale) and the batch policy, and B_simple = tr(Sigma) / |G|^2 of both is
+logged.
+
+Plain Python: the loop feeds it floats; the log holds its ``record()``, a checkpoint
+its ``state()``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-#: The moving averages' decay per step.
-DECAY = 0.95
-#: The norms are of raw gradients, not divided by Adam's second moments.
-PRECONDITIONED = False
+#: The moving averages' decay per ``NoiseScale.base`` samples (AdaptDL's smoothing).
+DECAY = 0.999
+#: The floor of tr(Sigma) when read back (AdaptDL's): the gain stays finite.
+TRACE_FLOOR = 1e-6
+#: Adam steps before the preconditioner is Adam's own (identity before; AdaptDL's 5).
+PRECONDITION_AFTER = 5
+#: What ``record()`` and ``state()`` name the two estimators.
+KINDS = ("preconditioned", "raw")
+
+
+@dataclass
+class Average:
+    """A bias-corrected exponential moving average of |G|^2 and tr(Sigma)."""
+
+    g2_biased: float = 0.0
+    trace_biased: float = 0.0
+    weight: float = 0.0
+    """1 - the product of every decay so far: what corrects the bias."""
+
+    def update(self, g2: float, trace: float, decay: float) -> None:
+        self.g2_biased = decay * self.g2_biased + (1 - decay) * g2
+        self.trace_biased = decay * self.trace_biased + (1 - decay) * trace
+        self.weight = decay * self.weight + (1 - decay)
+
+    @property
+    def g2(self) -> float | None:
+        """|G|^2, clipped at 0; None before any step."""
+        return max(self.g2_biased / self.weight, 0.0) if self.weight else None
+
+    @property
+    def trace(self) -> float | None:
+        """tr(Sigma) per sample, at least ``TRACE_FLOOR``; None before any step."""
+        return max(self.trace_biased / self.weight, TRACE_FLOOR) if self.weight else None
+
+    @property
+    def b_simple(self) -> float | None:
+        """tr(Sigma) / |G|^2 in samples; None before a step or while |G|^2 is 0."""
+        if self.weight == 0 or self.g2 == 0:
+            return None
+        return self.trace / self.g2
+
+
+def estimates(small_sq: float, big_sq: float, small: int, count: int) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) of one step: ``count`` gradients of ``small`` samples whose
+    squared norms average ``small_sq`` and whose average has squared norm ``big_sq``."""
+    g2 = (count * big_sq - small_sq) / (count - 1)
+    trace = (small_sq - big_sq) * small * count / (count - 1)
+    return g2, trace
 
 
 @dataclass
 class NoiseScale:
-    """Moving averages of |G|^2 and tr(Sigma) over the steps of a run."""
+    """The two estimators' moving averages over the steps of a run."""
 
     small: int
     """b: samples per rank per step."""
     big: int
     """B: samples per step, all ranks."""
-    g2: float | None = None
-    trace: float | None = None
+    base: int
+    """The batch the lr was set for (the gain's base; the decay's unit of samples)."""
+    averages: dict = field(default_factory=lambda: {k: Average() for k in KINDS})
+
+    @property
+    def count(self) -> int:
+        """Gradients per estimate: one per rank, or this step's and the previous one."""
+        return max(self.big // self.small, 1) if self.big > self.small else 2
 
     @property
     def method(self) -> str:
-        return "ranks" if self.big > self.small else "none"
+        return "ranks" if self.big > self.small else "consecutive"
 
-    def update(self, small_sq: float, big_sq: float) -> None:
-        """One step's [mean |g_rank|^2, |g_averaged|^2]; non-finite values are skipped."""
-        b, B = self.small, self.big
-        if B <= b or not (math.isfinite(small_sq) and math.isfinite(big_sq)):
+    def update(self, small_sq: float, big_sq: float, small_pre: float, big_pre: float) -> None:
+        """One step's squared norms, raw and preconditioned (``steps.StepResult.grad_sq``);
+        a step with a non-finite one (or none: the first of a one-rank launch) is skipped."""
+        values = (small_sq, big_sq, small_pre, big_pre)
+        if not all(math.isfinite(v) for v in values):
             return
-        g2 = (B * big_sq - b * small_sq) / (B - b)
-        trace = (small_sq - big_sq) / (1.0 / b - 1.0 / B)
-        self.g2 = g2 if self.g2 is None else DECAY * self.g2 + (1 - DECAY) * g2
-        self.trace = trace if self.trace is None else DECAY * self.trace + (1 - DECAY) * trace
+        count = self.count
+        decay = DECAY ** (self.small * count / self.base)
+        for kind, (s, b) in zip(KINDS, ((small_pre, big_pre), (small_sq, big_sq))):
+            self.averages[kind].update(*estimates(s, b, self.small, count), decay)
 
     @property
     def b_simple(self) -> float | None:
-        """tr(Sigma) / |G|^2 from the averages; None before a step or where |G|^2 <= 0."""
-        if self.g2 is None or self.trace is None or self.g2 <= 0:
-            return None
-        return self.trace / self.g2
+        """The preconditioned B_simple (samples)."""
+        return self.averages["preconditioned"].b_simple
+
+    def gain(self, batch: float) -> float:
+        """AdaScale's gain of a step of ``batch`` samples over one of ``base``:
+        (tr/base + |G|^2) / (tr/batch + |G|^2), from the preconditioned averages; 1 before
+        any estimate. Between 1 and batch/base: the progress a step of ``batch`` samples
+        makes, in steps of ``base``."""
+        avg = self.averages["preconditioned"]
+        if avg.weight == 0:
+            return 1.0
+        return (avg.trace / self.base + avg.g2) / (avg.trace / batch + avg.g2)
 
     def record(self) -> dict:
-        """The ``noise_scale`` field of an ``epoch`` record."""
-        return {"b_simple": self.b_simple, "g2": self.g2, "trace": self.trace,
-                "small_batch": self.small, "big_batch": self.big, "method": self.method,
-                "ema": DECAY, "preconditioned": PRECONDITIONED}
+        """The ``noise_scale`` field of an ``epoch`` record: the preconditioned estimate
+        (``b_simple``, ``g2``, ``trace``) and the raw one (``*_raw``)."""
+        pre, raw = self.averages["preconditioned"], self.averages["raw"]
+        return {"b_simple": pre.b_simple, "g2": pre.g2, "trace": pre.trace,
+                "b_simple_raw": raw.b_simple, "g2_raw": raw.g2, "trace_raw": raw.trace,
+                "small_batch": self.small, "big_batch": self.big, "base_batch": self.base,
+                "method": self.method, "ema": DECAY, "preconditioned": True}
+
+    def state(self) -> dict:
+        """What a checkpoint keeps, so ``--resume`` continues the averages exactly."""
+        return {k: [a.g2_biased, a.trace_biased, a.weight] for k, a in self.averages.items()}
+
+    def restore(self, state: dict | None) -> None:
+        """Continues from ``state()`` (None or a state of other kinds: from scratch)."""
+        if state and set(state) == set(KINDS):
+            self.averages = {k: Average(*map(float, v)) for k, v in state.items()}

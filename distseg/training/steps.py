@@ -10,6 +10,7 @@ learning-rate arithmetic is importable without it.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple, Sequence
 
@@ -19,11 +20,19 @@ from distseg.core.errors import RunError
 from distseg.parallel import distributed as dist
 
 
-def lr_at(step: int, base: float, target: float, warmup_steps: int) -> float:
+def lr_at(step: float, base: float, target: float, warmup_steps: float) -> float:
     """Linear warm-up from the single-process ``base`` to the scaled ``target``."""
     if warmup_steps <= 0 or step >= warmup_steps:
         return target
     return base + (target - base) * step / warmup_steps
+
+
+def gain_lr(base: float, gain: float, progress: float, warmup: float) -> float:
+    """The ``gain`` rule (AdaScale's gain r applied to Adam as AdaptDL's ``AdamScale``
+    applies it): ``base`` x sqrt(r), reached by a linear warm-up over ``warmup`` steps
+    of the base batch, counted in gain-weighted ``progress`` (each step adds its gain),
+    so the warm-up lasts as many one-process samples at any batch."""
+    return lr_at(progress, base, base * math.sqrt(max(gain, 1.0)), warmup)
 
 
 def _input_spec(spatial_shape: Sequence[int], batch: int | None = None):
@@ -91,7 +100,10 @@ class StepResult(NamedTuple):
     """[failed, stop, nonfinite] (``FAILED``, ``STOP``, ``NONFINITE``), means over ranks:
     > 0 where some rank raised it."""
     grad_sq: Any
-    """[mean over ranks of |g_rank|^2, |g|^2 of the averaged gradient]."""
+    """[mean over ranks of |g_rank|^2, |g|^2 of the averaged gradient], then the same two
+    of the gradients preconditioned by Adam (``preconditioned_sq``): what
+    ``training.noise`` estimates from. On one rank the previous step's gradient stands
+    in for a second rank (NaN at a launch's first step)."""
 
 
 class Flags(NamedTuple):
@@ -125,6 +137,60 @@ def squared_norm(tensors):
     """Sum of squares of every value of ``tensors`` (float32)."""
     import tensorflow as tf
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
+
+
+def preconditioned_sq(optimizer, grads, variables):
+    """|g / (sqrt(v_hat) + epsilon)|^2 with Adam's bias-corrected second moments v_hat as
+    they stand before this step's update (AdaptDL's preconditioner): the noise of the
+    update Adam makes. The plain squared norm while Adam has taken fewer than
+    ``noise.PRECONDITION_AFTER`` steps, and for any optimizer but plain Adam."""
+    import tensorflow as tf
+
+    from distseg.training.noise import PRECONDITION_AFTER
+    if not _plain_adam(optimizer):
+        return squared_norm(grads)
+    if not optimizer.built:  # as apply_adam does: the moments on first use
+        optimizer.build(variables)
+    t = tf.cast(optimizer.iterations, tf.float32)
+
+    def adam():
+        correction = 1.0 - tf.pow(tf.constant(optimizer.beta_2, tf.float32), t)
+        total = []
+        for grad, var in zip(grads, variables):
+            v = optimizer._velocities[optimizer._get_variable_index(var)]  # noqa: SLF001
+            denom = tf.sqrt(tf.cast(v, tf.float32) / correction) + optimizer.epsilon
+            total.append(tf.reduce_sum(tf.square(tf.cast(grad, tf.float32) / denom)))
+        return tf.add_n(total)
+
+    return tf.cond(t < PRECONDITION_AFTER, lambda: squared_norm(grads), adam)
+
+
+class PreviousGradient:
+    """The last step's gradient on a one-rank run: the second gradient of the noise
+    scale's difference estimator (``training.noise``), one copy of the trainable
+    variables in memory."""
+
+    def __init__(self, variables):
+        import tensorflow as tf
+        self.grads = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
+        self.valid = tf.Variable(0.0, trainable=False)
+
+    def norms(self, optimizer, grads, variables):
+        """[mean |g|^2 of this and the last gradient, |g|^2 of their mean], raw then
+        preconditioned (NaN without a last gradient); keeps ``grads`` as the last."""
+        import tensorflow as tf
+        mean = [(g + p) / 2.0 for g, p in zip(grads, self.grads)]
+        out = tf.stack([
+            (squared_norm(grads) + squared_norm(self.grads)) / 2.0, squared_norm(mean),
+            (preconditioned_sq(optimizer, grads, variables)
+             + preconditioned_sq(optimizer, self.grads, variables)) / 2.0,
+            preconditioned_sq(optimizer, mean, variables)])
+        out = tf.where(self.valid > 0, out, tf.fill([4], float("nan")))
+        with tf.control_dependencies([out]):
+            for p, g in zip(self.grads, grads):
+                p.assign(g)
+            self.valid.assign(1.0)
+        return tf.identity(out)
 
 
 def _plain_adam(optimizer) -> bool:
@@ -199,9 +265,9 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     it). The update is applied only when every rank's loss and gradients were finite;
     otherwise the BatchNorm statistics are put back as they were before the step.
 
-    The gradient norms are [mean over ranks of |g_rank|^2, |g|^2 of the averaged
-    gradient]: the two batch sizes of the gradient noise scale (``training.noise``),
-    the first riding in the same allreduce. ``ranks``: the ranks sharing the global
+    The gradient norms (``StepResult.grad_sq``) are the two batch sizes of the gradient
+    noise scale (``training.noise``), raw and preconditioned by Adam; the small batch's
+    ride in the same allreduce. ``ranks``: the ranks sharing the global
     batch (``losses.global_loss``); with one, the step has no collective at all (an
     average over one rank is its own value, and a Horovod op would still wait for
     a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
@@ -209,6 +275,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     (BatchNorm's ghost batches split statically).
     """
     import tensorflow as tf
+
+    previous = PreviousGradient(model.trainable_variables) if ranks == 1 else None
 
     # autograph=False: the step's Python branches are on Python values only (tf.cond
     # is explicit), and converting its source took 0.5 s of the demo's 2.5 s trace.
@@ -219,15 +287,20 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
         all_flags = tf.concat([flags, [c.nonfinite]], 0)
         variables = model.trainable_variables
         if ranks == 1:
-            norm = squared_norm(c.grads)
-            apply_unless(all_flags[NONFINITE], optimizer, c.grads, variables, c.stats, c.before)
-            return StepResult(c.loss_local, c.loss, all_flags, tf.stack([norm, norm]))
-        # Horovod: average gradients, the flags and |g_rank|^2 in one grouped allreduce.
-        grads, (mean_flags, small_sq) = dist.average_gradients(
-            c.grads, [all_flags, squared_norm(c.grads)])
-        big_sq = squared_norm(grads)
-        apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
-        return StepResult(c.loss_local, c.loss, mean_flags, tf.stack([small_sq, big_sq]))
+            norms = previous.norms(optimizer, c.grads, variables)
+            with tf.control_dependencies([norms]):  # Adam's moments before the update
+                apply_unless(all_flags[NONFINITE], optimizer, c.grads, variables, c.stats,
+                             c.before)
+            return StepResult(c.loss_local, c.loss, all_flags, norms)
+        # Horovod: average gradients, the flags and this rank's |g|^2 (raw and
+        # preconditioned) in one grouped allreduce.
+        mine = tf.stack([squared_norm(c.grads), preconditioned_sq(optimizer, c.grads, variables)])
+        grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine])
+        norms = tf.stack([small[0], squared_norm(grads), small[1],
+                          preconditioned_sq(optimizer, grads, variables)])
+        with tf.control_dependencies([norms]):
+            apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
+        return StepResult(c.loss_local, c.loss, mean_flags, norms)
 
     return train_step
 

@@ -208,7 +208,7 @@ for name in ["distseg", *step_variants.VARIANTS]:
     optimizer = keras.optimizers.Adam(1e-2)
     build = steps.make_train_step if name == "distseg" else step_variants.VARIANTS[name]
     step = build(model, optimizer, (16, 16), 3, "dice", ranks=1, batch=2)  # as the loop calls it
-    loss = float(step(images, masks, flags)[1])
+    loss = float(step(images, masks, flags).loss)
     out[name] = [loss, *[float(np.abs(np.asarray(w)).sum()) for w in model.weights]]
 print(json.dumps(out))
 """

@@ -81,10 +81,11 @@ def test_the_batch_plan_of_each_policy():
     from distseg.core import config as config_lib
     from distseg.core.errors import InputError
     t = config_lib.demo().train  # a fixed global batch of 8 that may grow
-    assert config_lib.batch_plan(t, 2) == config_lib.BatchPlan(4, 8, "global", 1.0)
+    assert config_lib.batch_plan(t, 2) == config_lib.BatchPlan(4, 8, "global", 1.0, "none", 8)
     grown = config_lib.batch_plan(t, 16)
     assert (grown.per_rank, grown.global_batch, grown.policy) == (1, 16, "grown")
-    assert grown.lr_factor == pytest.approx(2 ** 0.5)
+    assert grown.base == 8  # the lr was set for G, whatever the ranks' global batch
+    assert grown.lr_scaling == "gain" and grown.lr_factor == pytest.approx(2 ** 0.5)  # at most
     assert config_lib.batch_plan(t, 3).global_batch == 9  # ceil(8/3) per rank, never fewer than 8
     strict = config_lib.resolve("demo", overrides={"data.path": "d.h5", "run_dir": "r",
                                                    "train.global_batch": 8,
@@ -92,7 +93,7 @@ def test_the_batch_plan_of_each_policy():
     with pytest.raises(InputError, match="--global-batch 8 cannot be shared by 3 ranks"):
         config_lib.batch_plan(strict, 3)
     per_rank = config_lib.smoke().train
-    assert config_lib.batch_plan(per_rank, 4) == config_lib.BatchPlan(4, 16, "per_rank", 4.0)
+    assert config_lib.batch_plan(per_rank, 4) == config_lib.BatchPlan(4, 16, "per_rank", 4.0, "linear", 4)
 
 
 def test_too_few_samples_for_ranks_times_batch():

@@ -1,67 +1,186 @@
 """The gradient noise scale (``distseg.training.noise``) and the norms the train step
-feeds it."""
+feeds it: known noise recovered by both methods, the preconditioner as Adam's own, the
+gain, the bias-corrected averages, resume."""
+
+import dataclasses
 
 import numpy as np
 import pytest
 
+from distseg.training import noise as noise_lib
 from distseg.training.noise import NoiseScale
+
+
+def _draws(rng, true_g, sigma, small, ranks):
+    """``ranks`` gradients, each the mean of ``small`` per-sample gradients G + noise."""
+    return [true_g + rng.normal(scale=sigma, size=(small, true_g.size)).mean(0)
+            for _ in range(ranks)]
+
+
+def _norms(grads, scale):
+    """The step's four norms of ``grads`` (one per rank), the preconditioned ones after
+    dividing every gradient by ``scale``."""
+    mean = np.mean(grads, axis=0)
+    pre = [g / scale for g in grads]
+    return (float(np.mean([g @ g for g in grads])), float(mean @ mean),
+            float(np.mean([g @ g for g in pre])), float((mean / scale) @ (mean / scale)))
 
 
 @pytest.mark.parametrize("small,big", [(1, 8), (4, 8), (2, 16)])
 def test_b_simple_recovers_the_noise_of_known_gradients(small, big):
     # Per-sample gradients G + noise with covariance sigma^2 I in d dimensions: the
-    # true B_simple is d sigma^2 / |G|^2. Each step draws N = big/small "ranks" of
-    # ``small`` samples and feeds the loop's two norms.
+    # true B_simple is d sigma^2 / |G|^2. Preconditioning by a constant scale c leaves
+    # B_simple as it is (both terms are divided by c^2).
     rng = np.random.default_rng(0)
     d, sigma = 50, 0.5
     true_g = rng.normal(size=d)
     want = d * sigma**2 / float(true_g @ true_g)
-    noise = NoiseScale(small, big)
+    noise = NoiseScale(small, big, base=small)
     for _ in range(3000):
-        ranks = [true_g + rng.normal(scale=sigma, size=(small, d)).mean(0) for _ in range(big // small)]
-        mean = np.mean(ranks, axis=0)
-        noise.update(float(np.mean([r @ r for r in ranks])), float(mean @ mean))
+        noise.update(*_norms(_draws(rng, true_g, sigma, small, big // small), 3.0))
+    record = noise.record()
+    assert record["b_simple"] == pytest.approx(want, rel=0.15)
+    assert record["b_simple_raw"] == pytest.approx(want, rel=0.15)
+    assert record["g2_raw"] == pytest.approx(9.0 * record["g2"], rel=1e-9)
+    assert noise.method == "ranks" and record["preconditioned"] is True
+
+
+def test_preconditioning_weighs_each_coordinate_by_its_scale():
+    # Noise only in the first half of the coordinates, the true gradient only in the
+    # second: dividing the noisy half by 10 lowers B_simple 100-fold.
+    rng = np.random.default_rng(1)
+    d = 40
+    true_g = np.r_[np.zeros(d // 2), np.ones(d // 2)]
+    scale = np.r_[np.full(d // 2, 10.0), np.ones(d // 2)]
+    noise = NoiseScale(1, 4, base=1)
+    for _ in range(4000):
+        grads = [true_g + np.r_[rng.normal(size=d // 2), np.zeros(d // 2)] for _ in range(4)]
+        noise.update(*_norms(grads, scale))
+    record = noise.record()
+    assert record["b_simple_raw"] == pytest.approx(d / 2 / (d / 2), rel=0.15)
+    assert record["b_simple"] == pytest.approx(record["b_simple_raw"] / 100, rel=0.15)
+
+
+def test_one_rank_differences_consecutive_gradients():
+    # The loop feeds a one-rank run the norms of this and the last gradient (count 2):
+    # the same noise as two ranks of the same batch.
+    rng = np.random.default_rng(2)
+    d, sigma, small = 30, 1.0, 4
+    true_g = rng.normal(size=d)
+    want = d * sigma**2 / float(true_g @ true_g)
+    noise = NoiseScale(small, small, base=small)
+    assert noise.method == "consecutive" and noise.count == 2
+    noise.update(*[float("nan")] * 4)  # a launch's first step: no last gradient
+    assert noise.b_simple is None
+    last = _draws(rng, true_g, sigma, small, 1)[0]
+    for _ in range(3000):
+        now = _draws(rng, true_g, sigma, small, 1)[0]
+        noise.update(*_norms([last, now], 1.0))
+        last = now
     assert noise.b_simple == pytest.approx(want, rel=0.15)
-    assert noise.method == "ranks" and noise.record()["preconditioned"] is False
 
 
-def test_one_rank_estimates_nothing():
-    noise = NoiseScale(8, 8)
-    noise.update(2.0, 2.0)
-    assert noise.b_simple is None and noise.record()["method"] == "none"
+def test_the_averages_are_bias_corrected_and_decay_per_base_samples():
+    noise = NoiseScale(2, 8, base=8)
+    noise.update(5.0, 2.0, 5.0, 2.0)
+    g2, trace = noise_lib.estimates(5.0, 2.0, 2, 4)
+    # One step: the corrected average is that step's estimate, whatever the decay.
+    assert noise.averages["raw"].g2 == pytest.approx(g2)
+    assert noise.averages["raw"].trace == pytest.approx(trace)
+    noise.update(7.0, 3.0, 7.0, 3.0)
+    g2b, traceb = noise_lib.estimates(7.0, 3.0, 2, 4)
+    decay = noise_lib.DECAY ** (8 / 8)
+    want = (decay * (1 - decay) * g2 + (1 - decay) * g2b) / (decay * (1 - decay) + (1 - decay))
+    assert noise.averages["raw"].g2 == pytest.approx(want)
+    half = NoiseScale(2, 8, base=16)  # a step of 8 samples decays half as much
+    half.update(5.0, 2.0, 5.0, 2.0)
+    half.update(7.0, 3.0, 7.0, 3.0)
+    d = noise_lib.DECAY ** 0.5
+    assert half.averages["raw"].g2 == pytest.approx(
+        (d * (1 - d) * g2 + (1 - d) * g2b) / (d * (1 - d) + (1 - d)))
 
 
-def test_non_finite_norms_are_skipped():
-    noise = NoiseScale(1, 2)
-    noise.update(3.0, 2.0)
+def test_gain_runs_from_one_to_the_batch_ratio():
+    noise = NoiseScale(1, 8, base=8)
+    assert noise.gain(64) == 1.0  # nothing measured yet
+    noise.averages["preconditioned"] = noise_lib.Average(1.0, 80.0, 1.0)  # |G|^2 1, tr 80
+    # B_noise = 80: gain(S) = (80/8 + 1) / (80/64 + 1) = 11 / 2.25.
+    assert noise.gain(64) == pytest.approx(11 / 2.25)
+    assert noise.gain(8) == pytest.approx(1.0)
+    noise.averages["preconditioned"] = noise_lib.Average(0.0, 80.0, 1.0)  # pure noise
+    assert noise.gain(64) == pytest.approx(8.0)
+
+
+def test_non_finite_norms_are_skipped_and_state_resumes_exactly():
+    noise = NoiseScale(1, 2, base=2)
+    noise.update(3.0, 2.0, 3.0, 2.0)
     before = noise.record()
-    noise.update(float("nan"), 1.0)
+    noise.update(float("nan"), 1.0, 1.0, 1.0)
     assert noise.record() == before
+    again = NoiseScale(1, 2, base=2)
+    again.restore(noise.state())
+    for n in (noise, again):
+        n.update(4.0, 2.5, 4.0, 2.5)
+    assert again.record() == noise.record()
+    fresh = NoiseScale(1, 2, base=2)
+    fresh.restore(None)
+    assert fresh.b_simple is None
 
 
-def test_the_one_rank_step_logs_one_norm_of_its_gradient():
-    import dataclasses
+def _smoke_model(num_classes=2, size=16):
+    from distseg.core import config as config_lib
+    from distseg.networks import unet
+    cfg = config_lib.smoke()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, num_classes=num_classes, image_size=size))
+    return cfg, unet.from_config(cfg.model)
 
+
+def test_the_one_rank_step_logs_the_norms_of_its_last_two_gradients():
     import keras
     import tensorflow as tf
 
-    from distseg.core import config as config_lib
-    from distseg.networks import unet
     from distseg.training import steps
-    cfg = config_lib.smoke()
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=2, image_size=16))
-    model = unet.from_config(cfg.model)
+    cfg, model = _smoke_model()
     optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
     size = cfg.model.image_size
     step = steps.make_train_step(model, optimizer, (size, size), cfg.model.num_classes,
                                  cfg.train.loss, ranks=1, batch=2)
     rng = np.random.default_rng(0)
-    images = rng.random((2, size, size, 1), dtype=np.float32)
-    masks = (images[..., 0] > 0.5).astype(np.uint8)
-    # The norm of the gradient the step applies, computed beside it from the same weights.
-    grads = steps.loss_and_grads(model, tf.constant(images), tf.constant(masks),
-                                 cfg.model.num_classes, cfg.train.loss)[2]
-    want = float(steps.squared_norm(grads))
-    got = step(images, masks, np.zeros(2, np.float32))[3].numpy()
-    assert want > 0 and got[0] == got[1] == pytest.approx(want, rel=1e-4)
+    batches = [rng.random((2, size, size, 1), dtype=np.float32) for _ in range(2)]
+    grads, got = [], []
+    for images in batches:
+        masks = (images[..., 0] > 0.5).astype(np.uint8)
+        # The gradient the step applies, computed beside it from the same weights.
+        grads.append([np.asarray(g) for g in steps.loss_and_grads(
+            model, tf.constant(images), tf.constant(masks), cfg.model.num_classes,
+            cfg.train.loss)[2]])
+        got.append(step(images, masks, np.zeros(2, np.float32)).grad_sq.numpy())
+    assert np.isnan(got[0]).all()  # no last gradient yet
+    sq = [sum(float((g ** 2).sum()) for g in gs) for gs in grads]
+    mean = sum(float((((a + b) / 2) ** 2).sum()) for a, b in zip(*grads))
+    # Adam has taken fewer than PRECONDITION_AFTER steps: preconditioned == raw.
+    np.testing.assert_allclose(got[1], [(sq[0] + sq[1]) / 2, mean] * 2, rtol=1e-4)
+
+
+def test_the_preconditioner_is_adams_bias_corrected_second_moment():
+    import keras
+    import tensorflow as tf
+
+    from distseg.training import steps
+    cfg, model = _smoke_model()
+    variables = model.trainable_variables
+    optimizer = keras.optimizers.Adam(1e-3, epsilon=1e-7)
+    rng = np.random.default_rng(3)
+    for _ in range(noise_lib.PRECONDITION_AFTER + 2):
+        steps.apply_adam(optimizer, [tf.constant(rng.normal(size=v.shape), tf.float32)
+                                     for v in variables], variables)
+    grads = [rng.normal(size=v.shape).astype(np.float32) for v in variables]
+    t = int(optimizer.iterations.numpy())
+    want = 0.0
+    for g, v in zip(grads, variables):
+        vel = np.asarray(optimizer._velocities[optimizer._get_variable_index(v)])
+        want += float(((g / (np.sqrt(vel / (1 - 0.999 ** t)) + 1e-7)) ** 2).sum())
+    got = float(steps.preconditioned_sq(optimizer, [tf.constant(g) for g in grads], variables))
+    assert got == pytest.approx(want, rel=1e-4)
+    assert got != pytest.approx(sum(float((g ** 2).sum()) for g in grads), rel=1e-2)

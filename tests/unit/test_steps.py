@@ -199,3 +199,24 @@ def test_an_adam_with_other_settings_keeps_keras_own_update():
     for other in (keras.optimizers.Adam(1e-3, amsgrad=True), keras.optimizers.Adam(1e-3, clipnorm=1.0),
                   keras.optimizers.AdamW(1e-3), keras.optimizers.SGD(1e-3)):
         assert not steps._plain_adam(other)
+
+
+def test_the_gain_rule_follows_the_measured_gain_and_warms_up_in_progress():
+    import dataclasses
+
+    from distseg.core import config as config_lib
+    from distseg.training import loop
+    t = dataclasses.replace(config_lib.smoke().train, lr=1e-3, lr_scaling="gain",
+                            warmup_epochs=1.0)
+    four = loop.Schedule.of(t, train_samples=64, size=4)  # b = 4, B = 16, base 4
+    # One epoch of the base batch: 64 samples / 4 = 16 steps of progress.
+    assert four.warmup_progress == 16.0 and four.lr_target == pytest.approx(2e-3)
+    assert four.lr(0, gain=4.0, progress=0.0) == pytest.approx(1e-3)
+    assert four.lr(0, gain=4.0, progress=8.0) == pytest.approx(1.5e-3)
+    assert four.lr(99, gain=4.0, progress=16.0) == pytest.approx(2e-3)  # x sqrt(4)
+    assert four.lr(99, gain=2.25, progress=40.0) == pytest.approx(1.5e-3)  # x sqrt(2.25)
+    # One rank: the batch the lr was set for, so no gain enters.
+    assert loop.Schedule.of(t, 64, 1).lr(5, gain=9.0, progress=100.0) == pytest.approx(1e-3)
+    # The fixed rules ignore the gain.
+    linear = loop.Schedule.of(dataclasses.replace(t, lr_scaling="linear"), 64, 4)
+    assert linear.lr(99, gain=1.0, progress=0.0) == pytest.approx(4e-3)
