@@ -28,21 +28,7 @@ import tempfile
 
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from distseg.core import rundir, schema  # noqa: E402
-
-
-def throughput(run_dir: str, ranks: int) -> float:
-    """Global samples/s over all epochs but the first, from the ranks' epoch records."""
-    per_epoch: dict[int, list] = {}
-    for rank in range(ranks):
-        recs, _ = schema.read_log(rundir.log_path(run_dir, rank))
-        for r in recs:
-            if r["type"] == "epoch" and r["epoch"] > 0:
-                per_epoch.setdefault(r["epoch"], []).append((r["samples"], r["train_time"]))
-    samples = sum(s for e in per_epoch.values() for s, _ in e)
-    # A synchronous epoch lasts as long as its slowest rank.
-    seconds = sum(max(t for _, t in e) for e in per_epoch.values())
-    return samples / seconds
+from benchlib.runlogs import run_throughput  # noqa: E402
 
 
 def train_args(args, run_dir):
@@ -80,8 +66,8 @@ def run_variant(name, args, workdir):
         if p.returncode:
             raise SystemExit(f"{name} failed:\n{out[-3000:]}")
     if name == "indep":
-        return throughput(run_dir + "-a", 1) + throughput(run_dir + "-b", 1)
-    return throughput(run_dir, 1 if name == "1proc" else 2)
+        return run_throughput(run_dir + "-a", 1) + run_throughput(run_dir + "-b", 1)
+    return run_throughput(run_dir, 1 if name == "1proc" else 2)
 
 
 def main():

@@ -48,13 +48,13 @@ import numpy as np
 import pandas as pd
 
 from distseg.core import rundir, schema
+from distseg.core.config import LIVER_CLASSES
 
 PRESETS = {"target": dict(ranks=64, steps=100_000, limit_s=60.0),
            "allocation": dict(ranks=256, steps=350_000, limit_s=600.0)}
 START = 1.7e9
 VAL_S = 5.0
 BATCH = 8
-CLASSES = ("background", "liver", "lesion")
 TARGETS = (-0.75, -0.76)
 SMOOTH = 25
 
@@ -154,7 +154,7 @@ def epoch_record(rank: int, e: int, epochs: int, spe: int, step_time: np.ndarray
                  t: np.ndarray, loss: np.ndarray, digest: int) -> dict:
     sl = slice(e * spe, (e + 1) * spe)
     end_t = float(t[sl.stop - 1]) + VAL_S
-    dice = {c: 0.5 + 0.4 * e / epochs for c in CLASSES}
+    dice = {c: 0.5 + 0.4 * e / epochs for c in LIVER_CLASSES}  # a LiTS run's classes
     return {"type": "epoch", "rank": rank, "time": START + end_t, "epoch": e, "t": end_t,
             "epoch_time": float(step_time[sl].sum()) + VAL_S,
             "train_time": float(step_time[sl].sum()), "steps": spe, "samples": BATCH * spe,

@@ -61,11 +61,8 @@ REPO = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
-from bench_horovod import throughput  # noqa: E402
-
-from distseg.core import rundir, schema  # noqa: E402
-
 from benchlib import machine, table  # noqa: E402
+from benchlib.runlogs import rank_records, run_throughput  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
 
 #: The runs every round trains, in this order.
@@ -234,8 +231,7 @@ def distseg_command(name: str, s: Settings, run_dir: str) -> tuple[list[str], di
 def data_wait_share(run_dir: str, ranks: int) -> float:
     """Seconds waiting for data over seconds of step, all ranks, epochs after the first."""
     wait = total = 0.0
-    for rank in range(ranks):
-        records, _ = schema.read_log(rundir.log_path(run_dir, rank))
+    for records in rank_records(run_dir, ranks):
         for r in records:
             if r["type"] == "step" and r["epoch"] > 0:
                 wait += r["data_wait"]
@@ -250,7 +246,7 @@ def run_distseg(name: str, s: Settings) -> dict:
     code, _, err = run_command(cmd, s, env)
     if code:
         raise RuntimeError(f"{name} failed ({code}):\n{err[-2000:]}")
-    return {"samples_per_s": throughput(run_dir, ranks),
+    return {"samples_per_s": run_throughput(run_dir, ranks),
             "data_wait_share": data_wait_share(run_dir, ranks)}
 
 
@@ -268,7 +264,7 @@ def run_trainer(name: str, s: Settings) -> dict:
 
 
 def measure_gemm(s: Settings) -> dict:
-    return run_json([sys.executable, "-m", "benchlib.flops", "--preset", s.preset,
+    return run_json([sys.executable, "-m", "benchlib.flops", "--preset", s.preset, "--data", s.data,
                      "--threads", str(s.threads)], s)
 
 
@@ -293,7 +289,7 @@ def measure_pipeline(s: Settings) -> dict:
 def measure_bandwidth(s: Settings) -> dict:
     reduce = run_json([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2",
                        sys.executable, "-m", "benchlib.bandwidth", "allreduce",
-                       "--preset", s.preset, "--threads", str(s.threads)], s)
+                       "--preset", s.preset, "--data", s.data, "--threads", str(s.threads)], s)
     copy = run_json([sys.executable, "-m", "benchlib.bandwidth", "memcpy",
                      "--bytes", str(reduce["bytes"])], s)
     return {**reduce, **copy}

@@ -1,10 +1,12 @@
 """The command-line options that every benchmark piece shares: the workload of
 ``make bench`` (the demo preset on LiTS case 117, batch 8 per rank, one intra-op
-thread) unless told otherwise."""
+thread) unless told otherwise; and the preset's config with the classes of its data
+file (``preset_config``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 def workload_parser(doc: str | None, *, epochs: int | None = None, batch_size: bool = True,
@@ -21,3 +23,18 @@ def workload_parser(doc: str | None, *, epochs: int | None = None, batch_size: b
     if threads:
         p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     return p
+
+
+def preset_config(preset: str, data: str | None = None):
+    """The ``preset``'s config with its classes filled in: the data file's where there
+    is one (``feeds.with_classes``, as ``distseg-train`` does), else the liver classes
+    of the LiTS sample and the phantom (``config.LIVER_CLASSES``)."""
+    from distseg.core import config as config_lib
+    if data:
+        from distseg.data import feeds
+        return feeds.with_classes(config_lib.resolve(preset, overrides={"data.path": data,
+                                                                        "run_dir": "-"}))
+    cfg = config_lib.PRESETS[preset]()
+    names = config_lib.LIVER_CLASSES
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=len(names),
+                                                              class_names=names))

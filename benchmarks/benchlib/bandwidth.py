@@ -15,7 +15,6 @@ coordination, so its bandwidth is bounded by the copy's.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -25,13 +24,13 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def gradient_shapes(preset: str) -> list[tuple]:
-    """Shapes of the trainable variables (so of the gradients) of the preset's U-Net."""
-    from distseg.core import config as config_lib
+def gradient_shapes(preset: str, data: str | None = None) -> list[tuple]:
+    """Shapes of the trainable variables (so of the gradients) of the preset's U-Net,
+    with the classes of ``data`` (``args.preset_config``)."""
     from distseg.networks import unet as model_lib
-    model_cfg = config_lib.PRESETS[preset]().model
-    # The LiTS sample's 3 classes (the presets take theirs from a data file).
-    model = model_lib.from_config(dataclasses.replace(model_cfg, num_classes=model_cfg.num_classes or 3))
+
+    from benchlib.args import preset_config
+    model = model_lib.from_config(preset_config(preset, data).model)
     return [tuple(v.shape) for v in model.trainable_variables]
 
 
@@ -73,12 +72,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["allreduce", "memcpy"])
     p.add_argument("--preset", default="demo")
+    p.add_argument("--data", default=None, help="the data file whose classes the model has "
+                   "(default: none, the liver classes)")
     p.add_argument("--bytes", type=int, default=0, help="memcpy size (0: the preset's gradients)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--repeats", type=int, default=30)
     args = p.parse_args(argv)
     if args.mode == "memcpy":
-        nbytes = args.bytes or 4 * sum(math.prod(s) for s in gradient_shapes(args.preset))
+        nbytes = args.bytes or 4 * sum(math.prod(s) for s in gradient_shapes(args.preset, args.data))
         print(json.dumps({"bytes": nbytes, "memcpy_bytes_per_s": memcpy_bytes_per_s(nbytes)}), flush=True)
         return
     from distseg.parallel import distributed as dist
@@ -86,7 +87,7 @@ def main(argv=None):
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    seconds, nbytes = allreduce_seconds(gradient_shapes(args.preset), args.repeats)
+    seconds, nbytes = allreduce_seconds(gradient_shapes(args.preset, args.data), args.repeats)
     if ctx.is_root():
         print(json.dumps({"ranks": ctx.size, "bytes": nbytes, "seconds": seconds,
                           "allreduce_bytes_per_s": nbytes / seconds,

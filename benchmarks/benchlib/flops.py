@@ -19,13 +19,12 @@ times the forward FLOPs.
 the bf16 path) at the thread count TensorFlow was configured with: the
 dense-arithmetic rate the training rate is compared against.
 
-    python -m benchlib.flops --preset demo --threads 1
+    python -m benchlib.flops --preset demo --data data/liver117.h5 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -36,9 +35,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _CONV = ("Conv1D", "Conv2D", "Conv3D")
 _TRANSPOSED = ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
 
-
-#: Classes of the LiTS sample make bench trains on.
-LITS_CLASSES = 3
 
 def _shape(tensor) -> tuple:
     return tuple(tensor.shape)
@@ -103,6 +99,8 @@ def gemm_flops_per_s(n: int = 2048, repeats: int = 10, dtype: str = "float32") -
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
+    p.add_argument("--data", default=None, help="the data file whose classes the model has "
+                   "(default: none, the liver classes)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--gemm-n", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=10)
@@ -110,13 +108,11 @@ def main(argv=None):
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from distseg.core import config as config_lib
     from distseg.networks import unet as model_lib
-    cfg = config_lib.PRESETS[args.preset]()
-    # The LiTS sample's 3 classes (the presets take theirs from a data file); the 1x1
-    # head is a negligible share of the FLOPs.
-    model_cfg = dataclasses.replace(cfg.model, num_classes=cfg.model.num_classes or LITS_CLASSES)
-    counted = count_training_flops(model_lib.from_config(model_cfg))
+
+    from benchlib.args import preset_config
+    # The classes only size the 1x1 head: a negligible share of the FLOPs.
+    counted = count_training_flops(model_lib.from_config(preset_config(args.preset, args.data).model))
     print(json.dumps({"forward_flops_per_sample": counted["forward"],
                       "train_flops_per_sample": counted["train"],
                       "gemm_n": args.gemm_n, "threads": args.threads,

@@ -1,24 +1,28 @@
-"""The arithmetic of benchmarks/bench_stateff.py on hand-built per-rank logs: samples
-and time to a validation Dice target, the largest drop after warm-up, the table's
-ratios and the goal rows. No TensorFlow: the logs are written as JSON lines and read
-back with ``distseg.core.schema.read_log``, as the benchmark reads real runs."""
+"""The arithmetic of benchmarks/bench_stateff.py (``benchlib.stateff``) on hand-built
+per-rank logs: samples and time to a validation Dice target, the largest drop after
+warm-up, the table's ratios and the goal rows. No TensorFlow: the logs are written as
+JSON lines and read back with ``benchlib.runlogs``, as the benchmark reads real runs.
+The emulation's exactness across rank counts is the last test; its agreement with
+``distseg-train`` itself is tests/e2e/test_bench_stateff_parity.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
-from distseg.core import rundir, schema
+from distseg.core import rundir
 
 from support import REPO
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_stateff", os.path.join(REPO, "benchmarks", "bench_stateff.py"))
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from benchlib import runlogs  # noqa: E402
+from benchlib.stateff import curves, study, summary  # noqa: E402
+from benchlib.stateff.goals import goal_rows, noise_predictions  # noqa: E402
+from benchlib.stateff.runs import cache_key  # noqa: E402
 
 LIVER = [0.30, 0.90, 0.70, 0.95]
 """Rank 0's validation liver Dice per epoch in the hand-built 2-rank run."""
@@ -42,13 +46,12 @@ def write_logs(run_dir, ranks: int, epochs: int, per_rank: int, liver, *, skip_l
 
 
 def read(run_dir, ranks: int) -> list[list[dict]]:
-    return [schema.read_log(rundir.log_path(run_dir, r))[0]
-            for r in range(ranks)]
+    return runlogs.rank_records(run_dir, ranks)
 
 
 def test_points_count_global_samples_and_the_slowest_rank(tmp_path):
     write_logs(tmp_path, 2, 4, 256, LIVER)
-    points = bench.eval_points(read(tmp_path, 2))
+    points = curves.eval_points(read(tmp_path, 2))
     assert [p["samples"] for p in points] == [512, 1024, 1536, 2048]
     assert [p["t"] for p in points] == [11.0, 21.0, 31.0, 41.0]  # rank 1 is 1 s slower
     assert [p["dice"] for p in points] == LIVER
@@ -57,39 +60,57 @@ def test_points_count_global_samples_and_the_slowest_rank(tmp_path):
 
 def test_an_epoch_that_not_every_rank_logged_is_left_out(tmp_path):
     write_logs(tmp_path, 2, 4, 256, LIVER, skip_last_on=1)
-    assert [p["samples"] for p in bench.eval_points(read(tmp_path, 2))] == [512, 1024, 1536]
+    assert [p["samples"] for p in curves.eval_points(read(tmp_path, 2))] == [512, 1024, 1536]
 
 
 def test_samples_and_time_to_target_and_the_drop_after_warm_up(tmp_path):
     write_logs(tmp_path, 2, 4, 256, LIVER)
-    points = bench.eval_points(read(tmp_path, 2))
-    s = bench.summarise(points, target=0.85, warmup_samples=512, per_pass=2)
+    points = curves.eval_points(read(tmp_path, 2))
+    s = curves.summarise(points, target=0.85, warmup_samples=512, per_pass=2)
     assert (s["samples_to_target"], s["time_to_target"]) == (1024, 21.0)
     assert s["max_drop"] == pytest.approx(0.20)  # 0.90 -> 0.70; the rise from 0.30 is not a drop
     assert s["max_drop_per_pass"] == 0.0  # 0.90 -> 0.95 a pass (2 evaluations) later
     assert (s["final_dice"], s["best_dice"], s["evals"], s["samples"]) == (0.95, 0.95, 4, 2048)
-    never = bench.summarise(points, target=0.96, warmup_samples=0, per_pass=1)
+    never = curves.summarise(points, target=0.96, warmup_samples=0, per_pass=1)
     assert never["samples_to_target"] is None and never["time_to_target"] is None
     # Counting from the very first evaluation, the fall 0.90 -> 0.70 is still the largest.
     assert never["max_drop"] == pytest.approx(0.20)
-    assert bench.largest_drop(points, after_samples=2048) == 0.0  # one point left: no pair
+    assert curves.largest_drop(points, after_samples=2048) == 0.0  # one point left: no pair
 
 
 def test_foreground_dice_counts_an_undefined_class_as_zero():
-    assert bench.dice_of({"liver": 0.8, "lesion": None}, "foreground") == pytest.approx(0.4)
-    assert bench.dice_of({"liver": 0.8, "lesion": 0.6}, "foreground") == pytest.approx(0.7)
-    assert bench.dice_of({"liver": 0.8, "lesion": 0.6}, "lesion") == 0.6
+    # val_dice as logged: the data file's classes in order, background first.
+    assert curves.dice_of({"background": 0.9, "liver": 0.8, "lesion": None}, "foreground") \
+        == pytest.approx(0.4)
+    assert curves.dice_of({"background": 0.9, "liver": 0.8, "lesion": 0.6}, "foreground") \
+        == pytest.approx(0.7)
+    assert curves.dice_of({"background": 0.9, "liver": 0.8, "lesion": 0.6}, "lesion") == 0.6
+    # Another file's classes: the foreground is whatever follows its background.
+    assert curves.dice_of({"bg": 1.0, "kidney": 0.5, "cyst": 0.3, "tumour": None},
+                          "foreground") == pytest.approx(0.8 / 3)
+
+
+def test_throughput_counts_the_epochs_after_the_first_at_the_slowest_rank(tmp_path):
+    os.makedirs(rundir.log_dir(tmp_path))
+    for rank in range(2):
+        with open(rundir.log_path(tmp_path, rank), "w") as f:
+            for epoch, seconds in enumerate((100.0, 2.0 + rank, 4.0 - rank)):
+                f.write(json.dumps({"type": "epoch", "rank": rank, "epoch": epoch, "samples": 24,
+                                    "train_time": seconds}) + "\n")
+    # Epoch 0 (tracing) left out; epochs 1 and 2 last 3 s and 4 s (the slower rank's).
+    assert runlogs.run_throughput(tmp_path, 2) == pytest.approx(4 * 24 / 7.0)
+    assert runlogs.throughput([[{"type": "epoch", "epoch": 0, "samples": 8, "train_time": 1.0}]]) is None
 
 
 def test_one_rank_runs_are_shared_by_variants_that_differ_only_in_scaling_or_warm_up():
-    cfg = {v: bench.run_config("small", v, 1, 0, 12, 2048) for v in ("base", "sqrt", "warm2")}
-    keys = {bench.cache_key("sim", "small", 1, c) for c in cfg.values()}
+    cfg = {v: study.run_config("small", v, 1, 0, 12, 2048) for v in ("base", "sqrt", "warm2")}
+    keys = {cache_key("sim", "small", 1, c) for c in cfg.values()}
     assert len(keys) == 1
-    at8 = {bench.cache_key("sim", "small", 8, bench.run_config("small", v, 8, 0, 12, 2048))
+    at8 = {cache_key("sim", "small", 8, study.run_config("small", v, 8, 0, 12, 2048))
            for v in ("base", "sqrt", "warm2")}
     assert len(at8) == 3
     # 512 samples between validations at every rank count; 1 pass of 2048 = 4 of them.
-    c8 = bench.run_config("small", "warm2", 8, 0, 12, 2048)["train"]
+    c8 = study.run_config("small", "warm2", 8, 0, 12, 2048)["train"]
     assert (c8["max_steps_per_epoch"], c8["warmup_epochs"]) == (8, 8.0)
 
 
@@ -104,14 +125,14 @@ def test_table_ratios_and_goal_rows():
     runs = [run("v", 1, 0, 2048, 100.0, 0.02), run("v", 1, 1, 2560, 120.0, 0.05),
             run("v", 2, 0, 2048, 60.0, 0.0), run("v", 2, 1, 3072, 70.0, 0.12),
             run("v", 8, 0, 3072, None, 0.0), run("v", 8, 1, None, None, 0.01)]
-    rows = bench.table(runs)
-    two = bench.find(rows, "v", 2)
+    rows = summary.table(runs)
+    two = summary.find(rows, "v", 2)
     assert two["samples_to_target"]["mean"] == 2560 and two["samples_to_target"]["max"] == 3072
     assert two["samples_vs_1"] == pytest.approx(2560 / 2304)
     assert two["time_speedup"] == pytest.approx(110 / 65)
-    eight = bench.find(rows, "v", 8)
+    eight = summary.find(rows, "v", 8)
     assert eight["samples_to_target"]["missing"] == 1  # one seed never reached the target
-    goals = bench.goal_rows(rows, runs, "v")
+    goals = goal_rows(rows, runs, "v")
     # time: the median of the seeds' own ratios (100/60 and 120/70), not a ratio of means
     assert [g["measured"] for g in goals[:3]] == [
         pytest.approx((100 / 60 + 120 / 70) / 2, abs=0.01), 0.12, pytest.approx(3072 / 2304, abs=0.01)]
@@ -132,11 +153,11 @@ def test_the_noise_scale_at_the_target_predicts_the_larger_batch():
     # a later one; E(64) = E(8) (B_noise + 64) / (B_noise + 8).
     runs = [sim_run("v", 0, 1536, [1.0, None, 4.0, 100.0]), sim_run("gn", 0, 8704, [None] * 4),
             sim_run("v", 1, 1024, [2.0, 6.0, 7.0, 9.0]), sim_run("gn", 1, None, [None] * 4)]
-    preds = bench.noise_predictions(runs, "v", "gn", "small")
+    preds = noise_predictions(runs, "v", "gn", "small")
     assert preds[0] == {"seed": 0, "b_noise": 4.0, "base_samples": 1536,
                         "predicted": pytest.approx(1536 * 68 / 12), "measured": 8704}
     assert preds[1]["b_noise"] == 6.0 and preds[1]["measured"] is None
-    goal = bench.goal_rows(bench.table(runs), runs, "v")[3]
+    goal = goal_rows(summary.table(runs), runs, "v")[3]
     assert goal["measured"] == 1.0 and goal["met"] is True  # seed 1 never reached: left out
     assert "B_noise 4.0 at the target" in goal["detail"]
     # From the preconditioned B_noise 12: 1536 x 76/20 = 5837 against 8704 measured.
@@ -152,7 +173,7 @@ def test_past_g_ranks_the_samples_are_reported_beside_the_noise_scale_prediction
             dict(sim_run("v", 1, 1024, [None] * 4), ranks=1),
             dict(sim_run("v", 0, 2048, [None] * 4), ranks=16),
             dict(sim_run("v", 1, 1536, [None] * 4), ranks=16)]
-    goals = bench.goal_rows(bench.table(runs), runs, "v")
+    goals = goal_rows(summary.table(runs), runs, "v")
     assert goals[2]["measured"] == 1.0 and "16 ranks" not in goals[2]["detail"]
     past = goals[4]
     assert past["measure"] == "samples to target at 16 ranks x 1 slice (global batch grows from 8 to 16) vs 1 rank"
@@ -174,7 +195,9 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
 
     from distseg.core import config as config_lib
     from distseg.training import steps
+    from distseg.training.noise import PRECONDITION_AFTER
 
+    from benchlib.stateff import emulation
     cfg = config_lib.smoke()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="group", num_classes=3,
                                                              image_size=16),
@@ -184,21 +207,26 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
     masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
     out = {}
     for n in (1, ranks):
-        sim = bench.SimRanks(cfg, n)
+        sim = emulation.SimRanks(cfg, n)
         parts = np.array_split(np.arange(8), n)
         done = [sim.step([(images[k, p], masks[k, p]) for p in parts], 1e-3) for k in range(30)]
-        out[n] = ([loss for loss, _, _ in done], np.array([norms for _, norms, _ in done]),
-                  steps.weight_checksum(sim.model.trainable_variables),
-                  [adam for _, _, adam in done])
+        out[n] = ([loss for loss, _ in done], np.array([norms for _, norms in done]),
+                  steps.weight_checksum(sim.model.trainable_variables))
     np.testing.assert_allclose(out[ranks][0], out[1][0], rtol=1e-5)
     np.testing.assert_allclose(out[ranks][2], out[1][2], rtol=1e-5)
     assert out[1][0][-1] < out[1][0][0]
-    # The noise scale's inputs: the averaged gradient is the one process's gradient, and
-    # a rank's gradient of 8/N slices is noisier than it (on one process both are one).
-    np.testing.assert_allclose(out[ranks][1][:, 1], out[1][1][:, 1], rtol=1e-3)
-    np.testing.assert_allclose(out[1][1][:, 0], out[1][1][:, 1], rtol=1e-5)
-    assert (out[ranks][1][:, 0] > 1.2 * out[ranks][1][:, 1]).all()
-    # Preconditioned by Adam's second moments from the second step on (none before
-    # the first update), with the same order between the two batch sizes.
-    adam = out[ranks][3]
-    assert adam[0] is None and all(a is not None and a[0] > a[1] > 0 for a in adam[1:])
+    # The noise scale's inputs, as the train step makes them ([small, big] raw, then
+    # preconditioned). N ranks: a rank's gradient of 8/N slices is noisier than their
+    # average, which is the one process's gradient: one process pairs each step's
+    # gradient with the previous one (none at the first step), so its mean squared norm
+    # is the mean of N ranks' big norms at this step and the last.
+    many, one = out[ranks][1], out[1][1]
+    assert (many[:, 0] > 1.2 * many[:, 1]).all()
+    assert np.isnan(one[0]).all() and np.isfinite(one[1:]).all()
+    np.testing.assert_allclose(one[1:, 0], (many[1:, 1] + many[:-1, 1]) / 2, rtol=1e-3)
+    # Preconditioned by Adam's second moments once Adam has taken PRECONDITION_AFTER
+    # steps (the plain norms before), with the same order between the batch sizes.
+    after = PRECONDITION_AFTER
+    np.testing.assert_allclose(many[:after, 2:], many[:after, :2], rtol=1e-6)
+    assert (many[after:, 2] > many[after:, 3]).all() and (many[after:, 3] > 0).all()
+    assert not np.allclose(many[after:, 2:], many[after:, :2])

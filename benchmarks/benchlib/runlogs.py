@@ -1,0 +1,30 @@
+"""What the benchmarks read from a finished run's per-rank logs: every rank's records
+and the global training throughput. One formula for every benchmark that times
+``distseg-train`` (``bench_horovod``, ``bench_table``, ``bench_stateff``)."""
+
+from __future__ import annotations
+
+from distseg.core import rundir, schema
+
+
+def rank_records(run_dir: str, ranks: int) -> list[list[dict]]:
+    """Every rank's log records of the run in ``run_dir``, rank 0 first."""
+    return [schema.read_log(rundir.log_path(run_dir, r))[0] for r in range(ranks)]
+
+
+def throughput(records: list[list[dict]]) -> float | None:
+    """Global training samples/s over the epochs after the first (tracing and warm-up
+    excluded), from every rank's ``epoch`` records; None without such an epoch. A
+    synchronous epoch lasts as long as its slowest rank."""
+    per_epoch: dict[int, list] = {}
+    for recs in records:
+        for r in recs:
+            if r.get("type") == "epoch" and r["epoch"] > 0:
+                per_epoch.setdefault(r["epoch"], []).append((r["samples"], r["train_time"]))
+    seconds = sum(max(t for _, t in e) for e in per_epoch.values())
+    return sum(s for e in per_epoch.values() for s, _ in e) / seconds if seconds else None
+
+
+def run_throughput(run_dir: str, ranks: int) -> float | None:
+    """``throughput`` of the run in ``run_dir`` on ``ranks`` ranks."""
+    return throughput(rank_records(run_dir, ranks))

@@ -1,0 +1,15 @@
+"""The pieces of ``benchmarks/bench_stateff.py``, the large-batch study (samples and
+time to a validation Dice, docs/statistical-efficiency.md), one concern each:
+
+  ``study``      what is run: scales, variants, the benchmark data, one run's config;
+  ``curves``     a run's per-rank logs to validation points and its numbers (samples
+                 and time to the target, the largest drop);
+  ``real``       back-end ``hvd``: ``distseg-train`` itself, one process or ``horovodrun``;
+  ``emulation``  back-end ``sim``: N data-parallel ranks emulated step for step in one
+                 process (``SimRanks``), held to the real loop by
+                 ``tests/e2e/test_bench_stateff_parity.py``;
+  ``runs``       one run, cached as JSON, and the grid of runs;
+  ``summary``    the table over seeds, printed and as Markdown;
+  ``goals``      issue 21's goal rows and the noise scale's predictions;
+  ``results``    the results file ``bench/results/stateff-<date>.json``.
+"""
