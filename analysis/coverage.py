@@ -112,7 +112,7 @@ def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray
     import h5py  # a plain HDF5 reader, imported only when a data file is checked
 
     from distseg.data import volumes  # h5py and numpy only
-    from distseg.data.slices import FORMAT_VERSION
+    from distseg.data.h5format import FORMAT_VERSION
 
     # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
     with h5py.File(path, "r", locking=False) as f:

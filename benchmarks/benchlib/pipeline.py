@@ -1,6 +1,6 @@
 """distseg's input pipeline alone: the reader and prefetcher with no training behind.
 
-Feeds ``distseg.data.slices.Prefetcher`` the same batches a one-rank run reads
+Feeds ``distseg.data.prefetch.Prefetcher`` the same batches a one-rank run reads
 (``shard_batches`` of the training split, every epoch) and drains it as fast as it
 delivers, so the samples/s printed is what the pipeline could supply. Training
 consumes far fewer; the ratio says how much room the pipeline has (the share of step
@@ -20,12 +20,13 @@ from benchlib.args import workload_parser
 def pipeline_samples_per_s(path: str, image_size: int, batch_size: int, epochs: int,
                            seed: int = 0, depth: int = 2) -> dict:
     """Samples/s of the reader and prefetcher over ``epochs`` one-rank epochs."""
+    from distseg.data import prefetch, sharding
     from distseg.data import slices as data
     info = data.examine(path, check_labels=False)
     batches = [ids for e in range(epochs)
-               for ids in data.shard_batches(info.train_indices, 0, 1, batch_size, e, seed)]
+               for ids in sharding.shard_batches(info.train_indices, 0, 1, batch_size, e, seed)]
     with data.SliceReader(path, image_size) as reader:
-        feed = data.Prefetcher(reader, batches, depth=depth)
+        feed = prefetch.Prefetcher(reader, batches, depth=depth)
         start = time.perf_counter()
         samples = sum(len(ids) for ids, _, _ in feed)
         seconds = time.perf_counter() - start

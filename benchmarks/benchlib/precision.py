@@ -82,9 +82,9 @@ def val_liver_dice(model, cfg, reader, info) -> float:
     import numpy as np
 
     from distseg import metrics
-    from distseg.data import slices as data
+    from distseg.data import sharding
     counts = 0
-    for ids in data.shard_eval(info.val_indices, 0, 1, cfg.train.batch_size):
+    for ids in sharding.shard_eval(info.val_indices, 0, 1, cfg.train.batch_size):
         images, masks = reader.read(ids)
         probs = model(images, training=False)
         counts = counts + metrics.dice_counts(probs, masks, cfg.model.num_classes).numpy()
@@ -99,10 +99,10 @@ def seeded(cfg, seed: int):
 def train_for_dice(cfg, mode: str, reader, info, epochs: int) -> float:
     """Trains a fresh model in ``mode`` for ``epochs`` (one rank, the preset's batch
     and learning rate, shards as distseg's); returns validation liver Dice."""
-    from distseg.data import slices as data
+    from distseg.data import sharding
     model, step = build_mode_step(cfg, mode)
     for epoch in range(epochs):
-        for ids in data.shard_batches(info.train_indices, 0, 1, cfg.train.batch_size,
+        for ids in sharding.shard_batches(info.train_indices, 0, 1, cfg.train.batch_size,
                                       epoch, cfg.train.seed):
             time_steps(step, [reader.read(ids)], 1, 0)
     return val_liver_dice(model, cfg, reader, info)
@@ -117,7 +117,7 @@ def run(args) -> dict:
     if args.grappler_bf16:
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     from distseg.core import config as config_lib
-    from distseg.data import feeds
+    from distseg.data import feeds, sharding
     from distseg.data import slices as data
     overrides = {"data.path": args.data, "run_dir": "-", **({"model.norm": args.norm} if args.norm else {})}
     cfg = config_lib.resolve(args.preset, overrides=overrides)
@@ -128,7 +128,7 @@ def run(args) -> dict:
         if m.partition(":")[0] not in MODES:
             raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)} (optionally :kerasbn or :kerasgn)")
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
-        batches = [reader.read(ids) for ids in data.shard_batches(
+        batches = [reader.read(ids) for ids in sharding.shard_batches(
             info.train_indices, 0, 1, cfg.train.batch_size, 0, cfg.train.seed)]
         steps = {m: build_mode_step(cfg, m)[1] for m in modes}
         for step in steps.values():

@@ -20,7 +20,7 @@ import numpy as np
 def read_by_fancy_selection(self, indices: Sequence[int], epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``SliceReader.read`` as one fancy selection of the sorted unique slices
     (``epoch`` is ignored, as the original ignores it)."""
-    from distseg.data.slices import DatasetError
+    from distseg.data.h5format import DatasetError
     uniq, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
     try:
         images = self._images[uniq][inverse].astype(np.float32, copy=False)

@@ -55,7 +55,7 @@ def build(args, ctx):
     import numpy as np
 
     from distseg.core import config as config_lib
-    from distseg.data import feeds
+    from distseg.data import feeds, sharding
     from distseg.data import slices as data
 
     from benchlib import model_variants
@@ -65,7 +65,7 @@ def build(args, ctx):
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
-        batches = [reader.read(ids) for ids in data.shard_batches(
+        batches = [reader.read(ids) for ids in sharding.shard_batches(
             info.train_indices, ctx.rank, ctx.size, args.batch_size, 0, 0)]
     shape = (cfg.model.image_size,) * 2
     only_here = MANY_RANKS_ONLY if ctx.size == 1 else ONE_RANK_ONLY + ("keras",)

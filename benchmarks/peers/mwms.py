@@ -2,7 +2,7 @@
 
 One worker process per rank on localhost, the cluster described by ``TF_CONFIG``, a
 custom training loop: each worker takes distseg's own shards of every epoch
-(``distseg.data.slices.shard_batches``, batch 8 per worker, so the same global batch), from
+(``distseg.data.sharding.shard_batches``, batch 8 per worker, so the same global batch), from
 the training slices held in memory, and runs the usual MWMS step: forward and
 backward in ``strategy.run``, the loss divided by the number of replicas, and the
 Keras optimizer, which all-reduces the gradients (TensorFlow's collective ops, one
@@ -84,7 +84,7 @@ def worker(args) -> dict:
     import keras
 
     from distseg.core import config as config_lib
-    from distseg.data import feeds
+    from distseg.data import feeds, sharding
     from distseg.data import slices as data
     from distseg.networks import unet as model_lib
     from distseg.training import steps
@@ -106,7 +106,7 @@ def worker(args) -> dict:
         step = MwmsStep(strategy, model, optimizer, cfg.model.num_classes, cfg.train.loss).step
     seconds, samples = [], []
     for epoch in range(args.epochs):
-        batches = data.shard_batches(info.train_indices, index, size, args.batch_size,
+        batches = sharding.shard_batches(info.train_indices, index, size, args.batch_size,
                                      epoch, cfg.train.seed)
         start = time.perf_counter()
         for ids in batches:

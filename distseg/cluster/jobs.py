@@ -397,12 +397,13 @@ def _check_data(path: str, ranks: int, cfg) -> None:
         raise JobError(f"--data {path}: no such file (render where the data is visible, or pass --no-check-data)")
     from distseg.data import (
         feeds,
+        h5format,
         volumes,  # h5py only; no TensorFlow
     )
     from distseg.data import slices as data_lib
     try:
         if cfg is None:  # no config to check against: the file itself
-            examine = volumes.examine if data_lib.file_layout(path) == "volumes" else data_lib.examine
+            examine = volumes.examine if h5format.file_layout(path) == "volumes" else data_lib.examine
             examine(path, check_labels=False)
             return
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))

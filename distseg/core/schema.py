@@ -139,7 +139,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def steps_per_epoch(train_samples: int, ranks: int, batch_size: int, global_batch: int = 0) -> int:
-    """Steps every rank runs per epoch (see ``distseg.data.slices.shard_batches``).
+    """Steps every rank runs per epoch (see ``distseg.data.sharding.shard_batches``).
 
     With a fixed ``global_batch`` G (``--global-batch``): floor(n / G) steps of G
     samples each, whatever the number of ranks. Otherwise each rank's shard of

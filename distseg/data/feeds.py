@@ -15,8 +15,8 @@ from typing import Sequence
 
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
+from distseg.data import h5format, volumes
 from distseg.data import slices as data
-from distseg.data import volumes
 
 
 class SliceFeed:
@@ -102,7 +102,7 @@ def _with_file_classes(cfg: config_lib.Config, info) -> config_lib.Config:
     try:
         return config_lib.with_data_classes(cfg, info.path, info.num_classes, info.class_names)
     except InputError as e:  # a data error, as every other mismatch of file and run
-        raise data.DatasetError(str(e)) from None
+        raise h5format.DatasetError(str(e)) from None
 
 
 def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
@@ -119,6 +119,6 @@ def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
 def _check_pooling(cfg: config_lib.Config, slab: Sequence[int]) -> None:
     pool = 2 ** cfg.model.depth
     if any(s % pool for s in slab):
-        raise data.DatasetError(
+        raise h5format.DatasetError(
             f"{cfg.data.path}: slab {'x'.join(map(str, slab))} is not divisible by "
             f"2**depth = {pool} in every axis; pass --slab with multiples of {pool}")

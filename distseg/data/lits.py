@@ -33,9 +33,9 @@ import os
 
 import numpy as np
 
+from distseg.data import h5format, volumes
 from distseg.data import slices as data
-from distseg.data import volumes
-from distseg.data.slices import HU_WINDOW, window
+from distseg.data.h5format import HU_WINDOW, window
 
 PACKAGE = "liver_ct_segmentation_package"
 SLAB = 16
@@ -49,7 +49,7 @@ def package_data_dir() -> str:
     ``__init__`` pulls torch)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise data.DatasetError(
+        raise h5format.DatasetError(
             f"the package {PACKAGE} is not installed; run "
             "`pip install --no-deps liver-ct-segmentation-package==1.6.0` (or make install)")
     return os.path.join(list(spec.submodule_search_locations)[0], "data")
@@ -61,7 +61,7 @@ def read_mrc(path: str) -> np.ndarray:
         with mrcfile.open(path, permissive=True) as m:
             return np.array(m.data)
     except (OSError, ValueError) as e:
-        raise data.DatasetError(f"{path}: cannot be read as MRC ({e})") from e
+        raise h5format.DatasetError(f"{path}: cannot be read as MRC ({e})") from e
 
 
 def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -70,9 +70,9 @@ def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     img = read_mrc(os.path.join(src, "img_117.mrc")).astype(np.float32)
     lab = read_mrc(os.path.join(src, "lab_117.mrc"))
     if img.shape != lab.shape or img.ndim != 3:
-        raise data.DatasetError(f"{src}: image {img.shape} and labels {lab.shape} differ")
+        raise h5format.DatasetError(f"{src}: image {img.shape} and labels {lab.shape} differ")
     if lab.max() > 2:
-        raise data.DatasetError(f"{src}/lab_117.mrc: label {lab.max()} outside 0..2")
+        raise h5format.DatasetError(f"{src}/lab_117.mrc: label {lab.max()} outside 0..2")
     return img, lab.astype(np.uint8)
 
 
@@ -81,7 +81,7 @@ def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
     img, lab = read_case(source_dir)
     depth = img.shape[0]
     slab = np.arange(depth) // SLAB
-    split = np.array([data.SPLITS[SLAB_SPLITS.get(int(s), "train")] for s in slab], dtype=np.uint8)
+    split = np.array([h5format.SPLITS[SLAB_SPLITS.get(int(s), "train")] for s in slab], dtype=np.uint8)
     data.write_dataset(
         out, window(img, *HU_WINDOW)[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
@@ -94,7 +94,7 @@ def convert_volumes(out: str, source_dir: str | None = None) -> volumes.VolumeIn
     """Writes LiTS case 117 to ``out`` in the volume layout, cut into ``VOLUME_PARTS``."""
     img, lab = read_case(source_dir)
     hu = window(img, *HU_WINDOW)
-    parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, data.SPLITS[split])
+    parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, h5format.SPLITS[split])
              for a, b, split in VOLUME_PARTS if a * SLAB < len(hu)]
     return volumes.write_volumes(
         out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from distseg.core.errors import InputError
+from distseg.data import h5format, volumes
 from distseg.data import slices as data
-from distseg.data import volumes
-from distseg.data.slices import HU_WINDOW, window
+from distseg.data.h5format import HU_WINDOW, window
 
 #: Nominal geometry of a phantom: a 350 mm field of view in-plane, 5 mm slices.
 FIELD_OF_VIEW_MM, SLICE_MM = 350.0, 5.0
@@ -76,7 +76,7 @@ def make_dataset(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
         images.append(window(hu).astype(dtype))
         masks.append(labels)
         case_ids.append(np.full(slices_per_case, case, dtype=np.int32))
-        splits.append(np.full(slices_per_case, data.SPLITS["val" if case in val_cases else "train"],
+        splits.append(np.full(slices_per_case, h5format.SPLITS["val" if case in val_cases else "train"],
                               dtype=np.uint8))
     data.write_dataset(
         path, np.concatenate(images)[..., None], np.concatenate(masks),
@@ -121,7 +121,7 @@ def make_volumes(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
             d, h, w = volume_shape(rng, size, slices_per_case, jitter)
             hu, labels = phantom_case(rng, h, d, width=w)
             writer.append(window(hu), labels, case,
-                          data.SPLITS["val" if case in val_cases else "train"],
+                          h5format.SPLITS["val" if case in val_cases else "train"],
                           spacing=(SLICE_MM, FIELD_OF_VIEW_MM / h, FIELD_OF_VIEW_MM / w))
         writer.finish(source=f"distseg synthetic phantom volumes (seed={seed}, cases={cases}, "
                              f"size={size}, slices={slices_per_case}, jitter={jitter})",

@@ -34,8 +34,9 @@ import numpy as np
 
 from distseg.core.config import LIVER_CLASSES
 from distseg.core.partial import PartialFile
+from distseg.data import h5format
 from distseg.data import slices as data
-from distseg.data.slices import DatasetError
+from distseg.data.h5format import DatasetError
 
 LAYOUT = "volumes"
 #: Chunk shape of images and masks (z, y, x), clipped to each volume: a 32x128x128 slab
@@ -114,7 +115,7 @@ class VolumeWriter:
         f.create_dataset("shape", data=np.asarray(shape, dtype=np.int64).reshape(-1, 3))
         spacings = np.asarray(spacings, dtype=np.float64).reshape(-1, 3)
         f.create_dataset("spacing", data=spacings)
-        f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["format_version"] = h5format.FORMAT_VERSION
         f.attrs["layout"] = LAYOUT
         f.attrs["source"] = source
         f.attrs["num_classes"] = len(class_names)
@@ -145,7 +146,7 @@ class VolumeInfo:
     dtype: str
     num_classes: int
     class_names: tuple[str, ...]
-    """One name per class (``data.class_names_of``)."""
+    """One name per class (``h5format.class_names_of``)."""
     case_ids: np.ndarray
     splits: np.ndarray
     shapes: np.ndarray
@@ -160,7 +161,7 @@ class VolumeInfo:
 
     def rows(self, split: str) -> np.ndarray:
         """Row indices of the cases in ``split`` ("train", "val" or "test")."""
-        return np.flatnonzero(self.splits == data.SPLITS[split])
+        return np.flatnonzero(self.splits == h5format.SPLITS[split])
 
     @property
     def train_cases(self) -> np.ndarray:
@@ -172,12 +173,12 @@ class VolumeInfo:
 
     def summary(self, slab: Sequence[int] | None = None) -> dict:
         """What ``distseg-data info`` prints and a 3D run logs as ``dataset``: the keys
-        every data summary has (``data.summary_of``), where a sample is a slab of
+        every data summary has (``h5format.summary_of``), where a sample is a slab of
         ``slab`` (a whole volume without one, as ``--slab full``), plus the shapes and,
         with ``slab``, the grid it makes."""
         grid = SlabGrid.of(self.shapes, slab if slab is not None else self.shapes.max(axis=0))
         per_sample = np.repeat(self.splits, grid.counts.prod(axis=1))
-        out = data.summary_of(self.path, LAYOUT, self.attrs, self.dtype, self.num_classes,
+        out = h5format.summary_of(self.path, LAYOUT, self.attrs, self.dtype, self.num_classes,
                               self.class_names, self.case_ids, self.splits, per_sample,
                               sample=None if slab is not None else "volume")
         out.update(shape_min=self.shapes.min(axis=0).tolist(),
@@ -215,7 +216,7 @@ def _table(path: str, f: h5py.File, name: str, k: int | None) -> np.ndarray:
 def _check_tables(path: str, case_ids: np.ndarray, splits: np.ndarray, shapes: np.ndarray) -> None:
     if len(case_ids) == 0:
         raise DatasetError(f"{path}: holds no cases")
-    if not np.isin(splits, list(data.SPLITS.values())).all():
+    if not np.isin(splits, list(h5format.SPLITS.values())).all():
         raise DatasetError(f"{path}: 'split' holds values other than 0 (train), 1 (val), 2 (test)")
     if len(np.unique(case_ids)) != len(case_ids):
         raise DatasetError(f"{path}: 'case_id' repeats a case (each case is one volume)")
@@ -260,15 +261,15 @@ def _check_labels(path: str, f: h5py.File, k: int, case_id: int, num_classes: in
 
 def read_info(path: str, f: h5py.File, check_labels: bool = False) -> VolumeInfo:
     """``examine`` on an open file."""
-    with data.damaged(path):
+    with h5format.damaged(path):
         case_ids = _table(path, f, "case_id", None)
         k = len(case_ids)
         splits, shapes = _table(path, f, "split", k), _table(path, f, "shape", k)
         spacing = (_table(path, f, "spacing", k).astype(np.float64) if "spacing" in f
                    else np.full((k, 3), np.nan))
         _check_tables(path, case_ids, splits, shapes)
-        num_classes = data.num_classes_of(path, f)
-        class_names = data.class_names_of(path, f, num_classes)
+        num_classes = h5format.num_classes_of(path, f)
+        class_names = h5format.class_names_of(path, f, num_classes)
         for row in range(k):
             _check_case(path, f, row, int(case_ids[row]), tuple(int(s) for s in shapes[row]))
             if check_labels:
@@ -290,7 +291,7 @@ def examine(path: str, check_labels: bool = True) -> VolumeInfo:
       DatasetError: one line naming the file (and case) and what was expected; a file
       of 2D slices is refused with what to use instead.
     """
-    with data.open_file(path, layout=LAYOUT) as f:
+    with h5format.open_file(path, layout=LAYOUT) as f:
         return read_info(path, f, check_labels)
 
 
@@ -302,7 +303,7 @@ def describe(path: str, slab: str | None = None) -> dict:
       DatasetError: a bad file, or ``slab`` for a slice file.
       ValueError: a malformed ``slab``.
     """
-    if data.file_layout(path) != LAYOUT:
+    if h5format.file_layout(path) != LAYOUT:
         if slab:
             raise DatasetError(f"{path}: --slab applies to volume files, and this one holds "
                                "2D slices")
@@ -469,7 +470,7 @@ def centred_start(voxel: np.ndarray, shape: np.ndarray, slab: Sequence[int]) -> 
     return np.clip(np.asarray(voxel, dtype=np.int64) - slab // 2, 0, np.maximum(shape - slab, 0))
 
 
-class SlabReader(data.H5Reader):
+class SlabReader(h5format.H5Reader):
     """Reads batches of slab ids of a volume file, chunk by chunk.
 
     ``read(ids, epoch)`` gives (images float32 (B, d, h, w, 1), masks uint8 (B, d, h, w)).
@@ -485,11 +486,11 @@ class SlabReader(data.H5Reader):
         if not 0.0 <= foreground_fraction <= 1.0:
             raise ValueError(f"--foreground-fraction {foreground_fraction}: expected 0..1")
         self.path, self.fraction, self.seed = path, float(foreground_fraction), int(seed)
-        self._file = data.open_file(path, layout=LAYOUT)
+        self._file = h5format.open_file(path, layout=LAYOUT)
         try:
             self.info = read_info(path, self._file)
             self.slab = resolve_slab(self.info, slab)
-            with data.damaged(path):
+            with h5format.damaged(path):
                 groups = [self._file[f"volumes/{k}"] for k in range(self.info.cases)]
                 self._images = [g["image"] for g in groups]
                 self._masks = [g["mask"] for g in groups]

@@ -35,8 +35,8 @@ from distseg import metrics, sliding
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import InputError
+from distseg.data import h5format, volumes
 from distseg.data import slices as data
-from distseg.data import volumes
 from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity
 from distseg.inference import report
@@ -244,7 +244,7 @@ _LAYOUT_WORDS = {"slices": "2D slices", "volumes": "3D volumes"}
 def _data_info(path: str, cfg: config_lib.Config, run_dir: str) -> tuple[dict, int, int]:
     """(attributes, class count, in-plane size or 0) of the data file, which must be of
     the model's layout."""
-    layout = data.file_layout(path)
+    layout = h5format.file_layout(path)
     wanted = "volumes" if cfg.model.spatial_dims == 3 else "slices"
     if layout != wanted:
         raise InputError(f"{path}: holds {_LAYOUT_WORDS[layout]}, but the model of {run_dir} "
@@ -271,7 +271,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
     path = data_file(cfg, opts)
     described, where, table = None, "defaults", None
     size = cfg.model.image_size if cfg.model.spatial_dims == 2 else 0
-    names = list(getattr(cfg.model, "class_names", ()) or data.default_class_names(cfg.model.num_classes))
+    names = list(getattr(cfg.model, "class_names", ()) or h5format.default_class_names(cfg.model.num_classes))
     if path:
         attrs, num_classes, size = _data_info(path, cfg, opts.run_dir)
         if num_classes != cfg.model.num_classes:
@@ -332,7 +332,7 @@ def _folder_scans(folder: str, subset: str, table: dict | None) -> list[Scan]:
         if table is None:
             raise InputError(f"--subset {subset} needs the case table of a training data file "
                              "written by distseg-data convert (pass --data FILE.h5)")
-        wanted = data.SPLITS[subset]
+        wanted = h5format.SPLITS[subset]
         picked = tuple(c for c in src.cases if table.get(c.name) == wanted)
     if not picked:
         raise InputError(f"{folder}: no cases in --subset {subset} ({len(src.cases)} labelled, "

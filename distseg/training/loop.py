@@ -30,8 +30,7 @@ from distseg.core import config as config_lib
 from distseg.core import rundir, schema
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
-from distseg.data import feeds
-from distseg.data import slices as data
+from distseg.data import feeds, prefetch, sharding
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import checkpoint, resume, steps, stopping, validation
@@ -119,8 +118,8 @@ class Schedule:
         """This rank's batches of ``ids`` for ``epoch``: parts of fixed global batches,
         or per-rank shards."""
         if self.plan.fixed:
-            return data.global_batches(ids, rank, size, self.plan.fixed, epoch, seed)
-        return data.shard_batches(ids, rank, size, self.plan.per_rank, epoch, seed)
+            return sharding.global_batches(ids, rank, size, self.plan.fixed, epoch, seed)
+        return sharding.shard_batches(ids, rank, size, self.plan.per_rank, epoch, seed)
 
     def lr(self, global_step: int, gain: float = 1.0, progress: float = 0.0) -> float:
         """The lr of ``global_step``; the ``gain`` rule reads the measured ``gain`` and
@@ -264,7 +263,7 @@ def _all_batches(feed: feeds.Feed, ctx: dist.Context, train_cfg, schedule: Sched
         first = start[1] if e == start[0] else 0
         for ids in schedule.batches(feed.train_ids, ctx.rank, ctx.size, e,
                                     train_cfg.seed)[first:schedule.steps]:
-            yield data.EpochBatch(e, ids)
+            yield prefetch.EpochBatch(e, ids)
 
 
 def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack) -> Session:
@@ -284,7 +283,7 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     # One prefetcher for the whole run: it reads the next epoch's first batches while
     # this epoch ends, instead of refilling its queue at every epoch start.
-    prefetcher = data.Prefetcher(reader, _all_batches(feed, ctx, cfg.train, schedule, start),
+    prefetcher = prefetch.Prefetcher(reader, _all_batches(feed, ctx, cfg.train, schedule, start),
                                  depth=cfg.data.prefetch)
     resources.callback(prefetcher.close)
     session = Session(

@@ -18,8 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg import losses, metrics, sliding
-from distseg.data import feeds
-from distseg.data import slices as data
+from distseg.data import feeds, sharding
 
 
 @dataclass
@@ -73,7 +72,7 @@ def score_slices(feed: feeds.SliceFeed, reader, eval_step: Callable, rank: int,
                  size: int) -> Scores:
     """This rank's contiguous share of the validation slices."""
     out = Scores.empty(feed.cfg.model.num_classes)
-    for ids in data.shard_eval(feed.info.val_indices, rank, size, feed.cfg.train.batch_size):
+    for ids in sharding.shard_eval(feed.info.val_indices, rank, size, feed.cfg.train.batch_size):
         images, masks = reader.read(ids)
         sums, counts = eval_step(images, masks)
         out.sums += np.asarray(sums, np.float64)

@@ -17,6 +17,7 @@ import pytest
 
 from distseg import metrics, predict, sliding
 from distseg.core.errors import InputError
+from distseg.data import h5format
 from distseg.data import slices as data
 from distseg.data.convert import geometry, samples, sources
 from distseg.data.convert.intensity import Intensity
@@ -185,7 +186,7 @@ def _split_names(h5, split):
     import h5py
     with h5py.File(h5) as f:
         return sorted(n.decode() for n, s in zip(f["cases/name"][:], f["cases/split"][:])
-                      if s == data.SPLITS[split])
+                      if s == h5format.SPLITS[split])
 
 
 @pytest.fixture(scope="module")

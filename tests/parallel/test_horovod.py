@@ -14,8 +14,8 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core import rundir, schema
 from distseg.core.errors import RunError
+from distseg.data import sharding, synth
 from distseg.data import slices as data
-from distseg.data import synth
 from distseg.parallel import distributed as dist
 from distseg.training import steps
 
@@ -258,7 +258,7 @@ def test_training_run(ctx, shared_dir):
     epochs = [r for r in records if r["type"] == "epoch"]
     steps_ = [r for r in records if r["type"] == "step"]
     batch = cfg.train.batch_size
-    shards = [np.concatenate(data.shard_batches(info.train_indices, ctx.rank, ctx.size, batch,
+    shards = [np.concatenate(sharding.shard_batches(info.train_indices, ctx.rank, ctx.size, batch,
                                                 e["epoch"], cfg.train.seed)) for e in epochs]
     mine = {
         "code": code, "problems": problems, "kinds": (kinds[0], kinds[-1], kinds.count("epoch")),
@@ -359,11 +359,11 @@ def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
     path = good
     if ctx.rank == last:
         if where == "train":  # the slice this rank trains on at epoch 1, step 1
-            batches = data.shard_batches(info.train_indices, last, ctx.size,
+            batches = sharding.shard_batches(info.train_indices, last, ctx.size,
                                          cfg.train.batch_size, 1, cfg.train.seed)
             index = int(batches[1][0])
         else:  # a slice of this rank's validation shard
-            index = int(data.shard_eval(info.val_indices, last, ctx.size, cfg.train.batch_size)[0][0])
+            index = int(sharding.shard_eval(info.val_indices, last, ctx.size, cfg.train.batch_size)[0][0])
         path = os.path.join(shared_dir, f"copy-rank{last}.h5")
         _damaged_copy(good, path, index)
     cfg = config_lib.resolve("smoke", overrides={"data.path": path, "train.epochs": 2,

@@ -16,7 +16,7 @@ from analysis import coverage, logs
 from analysis.coverage import Basis, EpochShards, Expected
 from distseg.core import rundir, schema
 from distseg.core.errors import InputError
-from distseg.data import slices as data
+from distseg.data import h5format
 from tests.analysis_fixtures.runs import RunSpec, run_record, write_log, write_run
 
 from support import BIN, command_env
@@ -123,15 +123,15 @@ def _data_file(path, version):
 
 
 def test_a_data_file_of_a_newer_format_is_refused(tmp_path):
-    path = _data_file(tmp_path / "d.h5", data.FORMAT_VERSION + 1)
+    path = _data_file(tmp_path / "d.h5", h5format.FORMAT_VERSION + 1)
     run = logs.load_run(write_run(str(tmp_path / "np2"), RunSpec(size=2, epochs=1,
                                                                  data_path=path)))
     with pytest.raises(InputError) as e:
         coverage.data_file_digest(run)
-    assert str(e.value) == (f"{path}: format_version {data.FORMAT_VERSION + 1} is newer than "
-                            f"this distseg reads ({data.FORMAT_VERSION}); upgrade distseg to "
+    assert str(e.value) == (f"{path}: format_version {h5format.FORMAT_VERSION + 1} is newer than "
+                            f"this distseg reads ({h5format.FORMAT_VERSION}); upgrade distseg to "
                             "read it")
-    _data_file(tmp_path / "d.h5", data.FORMAT_VERSION)  # the current version is read
+    _data_file(tmp_path / "d.h5", h5format.FORMAT_VERSION)  # the current version is read
     assert coverage.data_file_digest(run) == (schema.sample_digest(range(16)),
                                               "train split of the data file")
 
@@ -144,7 +144,7 @@ def test_the_command_refuses_a_newer_data_file_with_one_line_and_exit_2(tmp_path
                           timeout=120, env=command_env(), cwd=str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr == (f"error: {path}: format_version 99 is newer than this distseg "
-                           f"reads ({data.FORMAT_VERSION}); upgrade distseg to read it\n")
+                           f"reads ({h5format.FORMAT_VERSION}); upgrade distseg to read it\n")
     assert not (tmp_path / "r").exists()
 
 
@@ -155,7 +155,7 @@ def _volume_file(path):
     shape = (4, 8, 16)
     volumes.write_volumes(str(path), [np.zeros(shape, np.float32)] * 10,
                           [np.zeros(shape, np.uint8)] * 10, list(range(10)), [0] * 8 + [1] * 2,
-                          source="coverage test", hu_window=data.HU_WINDOW)
+                          source="coverage test", hu_window=h5format.HU_WINDOW)
     return str(path)
 
 

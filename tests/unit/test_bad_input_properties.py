@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from distseg.core import config, errors
+from distseg.data import h5format
 from distseg.data import slices as data
 
 from proc_group import run_group
@@ -285,7 +286,7 @@ def _write_good(path: str, n: int, s: int) -> None:
     data.write_dataset(path, np.linspace(0, 1, n * s * s, dtype=np.float32).reshape(n, s, s),
                        (np.arange(n * s * s) % 3).reshape(n, s, s).astype(np.uint8), case_id,
                        (case_id % 3 == 2).astype(np.uint8), source="property test",
-                       hu_window=data.HU_WINDOW)
+                       hu_window=h5format.HU_WINDOW)
 
 
 def _mutate(f: h5py.File, change: tuple) -> None:

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
 from distseg.core.config import LIVER_CLASSES
-from distseg.data import lits, synth, volumes
+from distseg.data import h5format, lits, synth, volumes
 from distseg.data import slices as data
 from distseg.data.convert import geometry, samples, splits
 from distseg.data.convert.pipeline import peak_rss_mib
@@ -47,7 +47,7 @@ def one_line_error(out, *words):
 def expected_slices(seed, size, slices, low=-150.0, high=250.0):
     """The phantom in distseg's slice layout, as ``samples`` writes it (HU rounded to int16)."""
     hu, labels = synth.phantom_case(np.random.default_rng(seed), size, slices)
-    return data.window(np.round(hu), low, high), labels
+    return h5format.window(np.round(hu), low, high), labels
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +120,13 @@ def test_volumes_keep_each_case_on_its_own_grid(tmp_path):
                                              width=shapes[k][2])
             geom = geometry.Geometry.of(f["cases/affine"][k], f["cases/shape"][k])
             np.testing.assert_array_equal(mask, geometry.to_slices(labels, geom.ornt))
-            np.testing.assert_array_equal(image, data.window(geometry.to_slices(hu, geom.ornt)))
+            np.testing.assert_array_equal(image, h5format.window(geometry.to_slices(hu, geom.ornt)))
             np.testing.assert_array_equal(geometry.inverse(mask, geom), labels)  # back exactly
         assert "first" not in f["cases"] and f["volumes/0/image"].compression == "lzf"
         assert json.loads(f.attrs["preprocessing"])["ndim"] == 3
     one_line_error(convert(root, tmp_path / "x.h5", "--ndim", 3, "--size", 64),
                    "--size 64", "--ndim 3")
-    with pytest.raises(data.DatasetError, match="holds 3D volumes"):
+    with pytest.raises(h5format.DatasetError, match="holds 3D volumes"):
         data.examine(str(tmp_path / "v.h5"))
 
 
@@ -191,7 +191,7 @@ def test_window_flag_and_mr_normalisation(tmp_path):
     assert nib.load(root / "volume-1.nii").dataobj.slope != 1.0
     assert convert(root, tmp_path / "scaled.h5", "--size", 8).exit_code == 0
     with h5py.File(tmp_path / "scaled.h5") as f:
-        expected = data.window(nib.load(root / "volume-1.nii").get_fdata()).transpose(2, 1, 0)
+        expected = h5format.window(nib.load(root / "volume-1.nii").get_fdata()).transpose(2, 1, 0)
         np.testing.assert_allclose(f["images"][..., 0], expected[:, ::-1, ::-1], atol=1e-6)
     one_line_error(convert(root, tmp_path / "x.h5", "--modality", "mr", "--window", "0,1"),
                    "--window", "MR")
@@ -220,7 +220,7 @@ def test_msd_task_split_by_case_seeded_and_recorded(msd, tmp_path):
     split_a, how = _splits_of(a)
     assert split_a == _splits_of(b)[0]  # same seed, same split
     assert sorted(split_a) == [f"liver_{i}" for i in range(6)]  # imagesTs are not converted
-    assert sum(v == data.SPLITS["val"] for v in split_a.values()) == 2
+    assert sum(v == h5format.SPLITS["val"] for v in split_a.values()) == 2
     assert how == {"by": "case", "seed": 3, "val_fraction": 0.34, "folds": 0, "fold": 0}
     info = data.examine(str(a))  # also checks each case sits in one split
     assert info.attrs["class_names"] == ["background", "liver", "cancer"]
@@ -232,7 +232,7 @@ def test_msd_task_split_by_case_seeded_and_recorded(msd, tmp_path):
         assert convert(msd, out, "--size", 16, "--folds", 3, "--fold", k).exit_code == 0
         s, how = _splits_of(out)
         assert how["folds"] == 3 and how["fold"] == k
-        val_cases += [n for n, v in s.items() if v == data.SPLITS["val"]]
+        val_cases += [n for n, v in s.items() if v == h5format.SPLITS["val"]]
     assert sorted(val_cases) == sorted(split_a)
     one_line_error(convert(msd, tmp_path / "x.h5", "--folds", 3, "--fold", 3), "--fold 3")
 
@@ -434,5 +434,5 @@ def test_interrupted_conversion_leaves_no_complete_looking_file(tmp_path):
             assert "interrupted" in err and not os.path.exists(f"{out}.partial")
         else:  # no chance to clean up: the partial name still says so
             assert os.path.exists(f"{out}.partial")
-            with pytest.raises(data.DatasetError):
+            with pytest.raises(h5format.DatasetError):
                 data.examine(str(out))

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
 from distseg.core import errors, schema
+from distseg.data import h5format, prefetch, sharding, synth
 from distseg.data import slices as data
-from distseg.data import synth
 
 # ---------------------------------------------------------------- sharding
 
@@ -29,7 +29,7 @@ SHAPES = [
 def test_shards_are_disjoint_cover_and_have_equal_steps(n, size, batch):
     ids = np.arange(1000, 1000 + n)  # ids need not start at 0
     for epoch in range(3):
-        shards = [data.shard_batches(ids, r, size, batch, epoch, seed=7) for r in range(size)]
+        shards = [sharding.shard_batches(ids, r, size, batch, epoch, seed=7) for r in range(size)]
         steps = {len(s) for s in shards}
         assert steps == {schema.steps_per_epoch(n, size, batch)}
         flat = np.concatenate([np.concatenate(s) for s in shards])
@@ -48,10 +48,10 @@ def test_shards_are_disjoint_cover_and_have_equal_steps(n, size, batch):
 
 def test_shards_change_across_epochs_and_repeat_for_a_seed():
     ids = np.arange(200)
-    a0 = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
-    a1 = data.shard_batches(ids, 0, 4, 8, epoch=1, seed=1)
-    again = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
-    other_seed = data.shard_batches(ids, 0, 4, 8, epoch=0, seed=2)
+    a0 = sharding.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
+    a1 = sharding.shard_batches(ids, 0, 4, 8, epoch=1, seed=1)
+    again = sharding.shard_batches(ids, 0, 4, 8, epoch=0, seed=1)
+    other_seed = sharding.shard_batches(ids, 0, 4, 8, epoch=0, seed=2)
     assert not np.array_equal(np.concatenate(a0), np.concatenate(a1))
     assert all(np.array_equal(x, y) for x, y in zip(a0, again))
     assert not np.array_equal(np.concatenate(a0), np.concatenate(other_seed))
@@ -62,19 +62,19 @@ def test_a_global_batch_is_the_same_samples_at_any_number_of_ranks(n, global_bat
     """Step k trains on the same global batch whether 1, 2, 4 or 8 ranks share it; rank
     r holds the r-th part; the last n mod G samples of each epoch's order are left out."""
     ids = np.arange(1000, 1000 + n)
-    one = data.global_batches(ids, 0, 1, global_batch, epoch=3, seed=7)
+    one = sharding.global_batches(ids, 0, 1, global_batch, epoch=3, seed=7)
     assert len(one) == schema.steps_per_epoch(n, 1, global_batch, global_batch) == n // global_batch
     for size in (2, 4, 8):
         if global_batch % size:
             continue
-        parts = [data.global_batches(ids, r, size, global_batch, epoch=3, seed=7) for r in range(size)]
+        parts = [sharding.global_batches(ids, r, size, global_batch, epoch=3, seed=7) for r in range(size)]
         assert all(len(p) == len(one) for p in parts)
         for k, step in enumerate(one):
             assert np.array_equal(np.concatenate([p[k] for p in parts]), step)
     seen = np.concatenate(one)
     assert len(seen) == len(set(seen)) == schema.epoch_samples(n, 1, global_batch, global_batch)
     with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
-        data.global_batches(ids, 0, 3, global_batch, epoch=0, seed=0)
+        sharding.global_batches(ids, 0, 3, global_batch, epoch=0, seed=0)
 
 
 def test_the_batch_plan_of_each_policy():
@@ -98,14 +98,14 @@ def test_the_batch_plan_of_each_policy():
 
 def test_too_few_samples_for_ranks_times_batch():
     with pytest.raises(ValueError, match="fewer than ranks x batch size = 4 x 8"):
-        data.shard_batches(np.arange(31), 0, 4, 8, 0, 0)
+        sharding.shard_batches(np.arange(31), 0, 4, 8, 0, 0)
 
 
 def test_eval_shards_cover_every_sample_once():
     ids = np.arange(23)
-    got = [np.concatenate(data.shard_eval(ids, r, 4, 5) or [np.array([], int)]) for r in range(4)]
+    got = [np.concatenate(sharding.shard_eval(ids, r, 4, 5) or [np.array([], int)]) for r in range(4)]
     assert sorted(np.concatenate(got).tolist()) == ids.tolist()
-    assert data.shard_eval(np.arange(2), 3, 4, 5) == []  # more ranks than samples
+    assert sharding.shard_eval(np.arange(2), 3, 4, 5) == []  # more ranks than samples
 
 
 def test_digest_is_order_independent_and_sensitive():
@@ -197,7 +197,7 @@ def test_synth_round_trip(phantom, tmp_path):
     # an index outside the file is refused in one line naming it, not read as garbage
     with data.SliceReader(path, image_size=64) as reader:
         for bad in ([3, 30], [-1]):
-            with pytest.raises(data.DatasetError, match=rf"^{path}: slice {bad[-1]} asked for, "
+            with pytest.raises(h5format.DatasetError, match=rf"^{path}: slice {bad[-1]} asked for, "
                                                         r"the file holds slices 0\.\.29$"):
                 reader.read(bad)
 
@@ -244,7 +244,7 @@ def test_reading_one_slice_reads_only_that_slice(tmp_path):
 
 def test_resize_or_refuse(phantom):
     path, _ = phantom
-    with pytest.raises(data.DatasetError, match="slices are 64x64 but --image-size is 32"):
+    with pytest.raises(h5format.DatasetError, match="slices are 64x64 but --image-size is 32"):
         data.SliceReader(path, image_size=32)
     with data.SliceReader(path, image_size=32, resize=True) as reader:
         img, msk = reader.read([0, 1])
@@ -286,32 +286,32 @@ def test_bad_files_get_one_clear_line(tmp_path, change, message):
     change(arrays)
     path = str(tmp_path / "bad.h5")
     _write(path, **arrays)
-    with pytest.raises(data.DatasetError, match=message) as err:
+    with pytest.raises(h5format.DatasetError, match=message) as err:
         data.examine(path)
     assert str(err.value).startswith(path) and "\n" not in str(err.value)
 
 
 def test_missing_and_unreadable_files(tmp_path):
-    with pytest.raises(data.DatasetError, match="no such data file"):
+    with pytest.raises(h5format.DatasetError, match="no such data file"):
         data.examine(str(tmp_path / "nope.h5"))
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"this is not HDF5" * 10)
-    with pytest.raises(data.DatasetError, match="not a readable HDF5 file"):
+    with pytest.raises(h5format.DatasetError, match="not a readable HDF5 file"):
         data.examine(str(junk))
 
 
 def test_dataset_errors_are_input_errors_that_exit_2():
     # `except ValueError` callers keep working, and every CLI maps the class to exit 2.
-    assert issubclass(data.DatasetError, errors.InputError)
-    assert issubclass(data.DatasetError, ValueError)
-    assert data.DatasetError("x").exit_code == 2
+    assert issubclass(h5format.DatasetError, errors.InputError)
+    assert issubclass(h5format.DatasetError, ValueError)
+    assert h5format.DatasetError("x").exit_code == 2
 
 
 def test_write_refuses_masks_of_another_shape_and_leaves_no_file(tmp_path):
     path = str(tmp_path / "bad.h5")
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         data.write_dataset(path, np.zeros((2, 4, 4), np.float32), np.zeros((2, 4, 5), np.uint8),
-                           np.zeros(2), np.zeros(2), source="test", hu_window=data.HU_WINDOW)
+                           np.zeros(2), np.zeros(2), source="test", hu_window=h5format.HU_WINDOW)
     assert str(err.value) == f"{path}: masks shape (2, 4, 5) != images (2, 4, 4)"
     assert os.listdir(tmp_path) == []
 
@@ -326,26 +326,26 @@ def _with_version(src, dst, version):
 
 
 def test_a_newer_format_version_is_refused_by_every_reader(tiny, tmp_path):
-    path = _with_version(tiny, tmp_path / "newer.h5", data.FORMAT_VERSION + 1)
-    want = (f"{path}: format_version {data.FORMAT_VERSION + 1} is newer than this distseg reads "
-            f"({data.FORMAT_VERSION}); upgrade distseg to read it")
-    with pytest.raises(data.DatasetError) as err:
+    path = _with_version(tiny, tmp_path / "newer.h5", h5format.FORMAT_VERSION + 1)
+    want = (f"{path}: format_version {h5format.FORMAT_VERSION + 1} is newer than this distseg reads "
+            f"({h5format.FORMAT_VERSION}); upgrade distseg to read it")
+    with pytest.raises(h5format.DatasetError) as err:
         data.examine(path)
     assert str(err.value) == want
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         data.SliceReader(path)
     assert str(err.value) == want
     # The refusing reader closed the file: it can be opened for writing again.
     with h5py.File(path, "r+") as f:
-        f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["format_version"] = h5format.FORMAT_VERSION
     assert data.examine(path).samples == 160
 
 
 def test_a_format_version_that_is_not_a_number_is_refused(tiny, tmp_path):
     path = _with_version(tiny, tmp_path / "odd.h5", "one")
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         data.examine(path)
-    assert str(err.value) == f"{path}: format_version is 'one', expected an integer <= {data.FORMAT_VERSION}"
+    assert str(err.value) == f"{path}: format_version is 'one', expected an integer <= {h5format.FORMAT_VERSION}"
 
 
 def test_files_without_a_format_version_read_as_version_1(tmp_path):
@@ -361,7 +361,7 @@ def _data_cli(*args):
 
 
 def test_distseg_data_refuses_bad_input_with_exit_2_and_one_line(tiny, tmp_path):
-    newer = _with_version(tiny, tmp_path / "newer.h5", data.FORMAT_VERSION + 1)
+    newer = _with_version(tiny, tmp_path / "newer.h5", h5format.FORMAT_VERSION + 1)
     (tmp_path / "a-file").write_text("")
     (tmp_path / "empty").mkdir()
     cases = [
@@ -395,7 +395,7 @@ def test_check_fit_names_what_does_not_fit(phantom):
         (dict(ranks=1, batch_size=1, image_size=48, resize=False),
          f"{path}: slices are 64x64 but --image-size is 48; pass --resize or --image-size 64"),
     ]:
-        with pytest.raises(data.DatasetError) as err:
+        with pytest.raises(h5format.DatasetError) as err:
             data.check_fit(info, **kwargs)
         assert str(err.value) == want
 
@@ -414,8 +414,8 @@ def test_resize_values():
 
 def test_window_clips_and_scales_hounsfield_units():
     hu = np.array([-1000.0, -150.0, 50.0, 250.0, 3000.0])
-    assert data.window(hu).tolist() == [0.0, 0.0, 0.5, 1.0, 1.0]
-    assert data.window(hu).dtype == np.float32
+    assert h5format.window(hu).tolist() == [0.0, 0.0, 0.5, 1.0, 1.0]
+    assert h5format.window(hu).dtype == np.float32
 
 
 def test_float16_files_read_as_float32(tmp_path):
@@ -466,7 +466,7 @@ def test_prefetcher_yields_every_batch_in_order(damaged):
     path, images = damaged
     batches = [np.array([3, 0]), np.array([7]), np.array([15, 8, 8])]  # slice 5 never read
     with data.SliceReader(path) as reader:
-        feed = data.Prefetcher(reader, iter(batches), depth=1)
+        feed = prefetch.Prefetcher(reader, iter(batches), depth=1)
         got = list(feed)
         _close_within(feed, 10)
     assert [ids.tolist() for ids, _, _ in got] == [[3, 0], [7], [15, 8, 8]]
@@ -477,19 +477,19 @@ def test_prefetcher_yields_every_batch_in_order(damaged):
 def test_a_damaged_chunk_reaches_the_consumer_with_its_message(damaged):
     path, images = damaged
     with data.SliceReader(path) as reader:
-        with pytest.raises(data.DatasetError) as direct:
+        with pytest.raises(h5format.DatasetError) as direct:
             reader.read([5, 6])
     assert str(direct.value).startswith(f"{path}: slices 5, 6 of 'images'/'masks' cannot be read (")
     assert "\n" not in str(direct.value)
 
     with data.SliceReader(path) as reader:
-        feed = data.Prefetcher(reader, [np.array([0, 1]), np.array([2, 3]), np.array([5, 6]),
+        feed = prefetch.Prefetcher(reader, [np.array([0, 1]), np.array([2, 3]), np.array([5, 6]),
                                         np.array([7])], depth=1)
         it = iter(feed)
         first, second = next(it), next(it)
         assert first[0].tolist() == [0, 1] and np.array_equal(first[1], images[[0, 1]])
         assert second[0].tolist() == [2, 3]
-        with pytest.raises(data.DatasetError) as err:
+        with pytest.raises(h5format.DatasetError) as err:
             next(it)
         _close_within(feed, 10)
     # The reader's own error, raised in the consumer: same class, same one line.
@@ -507,16 +507,16 @@ def test_close_returns_when_the_reader_failed_and_nobody_reads(damaged):
         yield np.array([6])
 
     with data.SliceReader(path) as reader:
-        feed = data.Prefetcher(reader, batches(), depth=1)
+        feed = prefetch.Prefetcher(reader, batches(), depth=1)
         assert asked.wait(10)
         _close_within(feed, 10)
 
 
 def test_prefetcher_reads_epoch_batches_and_slices_ignore_the_epoch(damaged):
     path, images = damaged
-    batches = [data.EpochBatch(0, np.array([3, 0])), np.array([7]), data.EpochBatch(9, np.array([3, 0]))]
+    batches = [prefetch.EpochBatch(0, np.array([3, 0])), np.array([7]), prefetch.EpochBatch(9, np.array([3, 0]))]
     with data.SliceReader(path) as reader:
-        feed = data.Prefetcher(reader, iter(batches), depth=1)
+        feed = prefetch.Prefetcher(reader, iter(batches), depth=1)
         got = list(feed)
         _close_within(feed, 10)
     assert [ids.tolist() for ids, _, _ in got] == [[3, 0], [7], [3, 0]]
@@ -528,14 +528,14 @@ def test_slice_files_say_their_layout(phantom, tmp_path):
     path, _ = phantom
     with h5py.File(path, "r") as f:
         assert f.attrs["layout"] == "slices"
-    assert data.file_layout(path) == "slices"
-    with pytest.raises(data.DatasetError, match="no such data file"):
-        data.file_layout(str(tmp_path / "absent.h5"))
+    assert h5format.file_layout(path) == "slices"
+    with pytest.raises(h5format.DatasetError, match="no such data file"):
+        h5format.file_layout(str(tmp_path / "absent.h5"))
     odd = str(tmp_path / "odd.h5")
     shutil.copy(path, odd)
     with h5py.File(odd, "r+") as f:
         f.attrs["layout"] = np.array([1, 2])
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         data.examine(odd)
     assert str(err.value) == (f"{odd}: attribute layout is an array of shape (2,), "
                               "expected 'slices' or 'volumes'")
@@ -549,7 +549,7 @@ def _two_classes(path, names=("background", "lesion")):
     masks[:, 4:8, 4:8] = 1
     data.write_dataset(str(path), np.zeros((8, 16, 16), np.float32), masks, np.arange(8) // 2,
                        np.r_[np.zeros(6), np.ones(2)].astype(np.uint8), source="test",
-                       hu_window=data.HU_WINDOW, class_names=names)
+                       hu_window=h5format.HU_WINDOW, class_names=names)
     return str(path)
 
 
@@ -585,7 +585,7 @@ def test_the_feed_fills_the_classes_from_the_file_and_refuses_a_contradiction(tm
          f"{path}: names its classes ['background', 'lesion'] (attribute class_names), but "
          "config field model.class_names is ['bg', 'tumour']; leave the field out"),
     ]:
-        with pytest.raises(data.DatasetError) as e:
+        with pytest.raises(h5format.DatasetError) as e:
             feeds.open_feed(_smoke(path, **overrides), ranks=1, check_labels=False)
         assert str(e.value).startswith(said) and "\n" not in str(e.value)
 
@@ -601,7 +601,7 @@ def test_class_names_absent_default_and_bad_ones_are_refused(tmp_path):
     for bad in (["background", "background", "x"], ["a", "b"], [""] * 3, 7):
         with h5py.File(path, "a") as f:
             f.attrs["class_names"] = bad
-        with pytest.raises(data.DatasetError, match=r"attribute class_names is .*, expected 3 "
+        with pytest.raises(h5format.DatasetError, match=r"attribute class_names is .*, expected 3 "
                                                     r"distinct names \(attribute num_classes=3\)"):
             data.examine(path)
 

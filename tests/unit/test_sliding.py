@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from distseg import metrics, sliding
-from distseg.data import slices as data
-from distseg.data import synth, volumes
+from distseg.data import h5format, synth, volumes
 
 #: (volume shape, window, overlap, batch): divisible, not divisible, shorter than the
 #: window along some axes or all of them, overlaps from none to most.
@@ -191,7 +190,7 @@ def test_sliding_window_on_a_file_gives_per_case_counts(tmp_path):
     # everything above the intensity of soft tissue liver, counts per case.
     path = str(tmp_path / "v.h5")
     info = synth.make_volumes(path, cases=3, size=24, seed=0, slices_per_case=12)
-    threshold = float(data.window(np.float32(50.0)))
+    threshold = float(h5format.window(np.float32(50.0)))
 
     def model(x):
         liver = (x[..., 0] > threshold).astype(np.float32)

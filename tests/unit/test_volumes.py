@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
 from distseg.core import schema
-from distseg.data import lits, synth, volumes
+from distseg.data import h5format, lits, prefetch, sharding, synth, volumes
 from distseg.data import slices as data
 
 SLAB = (8, 16, 16)
@@ -23,7 +23,7 @@ SPLITS = [0, 0, 1, 0, 0]
 def _phantom(seed: int, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
     d, h, w = shape
     hu, labels = synth.phantom_case(np.random.default_rng(seed), h, d, width=w)
-    return data.window(hu), labels
+    return h5format.window(hu), labels
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def mixed(tmp_path_factory):
     cases = [_phantom(k, s) for k, s in enumerate(SHAPES)]
     info = volumes.write_volumes(path, [c[0] for c in cases], [c[1] for c in cases],
                                  [100 + k for k in range(5)], SPLITS, source="test",
-                                 hu_window=data.HU_WINDOW)
+                                 hu_window=h5format.HU_WINDOW)
     return path, info, cases
 
 
@@ -89,7 +89,7 @@ def test_slab_shards_are_disjoint_and_cover_every_slab_once(synthetic, ranks, ba
     ids = volumes.slab_ids(info, SLAB, "train")
     assert len(ids) >= 40
     for epoch in range(3):
-        shards = [data.shard_batches(ids, r, ranks, batch, epoch, seed=5) for r in range(ranks)]
+        shards = [sharding.shard_batches(ids, r, ranks, batch, epoch, seed=5) for r in range(ranks)]
         assert len({len(s) for s in shards}) == 1  # the same number of steps everywhere
         flat = np.concatenate([np.concatenate(s) for s in shards])
         assert len(np.unique(flat)) == len(flat), "a slab went to two ranks"
@@ -181,7 +181,7 @@ def test_a_case_without_foreground_keeps_its_grid_slabs(tmp_path):
     path = str(tmp_path / "empty.h5")
     image = np.linspace(0, 1, 8 * 16 * 32, dtype=np.float32).reshape(8, 16, 32)
     volumes.write_volumes(path, [image], [np.zeros(image.shape, np.uint8)], [1], [0],
-                          source="t", hu_window=data.HU_WINDOW)
+                          source="t", hu_window=h5format.HU_WINDOW)
     with volumes.SlabReader(path, SLAB, foreground_fraction=1.0) as reader:
         cases, starts, biased = reader.plan([0, 1], 0)
         assert not biased.any() and starts.tolist() == [[0, 0, 0], [0, 0, 16]]
@@ -199,7 +199,7 @@ def test_full_slabs_are_whole_volumes_of_one_shape(tmp_path, synthetic):
         images, masks = reader.read([1, 0], epoch=2)  # nowhere to move: the whole volume
         np.testing.assert_array_equal(images[0, ..., 0], reader.read_case(1)[0])
     varied, _ = synthetic
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         volumes.SlabReader(varied, "full")
     assert str(err.value).startswith(f"{varied}: --slab full needs volumes of one shape, but "
                                      "they range from ")
@@ -209,11 +209,11 @@ def test_full_slabs_are_whole_volumes_of_one_shape(tmp_path, synthetic):
 def test_prefetcher_passes_the_epoch_and_shares_the_reader_with_validation(synthetic):
     path, info = synthetic
     ids = volumes.slab_ids(info, SLAB, "train")
-    batches = [data.EpochBatch(e, ids[i:i + 3]) for e in range(3) for i in range(0, 12, 3)]
+    batches = [prefetch.EpochBatch(e, ids[i:i + 3]) for e in range(3) for i in range(0, 12, 3)]
     with volumes.SlabReader(path, SLAB, 0.5, seed=1) as reader:
         want = [reader.read(b.ids, b.epoch) for b in batches]
         whole = [reader.read_case(k) for k in info.val_cases]
-        feed = data.Prefetcher(reader, iter(batches), depth=2)
+        feed = prefetch.Prefetcher(reader, iter(batches), depth=2)
         got, again = [], []
         reading = threading.Thread(target=lambda: got.extend(feed))
         reading.start()
@@ -268,7 +268,7 @@ def test_lits_volumes_keep_the_buffer_and_match_the_slices(tmp_path):
     import mrcfile  # noqa: F401 - a dependency of distseg: a missing one fails
     try:
         lits.package_data_dir()
-    except data.DatasetError:
+    except h5format.DatasetError:
         pytest.skip("liver-ct-segmentation-package is not installed")
     info = lits.convert_volumes(str(tmp_path / "l3.h5"))
     slices = lits.convert(str(tmp_path / "l2.h5"))
@@ -318,9 +318,9 @@ def test_each_reader_refuses_the_other_layout_with_what_to_use(mixed, tmp_path):
     path, _, _ = mixed
     slices = str(tmp_path / "slices.h5")
     synth.make_dataset(slices, cases=2, size=16, seed=0, slices_per_case=4)
-    assert data.file_layout(path) == "volumes" and data.file_layout(slices) == "slices"
+    assert h5format.file_layout(path) == "volumes" and h5format.file_layout(slices) == "slices"
     for call in (lambda: data.examine(path), lambda: data.SliceReader(path)):
-        with pytest.raises(data.DatasetError) as err:
+        with pytest.raises(h5format.DatasetError) as err:
             call()
         assert str(err.value).startswith(f"{path}: holds 3D volumes (attribute layout='volumes'), "
                                          "not 2D slices; use the 3D path (distseg-train --model unet3d")
@@ -328,13 +328,13 @@ def test_each_reader_refuses_the_other_layout_with_what_to_use(mixed, tmp_path):
         del f.attrs["layout"]  # as files written before volumes existed
     assert data.examine(slices).samples == 8  # read as before
     for call in (lambda: volumes.examine(slices), lambda: volumes.SlabReader(slices, SLAB)):
-        with pytest.raises(data.DatasetError) as err:
+        with pytest.raises(h5format.DatasetError) as err:
             call()
         assert str(err.value).startswith(f"{slices}: holds 2D slices (no attribute layout), not "
                                          "3D volumes; use a 2D model")
     with h5py.File(slices, "r+") as f:
         f.attrs["layout"] = "cubes"
-    with pytest.raises(data.DatasetError, match="attribute layout is 'cubes', expected 'slices' or 'volumes'"):
+    with pytest.raises(h5format.DatasetError, match="attribute layout is 'cubes', expected 'slices' or 'volumes'"):
         data.examine(slices)
 
 
@@ -382,7 +382,7 @@ def test_bad_volume_files_are_one_line_naming_file_and_field(mixed, tmp_path, pr
     if problem != "label 3":  # labels are checked by examine (rank 0, at start-up) alone
         calls.append(lambda p: volumes.SlabReader(p, SLAB))
     for call in calls:
-        with pytest.raises(data.DatasetError) as err:
+        with pytest.raises(h5format.DatasetError) as err:
             call(path)
         assert str(err.value).startswith(f"{path}: ") and expected in str(err.value), str(err.value)
         assert "\n" not in str(err.value)
@@ -392,11 +392,11 @@ def test_check_fit_names_the_file_and_the_fix(synthetic):
     path, info = synthetic
     n = len(volumes.slab_ids(info, SLAB, "train"))
     assert volumes.check_fit(info, ranks=2, batch_size=2, slab=SLAB, num_classes=3) == SLAB
-    with pytest.raises(data.DatasetError) as err:
+    with pytest.raises(h5format.DatasetError) as err:
         volumes.check_fit(info, ranks=n, batch_size=2, slab=SLAB)
     assert str(err.value) == (f"{path}: {n} training slabs of 8x16x16, fewer than ranks x batch "
                               f"size = {n} x 2 = {2 * n}; pass a smaller --slab")
-    with pytest.raises(data.DatasetError, match="num_classes=3, but the model predicts 2 classes"):
+    with pytest.raises(h5format.DatasetError, match="num_classes=3, but the model predicts 2 classes"):
         volumes.check_fit(info, ranks=1, batch_size=1, slab=SLAB, num_classes=2)
 
 
@@ -417,7 +417,7 @@ def test_a_bad_foreground_fraction_is_refused(mixed):
         volumes.SlabReader(mixed[0], SLAB, foreground_fraction=1.5)
 
 
-#: The facts every data summary names alike, whatever the layout (``data.summary_of``).
+#: The facts every data summary names alike, whatever the layout (``h5format.summary_of``).
 SHARED_KEYS = {"path", "layout", "format_version", "source", "dtype", "num_classes",
                "class_names", "sample", "samples", "train_samples", "val_samples",
                "test_samples", "cases", "train_cases", "val_cases", "test_cases"}

@@ -1,7 +1,7 @@
 """Back-end ``sim``: N data-parallel ranks emulated step for step in one process.
 
 Each rank's batch comes from the loop's own ``Schedule`` (parts of fixed global
-batches, or ``distseg.data.slices.shard_batches``), each rank has its own forward and
+batches, or ``distseg.data.sharding.shard_batches``), each rank has its own forward and
 backward pass and its own BatchNorm moving statistics, the gradients are averaged,
 the loop's Adam update applied (``steps.apply_adam``), the BatchNorm statistics
 averaged over ranks at each epoch end, and the learning rate is the loop's

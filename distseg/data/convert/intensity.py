@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distseg.data.slices import HU_WINDOW, window
+from distseg.data.h5format import HU_WINDOW, window
 
 #: Percentiles of an MR volume's non-zero voxels mapped to 0 and 1.
 MR_PERCENTILES = (0.5, 99.5)

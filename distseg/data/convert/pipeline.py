@@ -28,7 +28,7 @@ import numpy as np
 
 from distseg.core.errors import InputError, Interrupted
 from distseg.core.stopflag import StopFlag
-from distseg.data import slices as data
+from distseg.data import h5format
 from distseg.data.convert import geometry, sources, splits
 from distseg.data.convert.intensity import Intensity, modality_kind
 from distseg.data.convert.sources import Case, Source, VolumeError
@@ -57,7 +57,7 @@ class Options:
     ndim: int = 2
     """2: slices (the slice format); 3: one volume per case (the volume layout)."""
     window: tuple[float, float] | None = None
-    """CT window in HU; None: ``data.HU_WINDOW``."""
+    """CT window in HU; None: ``h5format.HU_WINDOW``."""
     modality: str = "auto"
     """``auto`` (dataset.json, CT for pairs), ``ct`` (HU window) or ``mr`` (per-volume
     percentiles)."""
@@ -333,8 +333,8 @@ def write_cases(source: Source, opts: Options, intensity: Intensity, writer,
             summary.bytes_read += result.bytes_read
             summary.peak_worker_rss_mib = max(summary.peak_worker_rss_mib, result.peak_rss_mib)
             del result  # not held while the next case is read
-            summary.val_cases += int(split[i] == data.SPLITS["val"])
-            summary.train_cases += int(split[i] == data.SPLITS["train"])
+            summary.val_cases += int(split[i] == h5format.SPLITS["val"])
+            summary.train_cases += int(split[i] == h5format.SPLITS["train"])
 
 
 def settled(opts: Options) -> Options:

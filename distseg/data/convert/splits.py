@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from distseg.core.errors import InputError
-from distseg.data import slices as data
+from distseg.data import h5format
 
 
 def assign(n_cases: int, seed: int, val_fraction: float = 0.2, folds: int = 0,
@@ -23,7 +23,7 @@ def assign(n_cases: int, seed: int, val_fraction: float = 0.2, folds: int = 0,
     """
     rng = np.random.default_rng(seed)
     order = rng.permutation(n_cases)
-    split = np.full(n_cases, data.SPLITS["train"], dtype=np.uint8)
+    split = np.full(n_cases, h5format.SPLITS["train"], dtype=np.uint8)
     fold_of = np.full(n_cases, -1, dtype=np.int16)
     if folds:
         if folds < 2 or folds > n_cases:
@@ -32,11 +32,11 @@ def assign(n_cases: int, seed: int, val_fraction: float = 0.2, folds: int = 0,
             raise InputError(f"--fold {fold} is outside 0..{folds - 1}")
         for k, members in enumerate(np.array_split(order, folds)):
             fold_of[members] = k
-        split[fold_of == fold] = data.SPLITS["val"]
+        split[fold_of == fold] = h5format.SPLITS["val"]
         return split, fold_of
     n_val = round(val_fraction * n_cases)
     if val_fraction > 0 and n_cases >= 2:
         n_val = max(1, n_val)
     n_val = min(n_val, n_cases - 1)
-    split[order[:n_val]] = data.SPLITS["val"]
+    split[order[:n_val]] = h5format.SPLITS["val"]
     return split, fold_of

@@ -30,8 +30,7 @@ import h5py
 import numpy as np
 
 from distseg.core.partial import PartialFile
-from distseg.data import slices as data
-from distseg.data import volumes
+from distseg.data import h5format, volumes
 from distseg.data.convert.geometry import Geometry
 
 #: Filters benchmarked in benchmarks/bench_convert.py (numbers in docs/data.md).
@@ -106,7 +105,7 @@ class SliceWriter:
             os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
             self._f = h5py.File(self.partial, "w")
         except OSError as e:
-            raise data.DatasetError(f"{out}: cannot be written ({e.strerror or e})") from e
+            raise h5format.DatasetError(f"{out}: cannot be written ({e.strerror or e})") from e
         f = self._f
         f.create_dataset("images", shape=(0, size, size, 1), maxshape=(None, size, size, 1),
                          chunks=(1, size, size, 1), dtype=dtype, **filters)
@@ -135,7 +134,7 @@ class SliceWriter:
                splitting: dict, extra: dict) -> None:
         """Writes the file attributes, closes and renames ``OUT.h5.partial`` to ``OUT.h5``."""
         f = self._f
-        f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["format_version"] = h5format.FORMAT_VERSION
         f.attrs["layout"] = "slices"
         f.attrs["source"] = source
         f.attrs["num_classes"] = len(class_names)
