@@ -190,6 +190,28 @@ def make_overlap_train_step(model, optimizer, spatial_shape, num_classes: int, l
     return train_step
 
 
+def make_nonoise_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str,
+                            ranks: int = 1, batch: int | None = None):
+    """distseg's step without the noise scale's norms (raw and preconditioned, and the
+    one-rank copy of the last gradient): the A/B of what the estimate costs."""
+    import tensorflow as tf
+
+    from distseg.parallel import distributed as dist
+
+    @tf.function(input_signature=_signature(spatial_shape, batch), autograph=False)
+    def train_step(images, masks, flags):
+        c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        all_flags = tf.concat([flags, [c.nonfinite]], 0)
+        grads = c.grads
+        if ranks > 1:
+            grads, (all_flags,) = dist.average_gradients(grads, [all_flags])
+        _apply_unless(all_flags[steps.NONFINITE], optimizer, grads, model.trainable_variables,
+                      c.stats, c.before)
+        return steps.StepResult(c.loss_local, c.loss, all_flags, _no_norms())
+
+    return train_step
+
+
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
              batch: int | None = None):
     """distseg's own step, untouched."""
@@ -204,6 +226,7 @@ VARIANTS = {
     "bare": make_bare_train_step,
     "localloss": make_localloss_train_step,
     "overlap": make_overlap_train_step,
+    "nonoise": make_nonoise_train_step,
 }
 #: Variants valid on one rank only (they skip the allreduce).
 ONE_RANK_ONLY = ("bare",)

@@ -139,58 +139,96 @@ def squared_norm(tensors):
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
 
 
-def preconditioned_sq(optimizer, grads, variables):
-    """|g / (sqrt(v_hat) + epsilon)|^2 with Adam's bias-corrected second moments v_hat as
-    they stand before this step's update (AdaptDL's preconditioner): the noise of the
-    update Adam makes. The plain squared norm while Adam has taken fewer than
-    ``noise.PRECONDITION_AFTER`` steps, and for any optimizer but plain Adam."""
+def flat(tensors):
+    """Every value of ``tensors`` in one float32 vector."""
+    import tensorflow as tf
+    return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+
+
+def adam_scale(optimizer, variables):
+    """(1 / (sqrt(v_hat) + epsilon) as one vector in ``flat`` order, whether to use it):
+    AdaptDL's preconditioner, from Adam's bias-corrected second moments v_hat as they
+    stand before this step's update, so the noise measured is that of the update Adam
+    makes. Not used (the identity) while Adam has taken fewer than
+    ``noise.PRECONDITION_AFTER`` steps, nor for any optimizer but plain Adam."""
     import tensorflow as tf
 
     from distseg.training.noise import PRECONDITION_AFTER
     if not _plain_adam(optimizer):
-        return squared_norm(grads)
+        return tf.ones([sum(int(tf.size(v)) for v in variables)]), tf.constant(False)
     if not optimizer.built:  # as apply_adam does: the moments on first use
         optimizer.build(variables)
     t = tf.cast(optimizer.iterations, tf.float32)
+    correction = tf.maximum(1.0 - tf.pow(tf.constant(optimizer.beta_2, tf.float32), t), 1e-30)
+    v = flat([optimizer._velocities[optimizer._get_variable_index(var)]  # noqa: SLF001
+              for var in variables])
+    return 1.0 / (tf.sqrt(v / correction) + optimizer.epsilon), t >= PRECONDITION_AFTER
 
-    def adam():
-        correction = 1.0 - tf.pow(tf.constant(optimizer.beta_2, tf.float32), t)
-        total = []
-        for grad, var in zip(grads, variables):
-            v = optimizer._velocities[optimizer._get_variable_index(var)]  # noqa: SLF001
-            denom = tf.sqrt(tf.cast(v, tf.float32) / correction) + optimizer.epsilon
-            total.append(tf.reduce_sum(tf.square(tf.cast(grad, tf.float32) / denom)))
-        return tf.add_n(total)
 
-    return tf.cond(t < PRECONDITION_AFTER, lambda: squared_norm(grads), adam)
+def preconditioned_sq(optimizer, grads, variables):
+    """|g|^2 of ``grads`` preconditioned by ``adam_scale`` (the plain |g|^2 where it is
+    not used)."""
+    import tensorflow as tf
+    g = flat(grads)
+    scale, use = adam_scale(optimizer, variables)
+    return tf.where(use, tf.reduce_sum(tf.square(g * scale)), tf.reduce_sum(tf.square(g)))
+
+
+def _pair_norms(a, b, scale, use):
+    """[mean of |a|^2 and |b|^2, |(a + b) / 2|^2] raw, then preconditioned by ``scale``
+    where ``use`` (flat vectors): from three dot products each."""
+    import tensorflow as tf
+
+    def two(x, y):
+        xx, yy, xy = (tf.reduce_sum(x * x), tf.reduce_sum(y * y), tf.reduce_sum(x * y))
+        return tf.stack([(xx + yy) / 2.0, (xx + yy + 2.0 * xy) / 4.0])
+    raw = two(a, b)
+    return tf.concat([raw, tf.where(use, two(a * scale, b * scale), raw)], 0)
 
 
 class PreviousGradient:
-    """The last step's gradient on a one-rank run: the second gradient of the noise
-    scale's difference estimator (``training.noise``), one copy of the trainable
-    variables in memory."""
+    """The last step's gradient on a one-rank run, as one flat vector: the second
+    gradient of the noise scale's difference estimator (``training.noise``)."""
 
     def __init__(self, variables):
         import tensorflow as tf
-        self.grads = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
+        size = sum(int(tf.size(v)) for v in variables)
+        self.grad = tf.Variable(tf.zeros([size]), trainable=False)
         self.valid = tf.Variable(0.0, trainable=False)
 
     def norms(self, optimizer, grads, variables):
-        """[mean |g|^2 of this and the last gradient, |g|^2 of their mean], raw then
-        preconditioned (NaN without a last gradient); keeps ``grads`` as the last."""
+        """``StepResult.grad_sq`` of this and the last gradient (NaN without a last
+        gradient); keeps ``grads`` as the last."""
         import tensorflow as tf
-        mean = [(g + p) / 2.0 for g, p in zip(grads, self.grads)]
-        out = tf.stack([
-            (squared_norm(grads) + squared_norm(self.grads)) / 2.0, squared_norm(mean),
-            (preconditioned_sq(optimizer, grads, variables)
-             + preconditioned_sq(optimizer, self.grads, variables)) / 2.0,
-            preconditioned_sq(optimizer, mean, variables)])
+        g = flat(grads)
+        scale, use = adam_scale(optimizer, variables)
+        out = _pair_norms(g, tf.convert_to_tensor(self.grad), scale, use)
         out = tf.where(self.valid > 0, out, tf.fill([4], float("nan")))
         with tf.control_dependencies([out]):
-            for p, g in zip(self.grads, grads):
-                p.assign(g)
+            self.grad.assign(g)
             self.valid.assign(1.0)
         return tf.identity(out)
+
+
+def rank_norms(optimizer, grads, variables):
+    """This rank's [|g|^2, preconditioned |g|^2] (they ride in the gradient allreduce)
+    and the flat scale for the averaged gradient's (``averaged_norms``)."""
+    import tensorflow as tf
+    g = flat(grads)
+    scale, use = adam_scale(optimizer, variables)
+    raw = tf.reduce_sum(g * g)
+    return tf.stack([raw, tf.where(use, tf.reduce_sum(tf.square(g * scale)), raw)]), (scale, use)
+
+
+def averaged_norms(small, grads, scaled):
+    """``StepResult.grad_sq`` of a multi-rank step: the ranks' mean ``small`` (from
+    ``rank_norms``) and the averaged ``grads``' own."""
+    import tensorflow as tf
+    scale, use = scaled
+    g = flat(grads)
+    raw = tf.reduce_sum(g * g)
+    return tf.stack([small[0], raw, small[1],
+                     tf.where(use, tf.reduce_sum(tf.square(g * scale)), raw)])
 
 
 def _plain_adam(optimizer) -> bool:
@@ -294,10 +332,9 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
             return StepResult(c.loss_local, c.loss, all_flags, norms)
         # Horovod: average gradients, the flags and this rank's |g|^2 (raw and
         # preconditioned) in one grouped allreduce.
-        mine = tf.stack([squared_norm(c.grads), preconditioned_sq(optimizer, c.grads, variables)])
+        mine, scaled = rank_norms(optimizer, c.grads, variables)
         grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine])
-        norms = tf.stack([small[0], squared_norm(grads), small[1],
-                          preconditioned_sq(optimizer, grads, variables)])
+        norms = averaged_norms(small, grads, scaled)
         with tf.control_dependencies([norms]):
             apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
         return StepResult(c.loss_local, c.loss, mean_flags, norms)
