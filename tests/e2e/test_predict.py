@@ -15,12 +15,13 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from distseg import metrics, predict, sliding
+from distseg import metrics, sliding
 from distseg.core.errors import InputError
 from distseg.data import h5format
 from distseg.data import slices as data
 from distseg.data.convert import geometry, samples, sources
 from distseg.data.convert.intensity import Intensity
+from distseg.inference import predict
 
 from proc_group import horovodrun_cmd, run_group
 from support import BIN, command_env, import_blocker

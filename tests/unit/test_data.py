@@ -1,5 +1,6 @@
 """Sharding, the HDF5 format, lazy slice reading, prefetching and bad data files."""
 
+import dataclasses
 import io
 import json
 import os
@@ -85,7 +86,9 @@ def test_the_batch_plan_of_each_policy():
     grown = config_lib.batch_plan(t, 16)
     assert (grown.per_rank, grown.global_batch, grown.policy) == (1, 16, "grown")
     assert grown.base == 8  # the lr was set for G, whatever the ranks' global batch
-    assert grown.lr_scaling == "gain" and grown.lr_factor == pytest.approx(2 ** 0.5)  # at most
+    assert grown.lr_scaling == "sqrt" and grown.lr_factor == pytest.approx(2 ** 0.5)
+    gain = config_lib.batch_plan(dataclasses.replace(t, grown_lr_scaling="gain"), 16)
+    assert gain.lr_scaling == "gain" and gain.lr_factor == pytest.approx(2 ** 0.5)  # at most
     assert config_lib.batch_plan(t, 3).global_batch == 9  # ceil(8/3) per rank, never fewer than 8
     strict = config_lib.resolve("demo", overrides={"data.path": "d.h5", "run_dir": "r",
                                                    "train.global_batch": 8,

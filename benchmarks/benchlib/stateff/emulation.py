@@ -16,6 +16,7 @@ same on one machine at 1 and 2 ranks).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -135,11 +136,13 @@ class SimRanks:
         return dict(zip(self.cfg.model.class_names, dice))
 
 
-def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int,
-              noise) -> tuple[list[dict], int]:
+def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, clock: dict,
+              noise) -> list[dict]:
     """One benchmark epoch of ``sim``, its gradient norms fed to ``noise`` (a
-    ``training.noise.NoiseScale``, as the loop feeds its own); returns (its ``step``
-    records, shaped like the loop's, global step after it)."""
+    ``training.noise.NoiseScale``, as the loop feeds its own); ``clock`` holds the
+    global step and the gain-weighted progress, advanced as the loop advances its own
+    (the ``gain`` lr rule reads both); returns its ``step`` records, shaped like the
+    loop's."""
     t = sim.cfg.train
     images, masks, train_ids = loaded
     # The loop's own batches: parts of fixed global batches, or per-rank shards.
@@ -147,14 +150,18 @@ def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, global_step: int,
     records = []
     for k in range(schedule.steps):
         batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
-        lr = schedule.lr(global_step)
+        big = schedule.plan.global_batch
+        lr = schedule.lr(clock["global_step"], noise.gain(big), clock["progress"])
         loss, norms = sim.step(batches, lr)
         noise.update(*norms)
-        records.append({"type": "step", "epoch": epoch, "step": k, "global_step": global_step,
-                        "loss": loss, "lr": lr, "grad_sq": norms})
-        global_step += 1
+        if math.isfinite(loss):  # as the loop: an applied step adds its gain
+            clock["progress"] += noise.gain(big)
+        records.append({"type": "step", "epoch": epoch, "step": k,
+                        "global_step": clock["global_step"], "loss": loss, "lr": lr,
+                        "grad_sq": norms})
+        clock["global_step"] += 1
     sim.average_batchnorm()
-    return records, global_step
+    return records
 
 
 def simulate(cfg, ranks: int) -> list[list[dict]]:
@@ -170,12 +177,13 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         images, masks = reader.read(np.arange(info.samples))
     schedule = Schedule.of(cfg.train, len(info.train_indices), ranks)
-    sim, records, global_step, t0 = SimRanks(cfg, ranks), [], 0, time.perf_counter()
+    sim, records, t0 = SimRanks(cfg, ranks), [], time.perf_counter()
+    clock = {"global_step": 0, "progress": 0.0}
     val = (images[info.val_indices], masks[info.val_indices])
     noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch, schedule.plan.base)
     for epoch in range(cfg.train.epochs):
-        steps, global_step = sim_epoch(sim, schedule, (images, masks, info.train_indices),
-                                       epoch, global_step, noise)
+        steps = sim_epoch(sim, schedule, (images, masks, info.train_indices), epoch, clock,
+                          noise)
         records += steps
         records.append({"type": "epoch", "epoch": epoch, "t": time.perf_counter() - t0,
                         "samples": schedule.steps * schedule.plan.per_rank,

@@ -55,9 +55,14 @@ VARIANTS = {
     "sqrt-bnm.5": ("sqrt scaling, 1-pass warm-up, BatchNorm with momentum 0.5",
                    {"train": {"lr_scaling": "sqrt"}, "model": {"bn_momentum": 0.5},
                     "warmup_passes": 1.0}),
-    "gbatch-gn": ("global batch kept at 8 (8/N per rank), no lr scaling, GroupNorm",
-                  {"train": {"lr_scaling": "none"}, "model": {"norm": "group"},
-                   "global_batch": BATCH, "warmup_passes": 0.0}),
+    "gbatch-gn": ("global batch kept at 8 (8/N per rank), no lr scaling, GroupNorm; past 8 "
+                  "ranks one slice each and the lr x sqrt(N/8)",
+                  {"train": {"lr_scaling": "none", "grown_lr_scaling": "sqrt"},
+                   "model": {"norm": "group"}, "global_batch": BATCH, "warmup_passes": 0.0}),
+    "gbatch-gn-gain": ("as gbatch-gn, but past 8 ranks the lr x sqrt(measured gain)",
+                       {"train": {"lr_scaling": "none", "grown_lr_scaling": "gain"},
+                        "model": {"norm": "group"}, "global_batch": BATCH,
+                        "warmup_passes": 0.0}),
     "demo-now": ("the demo preset since issue 21: global batch 8, global loss, BatchNorm "
                  "ghost batches of 2", {"model": {"bn_ghost_batch": 2},
                                         "global_batch": BATCH, "warmup_passes": 1.0}),
