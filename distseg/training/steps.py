@@ -155,7 +155,7 @@ def adam_scale(optimizer, variables):
 
     from distseg.training.noise import PRECONDITION_AFTER
     if not _plain_adam(optimizer):
-        return tf.ones([sum(int(tf.size(v)) for v in variables)]), tf.constant(False)
+        return tf.ones([sum(math.prod(v.shape) for v in variables)]), tf.constant(False)
     if not optimizer.built:  # as apply_adam does: the moments on first use
         optimizer.build(variables)
     t = tf.cast(optimizer.iterations, tf.float32)
@@ -192,7 +192,7 @@ class PreviousGradient:
 
     def __init__(self, variables):
         import tensorflow as tf
-        size = sum(int(tf.size(v)) for v in variables)
+        size = sum(math.prod(v.shape) for v in variables)
         self.grad = tf.Variable(tf.zeros([size]), trainable=False)
         self.valid = tf.Variable(0.0, trainable=False)
 
