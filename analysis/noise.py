@@ -4,7 +4,8 @@ predicts for another global batch.
 The trainer logs McCandlish et al.'s simple noise scale B_simple = tr(Sigma) / |G|^2
 (samples; "An Empirical Model of Large-Batch Training", 2018, Appendix A) in each
 ``epoch`` record's ``noise_scale`` (``distseg.training.noise``): moving averages up to
-the end of that epoch, ``null`` where not estimable (1 rank: ``method`` ``none``).
+the end of that epoch, ``null`` where not estimable (1-rank logs from before
+2026-11-25: ``method`` ``none``; since then one rank differences consecutive gradients).
 
 Near a target it predicts the samples another global batch B needs, from the base
 run's (``stateff.base_run``) measured samples E(B0) at its global batch B0::
@@ -15,8 +16,8 @@ run's (``stateff.base_run``) measured samples E(B0) at its global batch B0::
 the base is (B_noise + B0) / (B_noise + B). B_noise is ``measured_near``: the
 ``noise_scale`` of the epoch record of the epoch in which the run first reached the
 target (``tables.hours_to_target``'s ``epoch``), else of the latest earlier epoch that
-has one. It is taken from the base run; where the base has none (a 1-rank base
-estimates nothing), from the run with the fewest ranks that reached the target and
+has one. It is taken from the base run; where the base has none (an older 1-rank
+base), from the run with the fewest ranks that reached the target and
 has one, and ``noise_measured_at`` names it.
 """
 
