@@ -21,6 +21,7 @@ from distseg.core import rundir
 from distseg.core.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none", "gain")
+BATCH_POLICIES = ("fixed", "goodput")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "group", "none")
 #: ``--model`` name -> ``model.spatial_dims``.
@@ -119,6 +120,17 @@ class TrainConfig:
     the lr follows global / G. ``sqrt`` by default: in the step-exact emulation it
     reached the target in fewer samples than ``gain`` at 16 and 32 ranks
     (docs/statistical-efficiency.md)."""
+    batch_policy: str = "fixed"
+    """``fixed``: the batch of ``batch_plan`` all run long. ``goodput``: at each epoch's
+    end rank 0 chooses the per-rank batch of the next epoch (powers of two up to
+    ``max_batch_per_rank``, never a global batch below the base) that maximises the
+    predicted goodput, throughput from the run's own step times x efficiency from its
+    noise scale (``distseg.core.goodput``; Pollux), switching only for a predicted gain
+    of 5 % or more; a batch above the base takes the lr of ``grown_lr_scaling`` (fixed
+    global batch) or ``lr_scaling`` (per-rank batches)."""
+    max_batch_per_rank: int = 8
+    """The largest per-rank batch the ``goodput`` policy may choose (8: the batch one
+    process trains with under the default global batch, so it fits where that ran)."""
     warmup_epochs: float = 1.0
     """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
     loss: str = "dice"
@@ -203,6 +215,10 @@ class Config:
              f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
             (t.grown_lr_scaling in LR_SCALINGS, "train.grown_lr_scaling",
              f"must be one of {LR_SCALINGS}, got {t.grown_lr_scaling!r}"),
+            (t.batch_policy in BATCH_POLICIES, "train.batch_policy",
+             f"must be one of {BATCH_POLICIES}, got {t.batch_policy!r}"),
+            (t.max_batch_per_rank >= 1, "train.max_batch_per_rank",
+             f"must be >= 1, got {t.max_batch_per_rank}"),
             (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
             (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
             (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
@@ -289,8 +305,9 @@ class BatchPlan:
     """Samples per step, all ranks together."""
     policy: str
     """``global`` (a fixed global batch split over the ranks), ``grown`` (a fixed global
-    batch smaller than the ranks could share, grown to ``per_rank * ranks``) or
-    ``per_rank`` (``batch_size`` per rank)."""
+    batch smaller than the ranks could share, grown to ``per_rank * ranks``),
+    ``per_rank`` (``batch_size`` per rank) or ``chosen`` (a per-rank batch the
+    ``goodput`` policy chose, cut from global batches of ``per_rank * ranks``)."""
     lr_factor: float
     """What ``train.lr`` is multiplied by at the end of the warm-up (with ``gain``: at
     most)."""
@@ -304,16 +321,30 @@ class BatchPlan:
     @property
     def fixed(self) -> int:
         """The fixed global batch the shards are cut in (0: per-rank shards)."""
-        return self.global_batch if self.policy in ("global", "grown") else 0
+        return self.global_batch if self.policy in ("global", "grown", "chosen") else 0
 
 
-def batch_plan(t: "TrainConfig", ranks: int) -> BatchPlan:
-    """The batch and lr rule of ``t`` at ``ranks`` ranks.
+def batch_plan(t: "TrainConfig", ranks: int, per_rank: int | None = None) -> BatchPlan:
+    """The batch and lr rule of ``t`` at ``ranks`` ranks; with ``per_rank``, of that
+    per-rank batch (the ``goodput`` policy's choice) in the same run: the plan of ``t``
+    where it is that plan's own batch, else global batches of ``per_rank * ranks`` with
+    the lr of the rule for a batch grown past the base.
 
     Raises:
       InputError: a strict ``--global-batch`` G that ``ranks`` cannot share equally
         (G < ranks or G not a multiple of ranks), in one line naming both numbers.
     """
+    planned = _planned(t, ranks)
+    if per_rank is None or per_rank == planned.per_rank:
+        return planned
+    rule = t.grown_lr_scaling if t.global_batch else t.lr_scaling
+    big = per_rank * ranks
+    return BatchPlan(per_rank, big, "chosen", lr_factor(rule, big / planned.base), rule,
+                     planned.base)
+
+
+def _planned(t: "TrainConfig", ranks: int) -> BatchPlan:
+    """``batch_plan`` of the config's own batch."""
     if not t.global_batch:
         return BatchPlan(t.batch_size, t.batch_size * ranks, "per_rank",
                          lr_factor(t.lr_scaling, ranks), t.lr_scaling, t.batch_size)

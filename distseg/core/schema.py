@@ -43,7 +43,11 @@ field needs a new ``SCHEMA_VERSION``.
     noise_scale {b_simple, g2, trace (Adam-preconditioned), b_simple_raw, g2_raw,
     trace_raw, small_batch, big_batch, base_batch, method, ema, preconditioned}
     (``distseg.training.noise``), lr_rule {rule, lr, gain, progress, global_batch,
-    base_batch} (the lr rule in force and AdaScale's gain); since schema 2 val_loss is the loss
+    base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy
+    goodput`` batch_policy {policy, per_rank (this epoch's), options, step_time_model
+    {alpha, beta}, measured_step_time {per-rank batch: s}, goodput {per-rank batch:
+    predicted}, next_per_rank, switched, reason} (``distseg.training.batchpolicy``);
+    since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
     3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
@@ -127,7 +131,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local", "noise_scale", "lr_rule"),
+              "val_cases_local", "noise_scale", "lr_rule", "batch_policy"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),

@@ -27,13 +27,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from distseg.core import config as config_lib
+from distseg.core import goodput
 from distseg.core import rundir, schema
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds, prefetch, sharding
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
-from distseg.training import checkpoint, resume, steps, stopping, validation
+from distseg.training import batchpolicy, checkpoint, resume, steps, stopping, validation
+from distseg.training.batchpolicy import BatchPolicy
 from distseg.training.noise import NoiseScale
 from distseg.training.runlog import RunLog
 
@@ -105,11 +107,16 @@ class Schedule:
     """The ``gain`` rule's warm-up: steps of the base batch (``plan.base``)."""
 
     @classmethod
-    def of(cls, train_cfg, train_samples: int, size: int) -> "Schedule":
-        plan = config_lib.batch_plan(train_cfg, size)
+    def of(cls, train_cfg, train_samples: int, size: int,
+           per_rank: int | None = None) -> "Schedule":
+        """The schedule of the config's batch, or of the ``goodput`` policy's
+        ``per_rank`` batch (``train.max_steps_per_epoch`` then caps the samples of an
+        epoch as it caps them at the config's batch)."""
+        plan = config_lib.batch_plan(train_cfg, size, per_rank)
         n = schema.steps_per_epoch(train_samples, size, plan.per_rank, plan.fixed)
         if train_cfg.max_steps_per_epoch:
-            n = min(n, train_cfg.max_steps_per_epoch)
+            samples = train_cfg.max_steps_per_epoch * config_lib.batch_plan(train_cfg, size).global_batch
+            n = min(n, max(1, samples // plan.global_batch))
         return cls(steps=n, lr_base=train_cfg.lr, lr_target=train_cfg.lr * plan.lr_factor,
                    warmup_steps=int(round(train_cfg.warmup_epochs * n)), plan=plan,
                    warmup_progress=train_cfg.warmup_epochs * n * plan.global_batch / plan.base)
@@ -218,6 +225,15 @@ class Session:
     rule's clock (AdaScale's scale-invariant iterations)."""
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
+    samples: int = 0
+    """Samples trained, all ranks: the warm-up's clock under the ``goodput`` policy."""
+    policy: BatchPolicy | None = None
+    """The ``goodput`` batch policy (None: ``fixed``)."""
+    prefetcher: Any = None
+    train_steps: dict = field(default_factory=dict)
+    """Per-rank batch -> the train step traced for it (the policy may come back)."""
+    fresh: bool = True
+    """The next step traces the train step (not timed for the policy; longer watch)."""
 
     @property
     def class_names(self) -> list[str]:
@@ -271,7 +287,9 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     stop signals to a flag and starts the prefetcher. Everything opened is closed by
     ``resources``."""
     model, optimizer, synced = state
-    schedule = Schedule.of(cfg.train, len(feed.train_ids), ctx.size)
+    kept = resumed.position.scaling if resumed else None
+    schedule = Schedule.of(cfg.train, len(feed.train_ids), ctx.size,
+                           batchpolicy.kept_per_rank(kept, ctx.size))
     shape = feed.input_shape
     reader = resources.enter_context(dist.agree(feed.open_reader))
     log = resources.enter_context(dist.agree(RunLog, cfg.run_dir, ctx.rank))
@@ -281,25 +299,23 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     stop = StopFlag()
     stopping.install(stop, resources, stopping.stop_signals(dist.is_elastic()))
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
-    # One prefetcher for the whole run: it reads the next epoch's first batches while
-    # this epoch ends, instead of refilling its queue at every epoch start.
-    prefetcher = prefetch.Prefetcher(reader, _all_batches(feed, ctx, cfg.train, schedule, start),
-                                 depth=cfg.data.prefetch)
-    resources.callback(prefetcher.close)
+    done = _start_step(resumed, schedule, start)
+    left = (cfg.train.epochs - start[0]) * schedule.steps - start[1]
     session = Session(
         cfg=cfg, ctx=ctx, feed=feed, schedule=schedule, model=model, optimizer=optimizer,
-        synced=synced, reader=reader, log=log, batches=iter(prefetcher), t0=t0,
+        synced=synced, reader=reader, log=log, batches=iter(()), t0=t0,
         start_time=start_time, stop=stop, resumed=resumed, start=start,
-        global_step=start[0] * schedule.steps + start[1], epochs_done=start[0],
-        train_step=steps.make_train_step(model, optimizer, shape, cfg.model.num_classes,
-                                         cfg.train.loss, ranks=ctx.size,
-                                         batch=schedule.static_batch(len(feed.train_ids), ctx.size)),
-        eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
+        global_step=done, epochs_done=start[0],
+        train_step=None, eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
         predict=steps.make_predict_step(model, shape),
-        bar=_progress_bar(ctx, cfg.train.epochs * schedule.steps,
-                          start[0] * schedule.steps + start[1], resources))
+        bar=_progress_bar(ctx, done + left, done, resources))
+    _use_schedule(session, schedule, start)
+    resources.callback(_close_prefetcher, session)
     session.noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch,
                                schedule.plan.base)
+    if cfg.train.batch_policy == "goodput":
+        session.policy = BatchPolicy(ctx.size, schedule.plan.base, cfg.train.max_batch_per_rank,
+                                     schedule.plan.per_rank)
     _restore_scaling(session)
     session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
     resources.callback(session.watch.close)
@@ -308,19 +324,58 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     return session
 
 
+def _start_step(resumed: resume.Resumed | None, schedule: Schedule, start: tuple[int, int]) -> int:
+    """The global step this launch starts at: the checkpoint's own count where it kept
+    one (epochs of several batch sizes under the ``goodput`` policy), else counted from
+    the position at this schedule."""
+    kept = resumed.position.global_step if resumed else 0
+    return kept or start[0] * schedule.steps + start[1]
+
+
+def _use_schedule(s: Session, schedule: Schedule, start: tuple[int, int]) -> None:
+    """Trains from (epoch, step) ``start`` on with ``schedule``: its batches (one
+    prefetcher, which reads the next epoch's first batches while an epoch ends) and the
+    train step traced for its batch."""
+    _close_prefetcher(s)
+    s.schedule = schedule
+    s.prefetcher = prefetch.Prefetcher(s.reader, _all_batches(s.feed, s.ctx, s.cfg.train,
+                                                              schedule, start),
+                                       depth=s.cfg.data.prefetch)
+    s.batches = iter(s.prefetcher)
+    batch = schedule.static_batch(len(s.feed.train_ids), s.ctx.size)
+    if batch not in s.train_steps:
+        s.train_steps[batch] = steps.make_train_step(
+            s.model, s.optimizer, s.feed.input_shape, s.cfg.model.num_classes,
+            s.cfg.train.loss, ranks=s.ctx.size, batch=batch)
+    s.train_step = s.train_steps[batch]
+    s.fresh = True
+
+
+def _close_prefetcher(s: Session) -> None:
+    if s.prefetcher is not None:
+        s.prefetcher.close()
+        s.prefetcher = None
+
+
 def _restore_scaling(s: Session) -> None:
-    """A resumed launch continues the noise scale's averages and the gain-weighted
-    progress its checkpoint kept (a run of other ranks or batches: afresh)."""
+    """A resumed launch continues the noise scale's averages, the gain-weighted
+    progress and the batch policy its checkpoint kept (a run of other ranks or batches:
+    afresh)."""
     kept = s.resumed.position.scaling if s.resumed else None
     if kept and kept.get("global_batch") == s.schedule.plan.global_batch:
         s.noise.restore(kept.get("noise"))
         s.progress = float(kept.get("progress", 0.0))
+        s.samples = int(kept.get("samples", s.global_step * s.schedule.plan.global_batch))
+    if kept and s.policy is not None:
+        s.policy.restore(kept.get("policy"))
 
 
 def scaling_state(s: Session) -> dict:
-    """What a checkpoint keeps of the lr rule (``_restore_scaling`` reads it back)."""
-    return {"noise": s.noise.state(), "progress": s.progress,
-            "global_batch": s.schedule.plan.global_batch}
+    """What a checkpoint keeps of the lr rule and the batch policy (``_restore_scaling``
+    reads it back)."""
+    return {"noise": s.noise.state(), "progress": s.progress, "samples": s.samples,
+            "global_batch": s.schedule.plan.global_batch,
+            "policy": None if s.policy is None else s.policy.state()}
 
 
 def _on_hang(s: Session, where: str, waited: float) -> None:
@@ -404,7 +459,10 @@ def _next_batch(s: Session, result: EpochResult):
 
 
 def _set_lr(s: Session) -> float:
-    lr = s.schedule.lr(s.global_step, s.noise.gain(s.schedule.plan.global_batch), s.progress)
+    # The warm-up's clock: steps of this batch, or, under the batch policy, samples in
+    # steps of this batch (the same warm-up in samples whatever batches came before).
+    clock = s.global_step if s.policy is None else s.samples / s.schedule.plan.global_batch
+    lr = s.schedule.lr(clock, s.noise.gain(s.schedule.plan.global_batch), s.progress)
     if lr != s.lr_now:  # changes during the warm-up, and every step with the gain rule
         s.optimizer.learning_rate.assign(lr)
         s.lr_now = lr
@@ -430,8 +488,8 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     data_wait = time.perf_counter() - step_start
     lr = _set_lr(s)
     flags = np.array([result.failure is not None, s.stop.requested], np.float32)
-    # The first step of a launch also traces the step function on every rank.
-    first = s.global_step == s.start[0] * s.schedule.steps + s.start[1]
+    # The first step of a launch, or at a new batch, also traces the step function.
+    first, s.fresh = s.fresh, False
     s.watch.arm(f"the allreduce of epoch {result.epoch} step {step}", 10.0 if first else 1.0)
     out = s.train_step(images, masks, flags)
     s.watch.disarm()
@@ -443,6 +501,9 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
         s.noise.update(*grad_sq)
         s.progress += s.noise.gain(s.schedule.plan.global_batch)
     now = time.perf_counter()
+    s.samples += s.schedule.plan.global_batch
+    if s.policy is not None and not first:
+        s.policy.observe(now - step_start)
     try:
         s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
                     t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
@@ -540,9 +601,11 @@ def validate(s: Session) -> dict:
     return validation.record(mine, totals, s.class_names, s.cfg.train.loss)
 
 
-def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
-    """This rank's ``epoch`` record, run under ``dist.agree``: a full disk on one rank
-    stops every rank with the same message."""
+def finish_epoch(s: Session, result: EpochResult, val: dict,
+                 choice: goodput.Choice | None = None) -> None:
+    """This rank's ``epoch`` record (with the batch policy's ``choice`` for the next
+    epoch), run under ``dist.agree``: a full disk on one rank stops every rank with the
+    same message."""
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)
@@ -553,7 +616,31 @@ def finish_epoch(s: Session, result: EpochResult, val: dict) -> None:
                 train_loss=float(np.mean(result.losses)),
                 train_loss_local=float(np.mean(result.losses_local)),
                 weight_checksum=result.weights, skipped_steps=result.skipped,
-                noise_scale=s.noise.record(), lr_rule=lr_rule_record(s), **val)
+                noise_scale=s.noise.record(), lr_rule=lr_rule_record(s),
+                **({} if s.policy is None else
+                   {"batch_policy": s.policy.record(s.schedule.plan.per_rank, choice)}), **val)
+
+
+def decide_batch(s: Session) -> goodput.Choice | None:
+    """Collective under the ``goodput`` policy: rank 0's choice of the next epoch's
+    per-rank batch, the same on every rank (None without the policy)."""
+    if s.policy is None:
+        return None
+    avg = s.noise.averages["preconditioned"]
+    mine = s.policy.decide(avg.g2, avg.trace) if s.ctx.is_root() else None
+    return dist.broadcast_object(mine)
+
+
+def switch_batch(s: Session, epoch: int) -> None:
+    """Trains from ``epoch`` on with the policy's per-rank batch: its schedule, shards,
+    traced step and noise-scale batch sizes; says so on rank 0."""
+    schedule = Schedule.of(s.cfg.train, len(s.feed.train_ids), s.ctx.size, s.policy.per_rank)
+    _use_schedule(s, schedule, (epoch, 0))
+    s.noise.resize(schedule.plan.per_rank, schedule.plan.global_batch)
+    if s.bar is not None:
+        s.bar.total = s.bar.n + (s.cfg.train.epochs - epoch) * schedule.steps
+        s.bar.write(f"batch policy: {schedule.plan.per_rank} per rank from epoch {epoch} "
+                    f"(global {schedule.plan.global_batch}; {s.policy.last.reason})")
 
 
 def lr_rule_record(s: Session) -> dict:
@@ -621,9 +708,12 @@ def train_epochs(s: Session) -> int:
         result = train_epoch(s, epoch)
         val = validate(s)
         result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
-        dist.agree(finish_epoch, s, result, val)
+        choice = decide_batch(s) if epoch + 1 < t.epochs else None
+        dist.agree(finish_epoch, s, result, val, choice)
         s.epochs_done = epoch + 1
         print_epoch(s, result, val)
+        if choice is not None and s.policy.take(choice):
+            switch_batch(s, epoch + 1)
         stop = any(dist.allgather_object(s.stop.requested))
         if stop or checkpoint.is_due(s.epochs_done, t.epochs, t.checkpoint_every):
             checkpoint_now(s, result, 0)

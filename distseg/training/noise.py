@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from distseg.core import goodput
+
 #: The moving averages' decay per ``NoiseScale.base`` samples (AdaptDL's smoothing).
 DECAY = 0.999
 #: The floor of tr(Sigma) when read back (AdaptDL's): the gain stays finite.
@@ -126,14 +128,16 @@ class NoiseScale:
         return self.averages["preconditioned"].b_simple
 
     def gain(self, batch: float) -> float:
-        """AdaScale's gain of a step of ``batch`` samples over one of ``base``:
-        (tr/base + |G|^2) / (tr/batch + |G|^2), from the preconditioned averages; 1 before
-        any estimate. Between 1 and batch/base: the progress a step of ``batch`` samples
-        makes, in steps of ``base``."""
+        """AdaScale's gain of a step of ``batch`` samples over one of ``base``
+        (``goodput.gain``), from the preconditioned averages; 1 before any estimate.
+        Between 1 and batch/base: the progress a step of ``batch`` samples makes, in
+        steps of ``base``."""
         avg = self.averages["preconditioned"]
-        if avg.weight == 0:
-            return 1.0
-        return (avg.trace / self.base + avg.g2) / (avg.trace / batch + avg.g2)
+        return goodput.gain(batch, self.base, avg.g2, avg.trace)
+
+    def resize(self, small: int, big: int) -> None:
+        """A new batch (the ``goodput`` policy's): the averages, per sample, carry on."""
+        self.small, self.big = small, big
 
     def record(self) -> dict:
         """The ``noise_scale`` field of an ``epoch`` record: the preconditioned estimate

@@ -42,6 +42,20 @@ def test_schedule_from_the_config():
     assert [sched.lr(s) / t.lr for s in (0, 2, 4, 9)] == pytest.approx([1, 2.5, 4, 4])
 
 
+def test_a_chosen_batch_keeps_the_samples_of_an_epoch_and_its_shards_disjoint():
+    t = dataclasses.replace(config_lib.default().train, max_steps_per_epoch=6)  # G = 8
+    at_config = Schedule.of(t, train_samples=200, size=2)
+    chosen = Schedule.of(t, train_samples=200, size=2, per_rank=8)
+    assert (at_config.plan.per_rank, at_config.steps) == (4, 6)
+    # 6 steps of 8 samples: 3 steps of 16 at the chosen batch
+    assert (chosen.plan.global_batch, chosen.steps) == (16, 3)
+    assert chosen.static_batch(200, 2) == 8
+    ids = np.arange(200)
+    shards = [chosen.batches(ids, r, 2, 0, 0)[:chosen.steps] for r in (0, 1)]
+    seen = np.concatenate([b for shard in shards for b in shard])
+    assert len(seen) == 48 == len(set(seen.tolist()))
+
+
 @pytest.mark.parametrize("samples,size,batch,global_batch", [
     (96, 1, 8, 0), (96, 2, 8, 0), (97, 2, 8, 0), (130, 4, 4, 0), (7, 3, 1, 0), (96, 2, 4, 8),
     (100, 4, 4, 8)])
