@@ -33,7 +33,8 @@ def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md",
               show_default=True, help="What to print: Markdown tables or a JSON document.")
 @click.option("--project-nodes", callback=_node_counts, default=None,
-              help="Project time per epoch to these node counts, e.g. 64,128,256.")
+              help="Project time per epoch, and predict batch, lr, throughput, samples and "
+                   "hours to each target, at these node counts, e.g. 2,4,8,16,32,64.")
 @click.option("--bandwidth-gbps", type=float, default=100.0, show_default=True,
               help="Projection: link bandwidth in Gbit/s.")
 @click.option("--latency-us", type=float, default=2.0, show_default=True,

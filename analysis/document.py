@@ -101,6 +101,10 @@ class Projection:
       targets: projected time to each target (``analysis.stateff.project_rows``;
         empty without targets).
       target_assumptions: the lines printed with ``targets``; the first labels it.
+      nodes: per target and node count the predicted batch, lr, step time, throughput,
+        samples and hours beside the measured ones (``analysis.project.node_rows``;
+        written as ``projection_nodes.csv``).
+      node_assumptions: the lines printed with ``nodes``; the first labels it.
     """
 
     table: pd.DataFrame
@@ -108,6 +112,13 @@ class Projection:
     compute_s: float
     targets: pd.DataFrame = field(default_factory=pd.DataFrame)
     target_assumptions: list[str] = field(default_factory=list)
+    nodes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    node_assumptions: list[str] = field(default_factory=list)
+
+    def predicts_hours(self) -> bool:
+        """Whether some row of ``nodes`` has predicted hours (what the figure draws)."""
+        return ("predicted_hours" in self.nodes.columns
+                and bool(self.nodes["predicted_hours"].astype(float).notna().any()))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,12 @@ target (``tables.hours_to_target``'s ``epoch``), else of the latest earlier epoc
 has one. It is taken from the base run; where the base has none (an older 1-rank
 base), from the run with the fewest ranks that reached the target and
 has one, and ``noise_measured_at`` names it.
+
+``--project-nodes`` predicts samples to target from the noise scale averaged over
+training progress instead (Pollux, Qiao et al. 2021): a run's ``History`` splits its
+training up to the target into its epochs, each with the global batch it ran and the
+noise scale measured over it, and a batch B costs each epoch's samples x
+(phi + B) / (phi + B_epoch) (``distseg.core.goodput.samples_at``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import pandas as pd
 from analysis.document import Note
 from analysis.logfile import count
 from analysis.logs import RunData
-from analysis.tables import first_per_epoch
+from analysis.tables import epoch_batches, first_per_epoch
+from distseg.core import goodput
 
 SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours", "samples",
                   "b_simple", "g2", "trace", "small_batch", "big_batch", "method"]
@@ -271,3 +278,94 @@ def stat_efficiency(prior: NoisePrior, batch: float) -> tuple[float, str, str]:
     """(statistical efficiency, basis, note) of a projection row at global ``batch``."""
     return prior.efficiency(batch), NOISE_BASIS, note(prior, batch)
 
+
+
+# ------------------------------------------------------- averaged over training progress
+
+
+@dataclass(frozen=True)
+class History:
+    """A run's training up to a point, in stretches of one epoch each.
+
+    Attributes:
+      run: the run it was measured in.
+      samples: samples of all ranks in each stretch (they add up to the point).
+      batch: the global batch each stretch ran (``tables.epoch_batches``).
+      g2, trace: the noise scale over each stretch: the epoch record's moving averages
+        at its end (an epoch without an estimate takes the next one's, else the last
+        earlier one's).
+    """
+
+    run: str
+    samples: tuple[float, ...]
+    batch: tuple[float, ...]
+    g2: tuple[float, ...]
+    trace: tuple[float, ...]
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.samples))
+
+    def stretch_samples(self, batches: Sequence[float]) -> list[float]:
+        """Predicted samples of each stretch at the global batch ``batches[i]`` (one per
+        stretch): ``goodput.samples_at`` of that stretch against the batch it ran (Pollux's
+        sum, each stretch at its own base: a run of the ``goodput`` policy changed it).
+        A batch below the one run is counted at the samples run (``goodput.efficiency``
+        counts no gain below its base)."""
+        return [goodput.samples_at(b, ran, [(n, g, t)]) for n, b, ran, g, t
+                in zip(self.samples, batches, self.batch, self.g2, self.trace)]
+
+    def samples_at(self, batch: float) -> float:
+        """Predicted samples to the same point at one global batch ``batch``."""
+        return float(sum(self.stretch_samples([batch] * len(self.samples))))
+
+
+def _filled(values: pd.Series) -> pd.Series:
+    values = values.astype(float).where(np.isfinite(values.astype(float)))
+    return values.bfill().ffill()
+
+
+def history(run: RunData, samples: float | None = None) -> History | None:
+    """``run``'s ``History`` up to ``samples`` trained (``None``: all its epochs; past
+    its last finished epoch the last stretch runs on to ``samples``); ``None`` when no
+    epoch of it has a noise scale."""
+    rows = epoch_batches(run)
+    if not len(rows) or not np.isfinite(rows["g2"].astype(float)).any():
+        return None
+    rows = rows.assign(g2=_filled(rows["g2"]), trace=_filled(rows["trace"]),
+                       global_batch=rows["global_batch"].fillna(global_batch(run)))
+    ends = rows["end_samples"].to_numpy(float, copy=True)
+    stop = ends[-1] if samples is None else float(samples)
+    ends[-1] = max(ends[-1], stop)
+    starts = np.concatenate(([0.0], ends[:-1]))
+    keep = starts < stop
+    rows, starts, ends = rows[keep], starts[keep], np.minimum(ends[keep], stop)
+    return History(run.label, tuple(ends - starts), tuple(rows["global_batch"].astype(float)),
+                   tuple(rows["g2"]), tuple(rows["trace"]))
+
+
+def history_for(runs: Sequence[RunData], group: pd.DataFrame | None) -> tuple[History | None, str]:
+    """The history samples to one target are predicted from, or why there is none.
+
+    ``group``: one target's ``stateff.efficiency_table`` rows (``None``: no target; the
+    base's whole run). Taken from the base up to its samples to the target; where the
+    base logged no noise scale, from the run with the fewest ranks (then listed first)
+    that reached the target and logged one. A base that did not reach the target gives
+    none: its samples to it are not known.
+    """
+    by_label = {r.label: r for r in runs}
+    if group is None:
+        found = [history(r) for r in sorted(runs, key=lambda r: r.ranks)]
+        found = [h for h in found if h is not None]
+        return (found[0], "") if found else (None, "no run logged a noise_scale")
+    base = group[group["run"] == group["base"]].iloc[0]
+    if not base["reached"]:
+        return None, f"{base['run']} (the base) did not reach the target: samples unknown"
+    reached = group[group["reached"].astype(bool)]
+    order = pd.concat([reached[reached["run"] == base["run"]],
+                       reached[reached["run"] != base["run"]].sort_values("ranks", kind="stable")])
+    for _, row in order.iterrows():
+        found = history(by_label[row["run"]], float(row["samples"]))
+        if found is not None:
+            return found, ""
+    return None, "no run that reached the target logged a noise_scale"

@@ -279,3 +279,63 @@ def noise_figure(series: pd.DataFrame):
 def noise_scale(series: pd.DataFrame, path: str) -> str:
     """``noise_figure`` of ``noise.series``, written to ``path``."""
     return _written(noise_figure(series), path)
+
+
+def _hours_axis(ax, table: pd.DataFrame) -> None:
+    """Ranks on a log2 axis, each tick naming its nodes (measured runs of one node may
+    differ in ranks, so ranks place them; the label says the nodes)."""
+    ticks = sorted(set(table["ranks"].astype(int)))
+    labels = []
+    for r in ticks:
+        nodes = sorted({int(n) for n in table.loc[table["ranks"] == r, "nodes"].dropna()})
+        labels.append(f"{'/'.join(map(str, nodes)) or '?'}\n({r} rank{'s' if r != 1 else ''})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel("nodes (ranks)")
+    ax.grid(True, alpha=0.3, which="both")
+
+
+def _draw_hours(ax, g: pd.DataFrame, color, goal: str, unit: TimeUnit) -> None:
+    """One target: predicted time (line, hollow circles), measured wall clock (filled
+    squares) and measured training time (crosses) against ranks."""
+    g = g.sort_values("ranks", kind="stable")
+    for column, style, what in (("predicted_hours", dict(marker="o", mfc="none", lw=1.4),
+                                 "predicted (training)"),
+                                ("measured_hours", dict(marker="s", ls="none", ms=7),
+                                 "measured (wall clock)"),
+                                ("measured_train_hours", dict(marker="x", ls="none", ms=8),
+                                 "measured (training)")):
+        rows = g[np.isfinite(g[column].astype(float))]
+        if len(rows):
+            ax.plot(rows["ranks"], unit.of(rows[column].astype(float) * 3600.0), color=color,
+                    label=f"{goal}: {what}", **style)
+
+
+def hours_figure(table: pd.DataFrame, unit: TimeUnit = HOURS):
+    """Predicted time to each target against node count and the measured time where a
+    run ran at that count, one colour per target with a time (a matplotlib ``Figure``;
+    the caller closes it). ``table``: ``project.node_rows``."""
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    times = table[["predicted_hours", "measured_hours", "measured_train_hours"]].astype(float)
+    drawn = table[table["metric"].notna() & np.isfinite(times).any(axis=1)]
+    for i, ((metric, target), g) in enumerate(drawn.groupby(["metric", "target"], sort=False)):
+        op = ">=" if str(metric).startswith("val_dice") else "<="
+        _draw_hours(ax, g, colors[i % len(colors)], f"{metric} {op} {target:g}", unit)
+    _hours_axis(ax, table)
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(matplotlib.ticker.StrMethodFormatter("{x:,.4g}"))
+    ax.set_ylabel(f"time to target ({unit.word})")
+    ax.set_title("Predicted time to target against node count (model, not measured; "
+                 "filled: measured)", fontsize=10)
+    if ax.has_data():
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def predicted_hours(table: pd.DataFrame, path: str, unit: TimeUnit = HOURS) -> str:
+    """``hours_figure`` of ``project.node_rows``, written to ``path``."""
+    return _written(hours_figure(table, unit), path)

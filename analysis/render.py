@@ -206,7 +206,9 @@ def json_document(doc: Document) -> dict:
                              "compute_s_per_step": doc.projection.compute_s,
                              "table": records(doc.projection.table),
                              "to_target": {"assumptions": doc.projection.target_assumptions,
-                                           "table": records(doc.projection.targets)}}
+                                           "table": records(doc.projection.targets)},
+                             "per_node": {"assumptions": doc.projection.node_assumptions,
+                                          "table": records(doc.projection.nodes)}}
     elif doc.projection_error:
         out["projection"] = {"error": doc.projection_error}
     return out

@@ -8,6 +8,7 @@ does both and prints Markdown (or JSON) for the command line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -23,6 +24,8 @@ from analysis.document import (
     Document,
     Note,
     Projection,
+    Role,
+    Section,
     Tables,
     TimeUnit,
     csv_files,
@@ -30,9 +33,41 @@ from analysis.document import (
 )
 from analysis.logs import RunData
 from analysis.project import Fabric, project
+from analysis.project import warnings as projection_warnings
 from analysis.reduce import CurveSpec
 
 FORMATS = ("md", "json")
+#: The per-node prediction's figure and title (``node_sections``).
+NODES_FIGURE = "projection_nodes.png"
+NODES_TITLE = "Prediction per node count (model, not measured)"
+NODE_COLS = ("kind", "run", "metric", "target", "nodes", "ranks", "predicted_per_rank_batch",
+             "measured_per_rank_batch", "predicted_global_batch", "measured_global_batch",
+             "lr_rule", "predicted_lr", "measured_lr", "predicted_throughput",
+             "measured_throughput", "predicted_samples", "measured_samples", "predicted_time",
+             "measured_train_time", "measured_time", "note")
+
+
+def node_sections(projection: Projection | None, unit: TimeUnit = HOURS) -> list[Section]:
+    """The prediction per node count and, where it predicts hours, its figure (none
+    without a projection); times in ``unit`` (``projection_nodes.csv`` keeps hours).
+    They follow ``outline``'s projection sections."""
+    if projection is None or not len(projection.nodes):
+        return []
+    shown = projection.nodes.copy()
+    names = {"predicted_hours": f"predicted_time_{unit.name}",
+             "measured_train_hours": f"measured_train_time_{unit.name}",
+             "measured_hours": f"measured_time_{unit.name}"}
+    for column in names:
+        shown[column] = unit.of(shown[column].astype(float) * 3600.0)
+    columns = tuple(f"{c}_{unit.name}" if c.endswith("_time") else c for c in NODE_COLS)
+    out = [Section(NODES_TITLE, Role.PROJECTION, frame=shown.rename(columns=names),
+                   columns=columns, items=tuple(projection.node_assumptions))]
+    if projection.predicts_hours():
+        out.append(Section("Predicted time to target against node count", Role.FIGURE,
+                           "Lines and hollow circles: predicted (steady training only); "
+                           "filled squares: measured wall clock; crosses: measured training "
+                           "time. Data: projection_nodes.csv.", figure=NODES_FIGURE))
+    return out
 
 
 @dataclass(frozen=True)
@@ -105,11 +140,14 @@ class Report:
 
     def document(self) -> Document:
         """The report as ``render`` draws it (Markdown, HTML, JSON)."""
+        sections = outline.sections(self.tables, self.notes, self.options.smooth,
+                                    self.projection, self.projection_error, self.unit,
+                                    self.optional)
+        # Before "Skipped and notes", always the last.
+        sections = (*sections[:-1], *node_sections(self.projection, self.unit), sections[-1])
         return Document(
             summary=self.summary_line(),
-            sections=outline.sections(self.tables, self.notes, self.options.smooth,
-                                      self.projection, self.projection_error, self.unit,
-                                      self.optional),
+            sections=sections,
             tables=self.tables, notes=tuple(self.notes), projection=self.projection,
             projection_error=self.projection_error, options=self.options_dict(),
             files=dict(self.files), time_unit=self.unit.name,
@@ -222,7 +260,8 @@ def _project(report: Report) -> None:
         report.projection_error = str(e)
         report.notes.append(Note("warning", "projection", str(e)))
         return
-    report.notes.extend(stateff.projection_notes(report.projection.target_assumptions))
+    report.notes.extend(projection_warnings(report.projection)
+                        + stateff.projection_notes(report.projection.target_assumptions))
 
 
 def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
@@ -266,7 +305,9 @@ def _write_csvs(report: Report, out_dir: str) -> dict[str, str]:
     projection = report.projection
     for name, frame in (("projection", None if projection is None else projection.table),
                         ("projection_to_target", None if projection is None
-                         or not len(projection.targets) else projection.targets)):
+                         or not len(projection.targets) else projection.targets),
+                        ("projection_nodes", None if projection is None
+                         or not len(projection.nodes) else projection.nodes)):
         path = os.path.join(out_dir, name + ".csv")
         if frame is not None:
             frame.to_csv(path, index=False)
@@ -302,7 +343,11 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
                  tables.compares_sizes(report.tables.throughput_vs_size)),
                 ("noise_scale_png", outline.NOISE_FIGURE, plots.noise_scale,
                  report.optional.get("noise_scale_series"),
-                 "noise_scale_series" in report.optional))
+                 "noise_scale_series" in report.optional),
+                ("projection_nodes_png", NODES_FIGURE,
+                 functools.partial(plots.predicted_hours, unit=report.unit),
+                 None if report.projection is None else report.projection.nodes,
+                 report.projection is not None and report.projection.predicts_hours()))
     for name, fname, draw, table, wanted in optional:
         path = os.path.join(out_dir, fname)
         if wanted:

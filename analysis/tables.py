@@ -92,6 +92,54 @@ def _steady(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return summary, "warm-up epoch only (no later epoch finished)"
 
 
+EPOCH_BATCH_COLUMNS = ["epoch", "warmup", "train_s", "steps", "samples", "end_samples",
+                       "global_batch", "per_rank", "g2", "trace"]
+
+
+def _noise_at(run: RunData, epochs: pd.Series, field: str) -> np.ndarray:
+    """The epoch records' ``noise_scale.<field>`` at ``epochs`` (NaN where not logged)."""
+    column = f"noise_{field}"
+    if column not in run.epochs.columns:
+        return np.full(len(epochs), math.nan)
+    values = first_per_epoch(run).set_index("epoch")[column].astype(float)
+    return epochs.map(values).to_numpy(float)
+
+
+def epoch_batches(run: RunData) -> pd.DataFrame:
+    """One row per finished epoch with the batch it ran (``EPOCH_BATCH_COLUMNS``).
+
+    ``warmup`` and ``train_s`` are ``epoch_summary``'s; ``steps`` and ``samples`` that
+    epoch's own steps and samples of all ranks, and ``end_samples`` what the run trained
+    on by its end (``RunData.epoch_progress``, so a resumed run counts each step once);
+    ``global_batch = samples / steps`` and ``per_rank = global_batch / ranks``, read
+    from what the steps trained on, so epochs of the ``goodput`` batch policy (each its
+    own batch) and remainder batches count as they ran. ``g2`` and ``trace``: the
+    epoch record's ``noise_scale`` (Adam-preconditioned |G|^2 and tr(Sigma)), NaN where
+    not logged. Without step records the run record's ``steps_per_epoch`` stands in.
+    """
+    s = epoch_summary(run)
+    if not len(s):
+        return pd.DataFrame(columns=EPOCH_BATCH_COLUMNS)
+    s = s.sort_values("epoch").reset_index(drop=True)
+    progress = (run.epoch_progress.set_index("epoch") if len(run.epoch_progress)
+                else pd.DataFrame(columns=["steps", "samples"]))
+    end_steps = s["epoch"].map(progress["steps"]).astype(float)
+    end_samples = s["epoch"].map(progress["samples"]).astype(float)
+    logged = np.isfinite(end_steps) & np.isfinite(end_samples)
+    steps = end_steps.diff().fillna(end_steps)
+    samples = end_samples.diff().fillna(end_samples)
+    spe = float(count(run.run_record.get("steps_per_epoch")) or math.nan)
+    steps, samples = steps.where(logged, spe), samples.where(logged, s["samples"])
+    out = pd.DataFrame({"epoch": s["epoch"], "warmup": s["warmup"], "train_s": s["train_s"],
+                        "steps": steps, "samples": samples,
+                        "end_samples": end_samples.where(logged, samples.cumsum()),
+                        "global_batch": samples / steps})
+    out["per_rank"] = out["global_batch"] / (run.ranks or math.nan)
+    out["g2"] = _noise_at(run, out["epoch"], "g2")
+    out["trace"] = _noise_at(run, out["epoch"], "trace")
+    return out[EPOCH_BATCH_COLUMNS]
+
+
 #: Throughput in voxels, added after the other columns of ``time_per_epoch`` (empty
 #: where the run record has no ``voxels_per_sample``).
 VOXEL_COLUMNS = ("voxels_per_sample", "throughput_voxels_s", "throughput_voxels_per_rank")

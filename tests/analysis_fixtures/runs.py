@@ -83,6 +83,12 @@ class RunSpec:
     ``none`` on 1 rank, with ``b_simple`` null) and each step record ``grad_sq``."""
     batch_policy: str = "per_rank"
     """The run record's ``batch_policy`` when ``noise_scale`` is given."""
+    consecutive: bool = False
+    """With ``noise_scale``: a 1-rank run estimates it too, from consecutive gradients
+    (method ``consecutive``, as logs since 2026-11-25), instead of logging ``none``."""
+    train_fields: dict = field(default_factory=dict)
+    """Fields added to ``config.json``'s ``train`` (``global_batch``, ``lr_scaling``,
+    ``batch_policy``, ...): the batch and lr rule a projection reads."""
 
 
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
@@ -104,19 +110,20 @@ def config(spec: RunSpec, run_dir: str) -> dict:
             "model": {"image_size": spec.image_size, "depth": 2, "base_filters": 4,
                       "dropout": 0.0, "norm": "batch", "num_classes": 3},
             "train": {"epochs": spec.epochs, "batch_size": spec.batch_size, "lr": 0.005,
-                      "seed": spec.seed, "max_steps_per_epoch": 0},
+                      "seed": spec.seed, "max_steps_per_epoch": 0, **spec.train_fields},
             "run_dir": run_dir}
 
 
 def noise_record(spec: RunSpec, epoch: int) -> dict:
     """The ``noise_scale`` field of an epoch record (``distseg.training.noise``'s
     ``record()``): ``b_simple`` from ``spec.noise_scale``, |G|^2 = 1 and tr(Sigma) =
-    b_simple; nothing estimated on 1 rank."""
-    b = spec.noise_scale(epoch) if spec.size > 1 else None
+    b_simple; nothing estimated on 1 rank unless ``spec.consecutive``."""
+    alone = spec.size == 1
+    b = spec.noise_scale(epoch) if not alone or spec.consecutive else None
+    method = "ranks" if not alone else "consecutive" if spec.consecutive else "none"
     return {"b_simple": b, "g2": None if b is None else 1.0, "trace": b,
             "small_batch": spec.batch_size, "big_batch": spec.batch_size * spec.size,
-            "method": "ranks" if spec.size > 1 else "none", "ema": 0.95,
-            "preconditioned": False}
+            "method": method, "ema": 0.95, "preconditioned": False}
 
 
 def noise_fields(spec: RunSpec, kind: str, epoch: int = 0) -> dict:

@@ -391,8 +391,8 @@ def test_projection_matches_a_hand_computation(tmp_path):
     compute = ((1.0 - 0) + (1.1 - a2)) / 2      # measured step times 32/32 and 17.6/16
     assert rep.projection.compute_s == pytest.approx(compute)
     base = 32 * compute                         # the model's epoch at 1 rank
-    # 2 ranks per node (as measured in np2)
-    for nodes, ranks, steps in ((2, 4, 8), (8, 16, 2), (64, 128, 1)):
+    # 2 ranks per node (as measured in np2); 128 ranks cannot share 64 samples (below)
+    for nodes, ranks, steps in ((2, 4, 8), (8, 16, 2)):
         row = one_row(proj, kind="projection", nodes=nodes)
         comm = 2 * (ranks - 1) / ranks * g / bw + lat * 2 * (ranks - 1)
         assert row["ranks"] == ranks and row["steps_per_epoch"] == steps
@@ -400,6 +400,23 @@ def test_projection_matches_a_hand_computation(tmp_path):
         assert row["epoch_s"] == pytest.approx(steps * (compute + comm))
         assert row["efficiency"] == pytest.approx(base / (steps * (compute + comm) * ranks))
     assert "infeasible" in one_row(proj, kind="projection", nodes=64)["note"]
+    # Both runs ran 2 per rank: the compute line stays at its one measured batch, and
+    # every count runs that batch (no assumption enters).
+    assert set(proj["per_rank_batch"]) == {2}
+    assert "every projected count runs it" in rep.projection.assumptions[-1]
+    # Per node count: the prediction beside the measurement (np2 is the 1-node count).
+    per_node = rep.projection.nodes
+    np2 = one_row(per_node, run="np2")
+    assert (np2["kind"], np2["predicted_per_rank_batch"], np2["measured_per_rank_batch"]) == (
+        "measured", 2, 2)
+    assert np2["predicted_step_s"] == pytest.approx(compute + a2)
+    assert np2["measured_step_s"] == pytest.approx(1.1)
+    assert np2["predicted_throughput"] == pytest.approx(64 / (16 * (compute + a2)))
+    assert np2["measured_throughput"] == pytest.approx(64 / 17.6)
+    assert np2["predicted_lr"] == pytest.approx(0.005 * 2)  # linear lr scaling, 2 ranks
+    assert list(per_node["run"]) == ["np1", "np2", "projected 2 nodes", "projected 8 nodes",
+                                     "projected 64 nodes"]
+    assert "infeasible" in one_row(per_node, nodes=64)["note"]
     measured = one_row(proj, kind="measured", run="np2")
     assert measured["epoch_s"] == pytest.approx(17.6)
     assert measured["residual_s"] == pytest.approx(17.6 - 16 * (compute + a2))
@@ -429,7 +446,8 @@ def test_cli_writes_every_file_and_prints_markdown(study, tmp_path):
     assert res.exit_code == 0, res.output
     assert "## Time per epoch" in res.output and "PROJECTION" in res.output
     for name in [*CSV_FILES.values(), "projection.csv", "projection_to_target.csv",
-                 "loss_vs_time.png", "val_dice_spread.png", "statistical_efficiency.png",
+                 "projection_nodes.csv", "loss_vs_time.png", "val_dice_spread.png",
+                 "statistical_efficiency.png",
                  "report.md", "report.html", "report.json"]:
         assert (out / name).stat().st_size > 0, name
     hours = pd.read_csv(out / "hours_to_target.csv")
@@ -439,7 +457,10 @@ def test_cli_writes_every_file_and_prints_markdown(study, tmp_path):
     with open(out / "loss_vs_time.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
-    assert html.count("src=\"data:image/png;base64,") == 3  # loss, Dice, statistical eff.
+    # loss, Dice, statistical efficiency; no predicted hours (no noise scale logged)
+    assert html.count("src=\"data:image/png;base64,") == 3
+    assert "Prediction per node count (model, not measured)" in html
+    assert not (out / "projection_nodes.png").exists()
     md = (out / "report.md").read_text()
     assert "README" not in md and "see docs/report.md" in md  # where the detail lives now
 
