@@ -71,7 +71,7 @@ class StepTimes:
             (b, t), = means.items()
             return t / 2, t / (2 * b)
         bs, ts = list(means), list(means.values())
-        n, mb, mt = len(bs), sum(bs) / len(bs), sum(ts) / len(ts)
+        mb, mt = sum(bs) / len(bs), sum(ts) / len(ts)
         sxx = sum((b - mb) ** 2 for b in bs)
         beta = sum((b - mb) * (t - mt) for b, t in zip(bs, ts)) / sxx
         alpha = mt - beta * mb

@@ -24,7 +24,10 @@ field needs a new ``SCHEMA_VERSION``.
     lr_base, lr_scaled (with lr_scaling ``gain``: the most it can reach), lr_scaling,
     warmup_steps, epochs, voxels_per_sample (a
     sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
-    record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off).
+    record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off),
+    link (2 or more ranks; null on one): {bandwidth_gbps, latency_us, ranks, bytes,
+    seconds, model, local} fitted to allreduces timed at the start
+    (``distseg.core.link``; local: every rank on one host).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
@@ -127,7 +130,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_policy",
-            "loss_scope", "lr_scaling"),
+            "loss_scope", "lr_scaling", "link"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",

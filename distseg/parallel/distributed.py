@@ -389,6 +389,32 @@ def allreduce_many(arrays, op: str = "mean") -> list[np.ndarray]:
     return [o.numpy().astype(a.dtype) for o, a in zip(out, arrays)]
 
 
+def time_allreduces(sizes, repeats: int, always: int, budget: float) -> tuple[list[int], list[float]]:
+    """Collective: (sizes timed, the median seconds of ``repeats`` allreduces of each, on
+    the slowest rank) for float32 allreduces of ``sizes`` bytes. Every size up to
+    ``always`` is timed; past it, one predicted (from the last median, in proportion)
+    to take longer than ``budget`` seconds ends it. The medians are every rank's
+    slowest, so every rank takes the same decision."""
+    hvd = _require()
+    import time
+
+    import tensorflow as tf
+    hvd.allreduce(tf.zeros([sizes[0] // 4]), op=hvd.Sum)  # Horovod: untimed, its set-up
+    done, medians = [], []
+    for nbytes in sizes:
+        if nbytes > always and medians and medians[-1] * nbytes / done[-1] > budget:
+            break
+        x = tf.zeros([nbytes // 4], tf.float32)
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            hvd.allreduce(x, op=hvd.Sum)  # Horovod: eager, returns when done
+            runs.append(time.perf_counter() - t0)
+        done.append(int(nbytes))
+        medians.append(max(allgather_object(sorted(runs)[len(runs) // 2])))
+    return done, medians
+
+
 @_watched
 def allgather_object(obj) -> list:
     """Every rank's ``obj``, in rank order, on every rank."""

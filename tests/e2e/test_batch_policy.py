@@ -18,8 +18,9 @@ import shutil
 
 import pytest
 
-import proc_group
 from distseg.data import synth
+
+import proc_group
 from support import log_records
 
 TIMEOUT = 300

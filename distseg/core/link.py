@@ -1,0 +1,52 @@
+"""The link between the ranks as they see it: bandwidth and latency fitted to timed
+allreduces of known sizes (``distseg.parallel.distributed.time_allreduces`` times them
+at a run's start; ``distseg-report`` reads the fit back from the ``run`` record).
+
+A ring allreduce of ``n`` bytes over ``R`` ranks sends 2 (R - 1) / R x n bytes through
+each rank's link in 2 (R - 1) rounds, so
+
+    t(n) = 2 (R - 1) alpha + 2 (R - 1) / R x n / bandwidth
+
+and a least-squares line through (2 (R - 1) / R x n, t) gives 1 / bandwidth as its
+slope and the rounds' latency as its intercept. Plain Python: analysis uses it too.
+"""
+
+from __future__ import annotations
+
+#: Allreduce sizes (bytes) timed at start-up: from one small message to a gradient's
+#: worth (the demo U-Net's gradients are 8 MB, liver2d's 124 MB).
+PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+#: Sizes up to this are always timed: below it a shaped TCP link is not yet at its
+#: rate (1 Gbit/s tbf, 2026-11-25: 0.28, 0.57, 0.70 and 0.90 Gbit/s seen by allreduces
+#: of 1, 4, 16 and 64 MiB), so a fit to small sizes alone reads it low.
+PROBE_ALWAYS = 16 << 20
+#: Timed repeats of each size (the first size once more, untimed: Horovod's set-up).
+PROBE_REPEATS = 3
+#: Past ``PROBE_ALWAYS``, a size predicted to take longer than this (seconds, from the
+#: last one's median) ends the probe.
+PROBE_BUDGET_S = 0.25
+
+
+def ring_bytes(nbytes: float, ranks: int) -> float:
+    """Bytes a ring allreduce of ``nbytes`` sends through each rank's link."""
+    return 2 * (ranks - 1) / ranks * nbytes
+
+
+def fit(sizes: list[int], seconds: list[float], ranks: int) -> dict | None:
+    """``{bandwidth_gbps, latency_us, ...}`` of the ring model fitted to allreduces of
+    ``sizes`` bytes that took ``seconds``; None with fewer than 2 sizes or one rank.
+    A fitted slope of 0 or less (sizes too small to see the bandwidth) gives no
+    bandwidth (None); a negative intercept is a latency of 0."""
+    if ranks < 2 or len(sizes) < 2:
+        return None
+    xs = [ring_bytes(n, ranks) for n in sizes]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, seconds)) / sxx if sxx else 0.0
+    intercept = my - slope * mx
+    rounds = 2 * (ranks - 1)
+    return {"bandwidth_gbps": 8 / slope / 1e9 if slope > 0 else None,
+            "latency_us": max(intercept, 0.0) / rounds * 1e6,
+            "ranks": ranks, "bytes": list(sizes), "seconds": list(seconds),
+            "model": "ring"}
