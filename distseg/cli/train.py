@@ -29,6 +29,7 @@ TRAIN_FLAGS = {
     "grown_lr_scaling": ("train.grown_lr_scaling", click.Choice(config_lib.LR_SCALINGS), "How the lr grows when more ranks than a preset's global batch grow it (default sqrt)."),
     "batch_policy": ("train.batch_policy", click.Choice(config_lib.BATCH_POLICIES), "fixed: the batch of --batch-size or --global-batch for the whole run. goodput: at each epoch end choose the next epoch's per-rank batch (powers of two up to --max-batch-per-rank, global batch never below the base) for the most predicted goodput, from this run's step times and gradient noise scale; switches for a predicted gain of 5 % or more (docs/training.md)."),
     "max_batch_per_rank": ("train.max_batch_per_rank", click.IntRange(1), "The largest per-rank batch --batch-policy goodput may choose (default 8)."),
+    "compression": ("train.compression", click.Choice(config_lib.COMPRESSIONS), "How gradients travel between ranks: none (exact) or fp16 (half the bytes, a rounded update: for slow links; docs/performance.md)."),
     "warmup_epochs": ("train.warmup_epochs", click.FloatRange(0), "Epochs of linear lr warm-up to the scaled lr."),
     "loss": ("train.loss", click.Choice(config_lib.LOSSES), "dice: -mean soft Dice; dice_ce: plus cross-entropy."),
     "intra_op_threads": ("train.intra_op_threads", click.IntRange(0), "TF intra-op threads per rank (0: OMP_NUM_THREADS or cores per rank)."),

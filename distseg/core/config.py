@@ -22,6 +22,7 @@ from distseg.core.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none", "gain")
 BATCH_POLICIES = ("fixed", "goodput")
+COMPRESSIONS = ("none", "fp16")
 LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "group", "none")
 #: ``--model`` name -> ``model.spatial_dims``.
@@ -131,6 +132,10 @@ class TrainConfig:
     max_batch_per_rank: int = 8
     """The largest per-rank batch the ``goodput`` policy may choose (8: the batch one
     process trains with under the default global batch, so it fits where that ran)."""
+    compression: str = "none"
+    """How gradients travel between ranks: ``none`` (exact float32) or ``fp16``
+    (Horovod's float16 compression: half the bytes, a rounded update; for slow links,
+    docs/performance.md)."""
     warmup_epochs: float = 1.0
     """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
     loss: str = "dice"
@@ -219,6 +224,8 @@ class Config:
              f"must be one of {BATCH_POLICIES}, got {t.batch_policy!r}"),
             (t.max_batch_per_rank >= 1, "train.max_batch_per_rank",
              f"must be >= 1, got {t.max_batch_per_rank}"),
+            (t.compression in COMPRESSIONS, "train.compression",
+             f"must be one of {COMPRESSIONS}, got {t.compression!r}"),
             (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
             (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
             (t.on_nonfinite in NONFINITE, "train.on_nonfinite",

@@ -361,7 +361,7 @@ def _use_schedule(s: Session, schedule: Schedule, start: tuple[int, int]) -> Non
     if batch not in s.train_steps:
         s.train_steps[batch] = steps.make_train_step(
             s.model, s.optimizer, s.feed.input_shape, s.cfg.model.num_classes,
-            s.cfg.train.loss, ranks=s.ctx.size, batch=batch)
+            s.cfg.train.loss, ranks=s.ctx.size, batch=batch, compression=s.cfg.train.compression)
     s.train_step = s.train_steps[batch]
     s.fresh = True
 

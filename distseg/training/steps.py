@@ -291,7 +291,7 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
 
 
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
-                    ranks: int = 1, batch: int | None = None):
+                    ranks: int = 1, batch: int | None = None, compression: str = "none"):
     """Compiles ``train_step(images, masks, flags) -> StepResult`` (this rank's loss, the
     global batch's loss, any rank's flags, the gradient norms).
 
@@ -310,7 +310,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     average over one rank is its own value, and a Horovod op would still wait for
     a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
     every batch's size, when fixed (a fixed global batch): the step is traced for it
-    (BatchNorm's ghost batches split statically).
+    (BatchNorm's ghost batches split statically). ``compression``: how the gradients
+    travel (``dist.average_gradients``; ``none``, exact, by default).
     """
     import tensorflow as tf
 
@@ -333,7 +334,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
         # Horovod: average gradients, the flags and this rank's |g|^2 (raw and
         # preconditioned) in one grouped allreduce.
         mine, scaled = rank_norms(optimizer, c.grads, variables)
-        grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine])
+        grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine],
+                                                            compression)
         norms = averaged_norms(small, grads, scaled)
         with tf.control_dependencies([norms]):
             apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)

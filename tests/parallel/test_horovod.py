@@ -117,6 +117,34 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     assert after_local is not None
 
 
+def test_fp16_compression_rounds_the_gradients_and_keeps_the_extras_exact(ctx):
+    """``--compression fp16``: the averaged gradients are the mean to float16's precision
+    (not the exact float32 mean), the same on every rank; the flags and squared norms
+    that ride along stay exact (a norm of 1e6 would overflow float16)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(ctx.rank)
+    grads = [tf.constant(rng.normal(size=(64, 3)).astype(np.float32) / 7),
+             tf.constant(rng.normal(size=(5,)).astype(np.float32) / 3)]
+    extra = [tf.constant([0.0, float(ctx.rank), 1e6 + ctx.rank], tf.float32)]
+
+    @tf.function(autograph=False)
+    def average(compression):  # graph tensors, as in the train step
+        return dist.average_gradients([tf.identity(g) for g in grads],
+                                      [tf.identity(e) for e in extra], compression)
+
+    exact, exact_extra = average("none")
+    rounded, rounded_extra = average("fp16")
+    want = dist.allreduce(np.concatenate([g.numpy().ravel() for g in grads]))
+    got = np.concatenate([g.numpy().ravel() for g in rounded])
+    assert np.allclose(got, want, rtol=2e-3, atol=1e-4) and not np.array_equal(got, want)
+    assert np.array_equal(np.concatenate([g.numpy().ravel() for g in exact]).astype(np.float32),
+                          want.astype(np.float32))
+    assert np.array_equal(rounded_extra[0].numpy(), exact_extra[0].numpy())
+    assert exact_extra[0].numpy()[2] == np.float32(1e6 + (ctx.size - 1) / 2)
+    assert dist.find_divergence([float(np.sum(got)), float(np.sum(got ** 2))], rtol=0) is None
+
+
 def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
     """The last rank asks to stop and has a NaN pixel: every rank sees both flags at
     the same step, and no rank applies that step's update."""
