@@ -108,6 +108,7 @@ def worker(args) -> dict:
     for epoch in range(args.epochs):
         batches = sharding.shard_batches(info.train_indices, index, size, args.batch_size,
                                      epoch, cfg.train.seed)
+        batches = batches[:args.max_steps] if args.max_steps else batches
         start = time.perf_counter()
         for ids in batches:
             rows = [row[int(i)] for i in ids]
@@ -141,9 +142,14 @@ def launch(args) -> dict:
     procs = [subprocess.Popen(cmd, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(args.workers)]
+    return collect(procs, args.timeout)
+
+
+def collect(procs: list, timeout: float) -> dict:
+    """The started workers' combined result (``combine``); a failed worker ends all."""
     results = []
     for p in procs:
-        out, err = p.communicate(timeout=args.timeout)
+        out, err = p.communicate(timeout=timeout)
         if p.returncode:
             for q in procs:
                 q.kill()
@@ -156,6 +162,7 @@ def main(argv=None):
     p = workload_parser(__doc__, epochs=4, batch_help="per worker")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (0: all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.epochs < 2:

@@ -9,6 +9,7 @@ between the ranks, no UCX), and both its TCP BTL and its out-of-band channel res
 to 10.77.0.0/24. The veth byte counters before and after show the allreduce traffic
 crossed the link.
 
+The hosts are made by ``benchmarks/benchlib/netns.py`` (which ``bench_link.py`` uses too).
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN): skipped with the reason otherwise.
 """
 
@@ -17,11 +18,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import stat
 import subprocess
-import textwrap
+import sys
 import time
 
 import pytest
@@ -30,123 +28,39 @@ from distseg.core import rundir, schema
 from distseg.data import synth
 
 from proc_group import run_group
-from support import BIN, command_env
+from support import BIN, REPO, command_env
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from benchlib import netns  # noqa: E402
 
 TIMEOUT = 90  # seconds for each multi-process run
-SUBNET = "10.77.0.0/24"
-TAG = f"ds{os.getpid() % 100000}"
-HOSTS = (  # (namespace, veth end, address, host name)
-    (f"{TAG}a", f"{TAG}a0", "10.77.0.1", f"{TAG}-host-a"),
-    (f"{TAG}b", f"{TAG}b0", "10.77.0.2", f"{TAG}-host-b"),
-)
+HOSTS = netns.hosts_for(f"ds{os.getpid() % 100000}")
 pytestmark = pytest.mark.timeout(TIMEOUT * 2 + 60)
-
-
-def _sh(*cmd: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def _why_not() -> str | None:
-    """Why namespaces cannot be used here, or None when they can (tried, not guessed)."""
-    for tool in ("ip", "unshare", "mpirun"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found"
-    probe = f"{TAG}probe"
-    try:
-        out = _sh("ip", "netns", "add", probe, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"ip netns add failed: {e}"
-    if out.returncode != 0:
-        return f"ip netns add is not permitted here: {out.stderr.strip()}"
-    try:
-        out = _sh("ip", "netns", "exec", probe, "unshare", "--uts", "true", check=False)
-        if out.returncode != 0:
-            return f"unshare --uts is not permitted here: {out.stderr.strip()}"
-    finally:
-        _sh("ip", "netns", "del", probe, check=False)
-    return None
-
-
-def _kill_namespace_processes(ns: str) -> None:
-    """Ends processes a failed run left in our namespace (by pid, ours only)."""
-    out = _sh("ip", "netns", "pids", ns, check=False)
-    for pid in out.stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     """Creates the two hosts and the agent; removes everything afterwards."""
-    reason = _why_not()
+    reason = netns.why_not(HOSTS[0].namespace[:-1])
     if reason:
         pytest.skip(reason)
-    (ns_a, dev_a, _, _), (ns_b, dev_b, _, _) = HOSTS
-    made = []
+    agent = str(tmp_path_factory.mktemp("agent") / "netns-ssh")
     try:
-        for ns, *_ in HOSTS:
-            _sh("ip", "netns", "add", ns)
-            made.append(ns)
-        _sh("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
-        for ns, dev, addr, _ in HOSTS:
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _sh("ip", "-n", ns, "link", "set", dev, "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        agent = tmp_path_factory.mktemp("agent") / "netns-ssh"
-        cases = "\n".join(f"  {addr}) ns={ns}; name={name} ;;" for ns, _, addr, name in HOSTS)
-        agent.write_text(textwrap.dedent("""\
-            #!/bin/sh
-            # Stands in for ssh: "agent HOST COMMAND..." runs COMMAND on the test host that
-            # owns address HOST, i.e. inside its network namespace under its host name.
-            # Like ssh, the words of COMMAND are joined and parsed by a shell.
-            host=$1
-            shift
-            case $host in
-            {cases}
-              *) echo "netns-ssh: no test host at $host" >&2; exit 255 ;;
-            esac
-            exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && $*"
-            """).format(cases=cases))
-        agent.chmod(agent.stat().st_mode | stat.S_IXUSR)
-        yield str(agent)
+        netns.create(HOSTS, agent)
+        yield agent
     finally:
-        for ns in made:
-            _kill_namespace_processes(ns)
-            _sh("ip", "netns", "del", ns, check=False)  # takes its end of the veth pair along
+        netns.remove(HOSTS)
 
 
 def _counters() -> dict[str, int]:
-    """tx/rx bytes of each veth end, read inside its namespace."""
-    out = {}
-    for ns, dev, _, _ in HOSTS:
-        for way in ("tx", "rx"):
-            text = _sh("ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/{way}_bytes").stdout
-            out[f"{dev}.{way}"] = int(text)
-    return out
+    return netns.counters(HOSTS)
 
 
 def _mpirun(agent: str, program: list[str]) -> subprocess.CompletedProcess:
     """One rank on each test host; mpirun itself runs on host a."""
-    (ns_a, _, addr_a, name_a), (_, _, addr_b, _) = HOSTS
-    mpirun = [
-        "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{addr_a}:1,{addr_b}:1",
-        "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
-        # Held to the link: TCP between ranks (self for a rank to itself), no shared
-        # memory, no UCX/OFI transports, and the control channel on the link too.
-        "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
-        "--mca", "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
-        "--mca", "ras", "^slurm", "--mca", "plm", "rsh",
-        "--bind-to", "none", "--tag-output",
-        "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "DISTSEG_PIN", "-x", "OMP_NUM_THREADS",
-    ]
-    cmd = ["ip", "netns", "exec", ns_a, "unshare", "--uts", "sh", "-c",
-           f'hostname {name_a} && exec "$@"', "sh", *mpirun, *program]
-    # No launcher or scheduler variables from outside: this mpirun alone places the ranks.
-    env = {k: v for k, v in command_env(DISTSEG_PIN="0", OMP_NUM_THREADS="1").items()
-           if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "SLURM_"))}
-    return run_group(cmd, env=env, timeout=TIMEOUT, merge_stderr=True)
+    env = netns.clean_env(command_env(DISTSEG_PIN="0", OMP_NUM_THREADS="1"))
+    return run_group(netns.mpirun_command(HOSTS, agent, program), env=env, timeout=TIMEOUT,
+                     merge_stderr=True)
 
 
 ALLREDUCE = """
@@ -188,7 +102,7 @@ def test_horovod_allreduce_crosses_the_veth_link(hosts, tmp_path):
     assert result["size"] == 2
     assert all(r["ok"] for r in result["ranks"]), result
     # One rank on each test host, each under that host's name.
-    assert sorted(r["host"] for r in result["ranks"]) == sorted(h[3] for h in HOSTS)
+    assert sorted(r["host"] for r in result["ranks"]) == sorted(h.name for h in HOSTS)
     sent = {k: after[k] - before[k] for k in after}
     # Allreducing N bytes over 2 ranks sends at least N bytes each way (ring: N/2 in the
     # reduce-scatter and N/2 in the allgather), so every counter passes the payload.
@@ -214,7 +128,7 @@ def test_distseg_train_two_hosts(hosts, tmp_path):
         runs.append(records[0])
         steps.append([r for r in records if r["type"] == "step"])
         assert records[-1]["type"] == "end" and records[-1]["status"] == "ok"
-    assert sorted(r["host"] for r in runs) == sorted(h[3] for h in HOSTS)
+    assert sorted(r["host"] for r in runs) == sorted(h.name for h in HOSTS)
     assert {r["size"] for r in runs} == {2}
     assert len(steps[0]) == len(steps[1]) > 0
     # Every step allreduces all gradients: the link carried at least that much each way.
@@ -223,15 +137,6 @@ def test_distseg_train_two_hosts(hosts, tmp_path):
         assert after[key] - before[key] >= grad_bytes, (key, after[key] - before[key], grad_bytes)
     with open(run_dir / "config.json") as f:
         assert json.load(f)["data"]["path"] == data
-
-
-def _shape(rate: str | None) -> None:
-    """Each veth end sends at most ``rate`` (tc's token bucket; None: unshaped)."""
-    for ns, dev, _, _ in HOSTS:
-        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-        if rate:
-            _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                "rate", rate, "burst", "256kb", "latency", "50ms")
 
 
 def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
@@ -244,7 +149,7 @@ def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
     logged = {}
     try:
         for rate in ("1gbit", None):
-            _shape(rate)
+            netns.shape(HOSTS, rate)
             run_dir = tmp_path / f"np2-{rate or 'free'}"
             out = _mpirun(hosts, [f"{BIN}/distseg-train", "--preset", "smoke", "--data", data,
                                   "--run-dir", str(run_dir), "--epochs", "1", "--no-validate",
@@ -256,7 +161,7 @@ def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
             assert links[0] == links[1] and not links[0]["local"]  # every rank logs the same
             logged[rate] = links[0]
     finally:
-        _shape(None)
+        netns.shape(HOSTS, None)
     shaped, free = logged["1gbit"]["bandwidth_gbps"], logged[None]["bandwidth_gbps"]
     print(f"\nlogged link: {logged}")
     assert 0.4 <= shaped <= 1.05, logged["1gbit"]
