@@ -7,7 +7,7 @@
 #                                               (apt, as root); nothing else (make test
 #                                               runs it before the test tiers that use
 #                                               Slurm's commands)
-#   bash scripts/slurm-cluster.sh start [DIR] [--nodes N]
+#   bash scripts/slurm-cluster.sh start [DIR] [--nodes N] [--link-rate RATE]
 #                                               install slurm-wlm and munge when missing
 #                                               (apt, as root), write DIR/slurm.conf and
 #                                               start the daemons; prints the SLURM_CONF line
@@ -29,6 +29,9 @@
 # node's own. The addresses are $DISTSEG_SLURM_NET.1..N/24 (default 10.78.0), the
 # controller $DISTSEG_SLURM_NET.254; DISTSEG_SLURM_CPUS is then per node (default
 # nproc / N). Debian's slurmd is built without --enable-multiple-slurmd, hence this.
+# --link-rate RATE (or DISTSEG_SLURM_LINK_RATE), with --nodes N > 1: each node's link
+# sends at most RATE each way (tc's token bucket, e.g. 1gbit or 10gbit); this kernel has
+# no netem, so a link's latency cannot be set. The qdiscs go with the veths at stop.
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 1; }
@@ -37,10 +40,13 @@ cmd=${1:-}
 [ $# = 0 ] || shift
 DIR=""
 NODES=${DISTSEG_SLURM_NODES:-1}
+RATE=${DISTSEG_SLURM_LINK_RATE:-}
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; NODES=$2; shift 2 ;;
     --nodes=*) NODES=${1#*=}; shift ;;
+    --link-rate) [ $# -ge 2 ] || die "--link-rate needs a rate (e.g. 1gbit)"; RATE=$2; shift 2 ;;
+    --link-rate=*) RATE=${1#*=}; shift ;;
     -*) die "unknown option $1" ;;
     *) [ -z "$DIR" ] || die "one DIR only"; DIR=$1; shift ;;
   esac
@@ -162,7 +168,17 @@ make_namespaces() {
       ip -n "$name" link set "${TAG}v$i" up
       ip -n "$name" link set lo up
     fi
+    shape_link "$name" "${TAG}h$i" "${TAG}v$i"
   done
+}
+
+shape_link() {  # shape_link NETNS HOST_END NODE_END: both directions at most $RATE
+  [ -n "$RATE" ] || return 0
+  command -v tc >/dev/null 2>&1 || die "--link-rate needs tc (iproute2)"
+  tc qdisc replace dev "$2" root tbf rate "$RATE" burst 256kb latency 50ms \
+    || die "tc cannot shape $2 to $RATE"
+  ip netns exec "$1" tc qdisc replace dev "$3" root tbf rate "$RATE" burst 256kb latency 50ms \
+    || die "tc cannot shape $3 to $RATE"
 }
 
 start_node_slurmds() {
@@ -297,5 +313,5 @@ case $cmd in
     [ -f "$CONF" ] || die "no cluster in $DIR (bash scripts/slurm-cluster.sh start)"
     sinfo && squeue
     ;;
-  *) echo "usage: $0 install|start|stop|status [DIR] [--nodes N]" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status [DIR] [--nodes N] [--link-rate RATE]" >&2; exit 2 ;;
 esac

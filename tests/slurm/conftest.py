@@ -20,6 +20,8 @@ import pytest
 from support import REPO, launcher_free_env
 
 SCRIPT = os.path.join(REPO, "scripts", "slurm-cluster.sh")
+#: The two-node cluster's links (``--link-rate``): a 1 Gbit/s partition.
+LINK_RATE = "1gbit"
 
 
 def _free_port_pair() -> int:
@@ -160,14 +162,16 @@ def _why_no_namespaces() -> str | None:
 def slurm2():
     """A second cluster, of two nodes in network namespaces (one CPU each), on a
     bridge of its own: ``.nodes`` are their names (also their host names), ``.links``
-    the veth ends on this side, one per node. Its jobs' Open MPI is held to that link
-    (TCP only, no shared memory between the ranks), as in tests/e2e/test_netns.py."""
+    the veth ends on this side, one per node, each way shaped to ``LINK_RATE``. Its
+    jobs' Open MPI is held to that link (TCP only, no shared memory between the ranks),
+    as in tests/e2e/test_netns.py."""
     reason = _why_no_namespaces()
     if reason:
         pytest.skip(reason)
     net = f"10.78.{os.getpid() % 250}"
     subnet = f"{net}.0/24"
-    with _cluster("--nodes", "2", DISTSEG_SLURM_NET=net, DISTSEG_SLURM_CPUS="1") as (folder, port):
+    with _cluster("--nodes", "2", "--link-rate", LINK_RATE, DISTSEG_SLURM_NET=net,
+                  DISTSEG_SLURM_CPUS="1") as (folder, port):
         cluster = Cluster(folder, OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,tcp",
                           OMPI_MCA_btl_tcp_if_include=subnet, OMPI_MCA_oob_tcp_if_include=subnet)
         cluster.nodes = [f"dss{port}n1", f"dss{port}n2"]

@@ -6,6 +6,7 @@ rank on each, and the allreduce traffic crosses the veth links."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -66,3 +67,12 @@ def test_two_node_job_runs_one_rank_per_node_through_srun(slurm2, tiny, tmp_path
     for key, value in sent.items():
         assert value >= grad_bytes, (key, value, grad_bytes, sent)
     print(f"\n{grad_bytes} gradient bytes; veth bytes {sent}")
+    # The links are shaped (--link-rate), and the run measured what its ranks saw: the
+    # same on both, not one host's own path, under the rate (0.4: TCP through two token
+    # buckets at this rate read 0.6-0.75 of it in the allreduces of tests/e2e/test_netns.py).
+    for link in slurm2.links:
+        shown = subprocess.run(["tc", "qdisc", "show", "dev", link], capture_output=True,
+                               text=True, timeout=10).stdout
+        assert "tbf" in shown and "rate 1Gbit" in shown, shown
+    assert starts[0]["link"] == starts[1]["link"] and not starts[0]["link"]["local"]
+    assert 0.3 <= starts[0]["link"]["bandwidth_gbps"] <= 1.05, starts[0]["link"]
