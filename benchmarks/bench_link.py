@@ -27,10 +27,14 @@ import tempfile
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from distseg.core import link  # noqa: E402
+
 from benchlib import machine, netns  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
-VARIANTS = ("1proc", "distseg", "fp16", "mwms")
+VARIANTS = ("1proc", "distseg", "fp16", "overlap", "mwms")
+"""``overlap``: distseg's step with one allreduce per gradient as backprop makes it
+(``benchlib.step_variants``), the rest distseg's own (``benchlib.train_variant``)."""
 MODELS = {
     # name: (preset, extra distseg-train flags): liver2d's 31 M parameters on 128x128
     # slices (the LiTS sample's size), so the gradients are liver2d's.
@@ -51,7 +55,8 @@ def train_command(args, model: str, run_dir: str, compression: str) -> list[str]
 
 def _env() -> dict:
     return netns.clean_env(dict(os.environ, DISTSEG_PIN="0", OMP_NUM_THREADS="1",
-                                TF_CPP_MIN_LOG_LEVEL="2"))
+                                TF_CPP_MIN_LOG_LEVEL="2",
+                                PYTHONPATH=os.path.join(ROOT, "benchmarks")))
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -67,13 +72,17 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     run_dir = tempfile.mkdtemp(dir=work)
     os.rmdir(run_dir)
     train = train_command(args, model, run_dir, "fp16" if variant == "fp16" else "none")
+    if variant == "overlap":
+        train = [sys.executable, "-m", "benchlib.train_variant", "--step", "overlap", "--",
+                 *train[1:]]
     ranks = 1 if variant == "1proc" else 2
     cmd = (netns.on_host(hosts[0], train) if ranks == 1
-           else netns.mpirun_command(hosts, agent, train))
+           else netns.mpirun_command(hosts, agent, train, exports=("PYTHONPATH",)))
     _run(cmd, args.timeout)
     with open(os.path.join(run_dir, "logs", "rank-00000.jsonl")) as f:
-        link = json.loads(f.readline()).get("link")
-    return {"samples_per_s": run_throughput(run_dir, ranks), "link": link}
+        record = json.loads(f.readline())
+    return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),
+            "ranks": ranks, "grad_bytes": 4 * record["model"]["params"]}
 
 
 def mwms_run(args, hosts, model: str) -> dict:
@@ -87,12 +96,12 @@ def mwms_run(args, hosts, model: str) -> dict:
                "--preset", preset, "--epochs", str(args.epochs), "--batch-size", "8",
                "--threads", "1", "--max-steps", str(args.steps)]
         env = dict(_env(), TF_CONFIG=json.dumps({"cluster": cluster,
-                                                  "task": {"type": "worker", "index": i}}),
-                   PYTHONPATH=os.path.join(ROOT, "benchmarks"))
+                                                  "task": {"type": "worker", "index": i}}))
         procs.append(subprocess.Popen(netns.on_host(host, cmd), env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     from peers import mwms
-    return {"samples_per_s": mwms.collect(procs, args.timeout)["samples_per_s"], "link": None}
+    return {"samples_per_s": mwms.collect(procs, args.timeout)["samples_per_s"], "link": None,
+            "ranks": 2}
 
 
 def one_round(args, hosts, agent: str, work: str) -> list[dict]:
@@ -131,6 +140,58 @@ def summarise(rows: list[dict]) -> list[dict]:
                     if any(link.get("bandwidth_gbps") for link in links) else None,
                     "runs": sum(1 for r in rows if (r["rate"], r["model"], r["variant"]) == (rate, model, variant))})
     return out
+
+
+def _median_rate(rows: list[dict], model: str, variant: str, rate: str | None = None) -> float:
+    """The median samples/s of the model's runs of ``variant`` (at ``rate``: any)."""
+    return statistics.median(r["samples_per_s"] for r in rows
+                             if (r["model"], r["variant"]) == (model, variant)
+                             and rate in (None, r["rate"]))
+
+
+def _step_points(rows: list[dict], model: str) -> dict[str, tuple[float, float, float]]:
+    """Per link rate: (compute, sync, step) seconds of the model's 2-rank distseg runs:
+    compute from one process's step at the same per-rank batch, sync from the link the
+    runs measured (``link.sync_seconds`` of the gradient bytes), step measured."""
+    compute = 8 / _median_rate(rows, model, "1proc")
+    points = {}
+    for rate in sorted({r["rate"] for r in rows if r["model"] == model and r["variant"] == "distseg"}):
+        runs = [r for r in rows if (r["model"], r["variant"], r["rate"]) == (model, "distseg", rate)
+                and r["link"] and r["link"].get("bandwidth_gbps")]
+        if not runs:
+            continue
+        bw = statistics.median(r["link"]["bandwidth_gbps"] for r in runs)
+        lat = statistics.median(r["link"]["latency_us"] for r in runs)
+        sync = link.sync_seconds(runs[0]["grad_bytes"], 2, bw, lat)
+        points[rate] = (compute, sync, 16 / _median_rate(rows, model, "distseg", rate))
+    return points
+
+
+def validate_projection(rows: list[dict], models: list[str]) -> list[dict]:
+    """Pollux's step-time form fitted to two link rates, predicting the third: predicted
+    and measured 2-rank step time at each rate left out."""
+    out = []
+    for model in models:
+        points = _step_points(rows, model)
+        for left_out, (compute, sync, step) in points.items():
+            fitted = [p for rate, p in points.items() if rate != left_out]
+            if len(fitted) < 2:
+                continue
+            gamma = link.fit_gamma(fitted)
+            predicted = link.step_seconds(compute, sync, gamma)
+            out.append({"model": model, "left_out": left_out, "gamma": gamma,
+                        "compute_s": compute, "sync_s": sync, "predicted_s": predicted,
+                        "measured_s": step, "ratio": predicted / step})
+    return out
+
+
+def print_validation(checks: list[dict]) -> None:
+    print("\n| model | rate left out | gamma (fit on the others) | compute s | sync s | "
+          "predicted step s | measured step s | predicted / measured |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in checks:
+        print(f"| {c['model']} | {c['left_out']} | {c['gamma']:.2f} | {c['compute_s']:.3f} | "
+              f"{c['sync_s']:.3f} | {c['predicted_s']:.3f} | {c['measured_s']:.3f} | {c['ratio']:.2f} |")
 
 
 def print_table(summary: list[dict]) -> None:
@@ -178,12 +239,14 @@ def main(argv=None) -> int:
             netns.remove(hosts)
     summary = summarise(rows)
     print_table(summary)
+    checks = validate_projection(rows, args.models) if "1proc" in args.variants else []
+    print_validation(checks)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"link-{datetime.date.today().isoformat()}.json")
     with open(path, "w") as f:
         json.dump({"benchmark": "bench_link", "args": vars(args),
                    "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),
-                   "rows": rows, "summary": summary}, f, indent=1)
+                   "rows": rows, "summary": summary, "projection": checks}, f, indent=1)
     print(f"\nwrote {path}")
     return 0
 

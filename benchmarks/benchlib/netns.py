@@ -144,8 +144,10 @@ def on_host(host: Host, command: list[str]) -> list[str]:
             f'hostname {host.name} && exec "$@"', "sh", *command]
 
 
-def mpirun_command(hosts: tuple[Host, Host], agent: str, program: list[str]) -> list[str]:
-    """One rank on each host; mpirun itself runs on the first."""
+def mpirun_command(hosts: tuple[Host, Host], agent: str, program: list[str],
+                   exports: tuple[str, ...] = ()) -> list[str]:
+    """One rank on each host; mpirun itself runs on the first (``exports``: more
+    variables of its environment for the ranks)."""
     a, b = hosts
     mpirun = [
         "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{a.address}:1,{b.address}:1",
@@ -157,6 +159,7 @@ def mpirun_command(hosts: tuple[Host, Host], agent: str, program: list[str]) -> 
         "--mca", "ras", "^slurm", "--mca", "plm", "rsh",
         "--bind-to", "none", "--tag-output",
         "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "DISTSEG_PIN", "-x", "OMP_NUM_THREADS",
+        *[arg for name in exports for arg in ("-x", name)],
     ]
     return on_host(a, mpirun + program)
 

@@ -40,9 +40,17 @@ def install(step: str = "distseg", model: str = "keras", reader: str = "distseg"
     if checksum == "compiled":
         steps.weight_checksum = step_variants.compiled_weight_checksum
     if step != "distseg":
-        steps.make_train_step = step_variants.VARIANTS[step]
+        steps.make_train_step = functools.partial(_uncompressed, step_variants.VARIANTS[step])
     if model != "keras":
         model_lib.from_config = functools.partial(model_variants.build, variant=model)
+
+
+def _uncompressed(build, *args, compression: str = "none", **kwargs):
+    """A step variant built as the loop builds its step (``compression`` is the loop's
+    keyword; the variants allreduce exact float32 only)."""
+    if compression != "none":
+        raise SystemExit(f"step variants allreduce uncompressed, not --compression {compression}")
+    return build(*args, **kwargs)
 
 
 def main(argv=None):

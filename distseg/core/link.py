@@ -13,6 +13,8 @@ slope and the rounds' latency as its intercept. Plain Python: analysis uses it t
 
 from __future__ import annotations
 
+import math
+
 #: Allreduce sizes (bytes) timed at start-up: from one small message to a gradient's
 #: worth (the demo U-Net's gradients are 8 MB, liver2d's 124 MB).
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -50,3 +52,33 @@ def fit(sizes: list[int], seconds: list[float], ranks: int) -> dict | None:
             "latency_us": max(intercept, 0.0) / rounds * 1e6,
             "ranks": ranks, "bytes": list(sizes), "seconds": list(seconds),
             "model": "ring"}
+
+
+def sync_seconds(nbytes: float, ranks: int, bandwidth_gbps: float, latency_us: float) -> float:
+    """Seconds of a ring allreduce of ``nbytes`` over ``ranks`` on a link of that
+    bandwidth and per-round latency (0 on one rank)."""
+    if ranks < 2:
+        return 0.0
+    rounds = 2 * (ranks - 1)
+    return rounds * latency_us * 1e-6 + ring_bytes(nbytes, ranks) * 8 / (bandwidth_gbps * 1e9)
+
+
+def step_seconds(compute: float, sync: float, gamma: float) -> float:
+    """Pollux's step time: (T_compute^gamma + T_sync^gamma)^(1/gamma); gamma 1 is no
+    overlap of the two (their sum), a large gamma full overlap (their max)."""
+    if sync <= 0:
+        return compute
+    return (compute ** gamma + sync ** gamma) ** (1 / gamma)
+
+
+#: The range of gamma a fit may take (Pollux's bounds).
+GAMMA_RANGE = (1.0, 10.0)
+
+
+def fit_gamma(points: list[tuple[float, float, float]]) -> float:
+    """The gamma of ``step_seconds`` that best fits measured (compute, sync, step)
+    seconds, least squares of the log error, on a grid of 0.01 over ``GAMMA_RANGE``."""
+    lo, hi = GAMMA_RANGE
+    grid = [lo + 0.01 * i for i in range(int(round((hi - lo) / 0.01)) + 1)]
+    return min(grid, key=lambda g: sum((math.log(step_seconds(c, s, g)) - math.log(t)) ** 2
+                                       for c, s, t in points))

@@ -1,0 +1,39 @@
+"""The link model (``distseg.core.link``): the fit of timed allreduces, the ring's
+allreduce time, and Pollux's step time with overlap, on numbers known by hand."""
+
+import pytest
+
+from distseg.core import link
+
+
+def test_the_fit_recovers_a_known_ring_link():
+    # 4 ranks, 2.5 Gbit/s, 40 us per round: t = 6 x 40e-6 + 1.5 n x 8 / 2.5e9
+    sizes = [4 << 10, 1 << 20, 16 << 20]
+    seconds = [6 * 40e-6 + 1.5 * n * 8 / 2.5e9 for n in sizes]
+    got = link.fit(sizes, seconds, ranks=4)
+    assert got["bandwidth_gbps"] == pytest.approx(2.5)
+    assert got["latency_us"] == pytest.approx(40.0)
+    assert link.sync_seconds(16 << 20, 4, 2.5, 40.0) == pytest.approx(seconds[-1])
+
+
+def test_what_cannot_be_fitted_says_so():
+    assert link.fit([1 << 20], [0.01], ranks=2) is None  # one size
+    assert link.fit([1, 2], [0.1, 0.2], ranks=1) is None  # one rank: no link
+    flat = link.fit([4 << 10, 64 << 10], [0.002, 0.001], ranks=2)  # slower when smaller
+    assert flat["bandwidth_gbps"] is None and flat["latency_us"] >= 0
+
+
+def test_the_step_time_runs_from_no_overlap_to_full_overlap():
+    assert link.step_seconds(0.4, 0.1, 1.0) == pytest.approx(0.5)
+    assert link.step_seconds(0.4, 0.1, 10.0) == pytest.approx(0.4, rel=1e-5)
+    assert link.step_seconds(0.4, 0.0, 2.0) == 0.4
+    assert link.sync_seconds(1e9, 1, 1.0, 10.0) == 0.0
+
+
+def test_gamma_is_recovered_from_steps_at_two_link_rates():
+    gamma = 2.37
+    points = [(0.4, s, link.step_seconds(0.4, s, gamma)) for s in (0.5, 0.06)]
+    assert link.fit_gamma(points) == pytest.approx(gamma, abs=0.011)
+    # predicts the step at a third rate it was not fitted on
+    fitted = link.fit_gamma(points)
+    assert link.step_seconds(0.4, 0.15, fitted) == pytest.approx(link.step_seconds(0.4, 0.15, gamma), rel=1e-3)
