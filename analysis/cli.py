@@ -35,10 +35,12 @@ def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
 @click.option("--project-nodes", callback=_node_counts, default=None,
               help="Project time per epoch, and predict batch, lr, throughput, samples and "
                    "hours to each target, at these node counts, e.g. 2,4,8,16,32,64.")
-@click.option("--bandwidth-gbps", type=float, default=100.0, show_default=True,
-              help="Projection: link bandwidth in Gbit/s.")
-@click.option("--latency-us", type=float, default=2.0, show_default=True,
-              help="Projection: latency per allreduce message in microseconds.")
+@click.option("--bandwidth-gbps", type=float, default=None,
+              help="Projection: link bandwidth in Gbit/s (default: as a run measured it "
+                   "between hosts, else 100, flagged ASSUMED).")
+@click.option("--latency-us", type=float, default=None,
+              help="Projection: latency per allreduce message in microseconds (default: "
+                   "as a run measured it between hosts, else 2, flagged ASSUMED).")
 @click.option("--latency-term", type=click.Choice(["ring", "log"]), default="ring",
               show_default=True, help="Projection: 2(R-1) (ring) or 2 log2 R message rounds.")
 @click.option("--grad-bytes", type=float, default=None,
@@ -50,16 +52,18 @@ def _node_counts(ctx, param, value: str | None) -> tuple[int, ...]:
 @click.option("--workers", type=click.IntRange(0), default=None,
               help="Processes that read the logs (0: read in this one; default: one per "
                    "core when there is enough to read).")
+@click.option("--tensorboard", "tensorboard_dir", default=None, type=click.Path(file_okay=False),
+              help="Also write every run's logs, all ranks, as TensorBoard event files, one "
+                   "run per directory: DIR/RUN (view with tensorboard --logdir DIR).")
 def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt, project_nodes,
            bandwidth_gbps, latency_us, latency_term, grad_bytes, ranks_per_node, progress,
-           workers):
+           workers, tensorboard_dir):
     """Scaling tables, loss versus time and hours-to-target from distseg run directories.
 
     RUN_DIRS are run directories (each with logs/rank-NNNNN.jsonl), e.g. runs at 1, 2
     and 4 nodes: distseg-report runs/np1 runs/np2 runs/np4 --target-loss -0.75
     --target-loss -0.76 --out report/
     """
-    from analysis.project import Fabric
     from analysis.report import ReportOptions, main
     from distseg.core.errors import DistsegError, fail
 
@@ -67,13 +71,17 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
         options = ReportOptions(
             target_loss=tuple(target_loss), target_dice=tuple(target_dice),
             dice_class=dice_class, smooth=smooth, project_nodes=project_nodes,
-            fabric=Fabric(bandwidth_gbps, latency_us, latency_term), grad_bytes=grad_bytes,
+            bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, latency_term=latency_term,
+            grad_bytes=grad_bytes,
             ranks_per_node=ranks_per_node).validate()
     except ValueError as e:
         raise click.UsageError(str(e))
     try:
         main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress,
              processes=workers)
+        if tensorboard_dir:
+            from analysis.board import export
+            export(list(run_dirs), tensorboard_dir)
     except DistsegError as e:
         # One line and the error's own exit code (2 for bad input), as distseg-train.
         fail(str(e), e.exit_code)

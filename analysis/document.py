@@ -52,6 +52,7 @@ class Tables:
     time_per_epoch: pd.DataFrame = _table("time_per_epoch.csv")
     scaling: pd.DataFrame = _table("scaling.csv")
     throughput_vs_size: pd.DataFrame = _table("throughput_vs_size.csv")
+    links: pd.DataFrame = _table("links.csv")
     loss_vs_time: pd.DataFrame = _table("loss_vs_time.csv", in_json=False)
     hours_to_target: pd.DataFrame = _table("hours_to_target.csv")
     statistical_efficiency: pd.DataFrame = _table("statistical_efficiency.csv")

@@ -7,24 +7,24 @@ The trainer logs McCandlish et al.'s simple noise scale B_simple = tr(Sigma) / |
 the end of that epoch, ``null`` where not estimable (1-rank logs from before
 2026-11-25: ``method`` ``none``; since then one rank differences consecutive gradients).
 
-Near a target it predicts the samples another global batch B needs, from the base
-run's (``stateff.base_run``) measured samples E(B0) at its global batch B0::
+It predicts the samples to each target at another global batch B from the noise scale
+averaged over training progress, as Pollux does (Qiao et al. 2021), not from one
+snapshot: a run's ``History`` splits its training up to the target into its epochs,
+each with the global batch B_e it ran and the noise scale phi_e measured over it
+(moving averages at the epoch's end), and B costs each epoch's samples x
+(phi_e + B) / (phi_e + B_e) (McCandlish's E = E_min (1 + B / B_noise) per stretch,
+``distseg.core.goodput.samples_at``). The history is the base run's
+(``stateff``'s: fewest ranks) up to its samples to the target; where the base logged no
+noise scale (an older 1-rank base), that of the run with the fewest ranks that reached
+the target and logged one (``history_for``). The statistical efficiency against the
+base is then the base's measured samples / the predicted ones. The same prediction
+serves ``noise_prediction.csv``, the noise-scale basis of the projection to target
+(``analysis.stateff``) and the prediction per node count (``analysis.pernode``).
 
-    E(B) / E(B0) = (B_noise + B) / (B_noise + B0)
-
-(McCandlish's E = E_min (1 + B / B_noise)), so the statistical efficiency against
-the base is (B_noise + B0) / (B_noise + B). B_noise is ``measured_near``: the
-``noise_scale`` of the epoch record of the epoch in which the run first reached the
-target (``tables.hours_to_target``'s ``epoch``), else of the latest earlier epoch that
-has one. It is taken from the base run; where the base has none (an older 1-rank
-base), from the run with the fewest ranks that reached the target and
-has one, and ``noise_measured_at`` names it.
-
-``--project-nodes`` predicts samples to target from the noise scale averaged over
-training progress instead (Pollux, Qiao et al. 2021): a run's ``History`` splits its
-training up to the target into its epochs, each with the global batch it ran and the
-noise scale measured over it, and a batch B costs each epoch's samples x
-(phi + B) / (phi + B_epoch) (``distseg.core.goodput.samples_at``).
+B_simple near a target (``measured_near``: the ``noise_scale`` of the epoch record of
+the epoch in which the run first reached the target, ``tables.hours_to_target``'s
+``epoch``, else of the latest earlier epoch that has one) is shown in the table, not
+predicted from.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours"
 TABLE_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "small_batch", "big_batch",
                  "at", "metric", "target", "target_epoch", "epoch", "samples", "b_simple"]
 PREDICTION_COLUMNS = ["run", "ranks", "nodes", "metric", "target", "global_batch_size", "base",
-                      "base_global_batch", "base_samples", "b_noise", "noise_measured_at",
-                      "predicted_samples", "samples", "samples_text",
-                      "measured_over_predicted"]
+                      "base_global_batch", "base_samples", "noise_from", "noise_epochs",
+                      "b_noise_first", "b_noise_last", "predicted_samples", "samples",
+                      "samples_text", "measured_over_predicted"]
 #: ``statistical_efficiency_basis`` of a projection row predicted from the noise scale.
 NOISE_BASIS = "noise scale"
 END = "end of training"
@@ -142,148 +142,6 @@ def table(frame: pd.DataFrame, hours: pd.DataFrame) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class NoisePrior:
-    """B_noise near one target and the base run it predicts from.
-
-    Attributes:
-      b_noise: B_simple in samples.
-      run, epoch: where it was measured (``measured_near``).
-      base_batch: B0, the base run's global batch.
-      base_samples: E(B0), the base run's samples to the target.
-    """
-
-    b_noise: float
-    run: str
-    epoch: int
-    base_batch: float
-    base_samples: float
-
-    def efficiency(self, batch: float) -> float:
-        """Statistical efficiency at global batch ``batch``: E(B0) / E(B)."""
-        return (self.b_noise + self.base_batch) / (self.b_noise + batch)
-
-    def samples(self, batch: float) -> float:
-        """Predicted samples to the target at global batch ``batch``: E(B)."""
-        return self.base_samples / self.efficiency(batch)
-
-    def where(self) -> str:
-        return f"B_noise = {self.b_noise:,.4g} measured at {self.run} epoch {self.epoch}"
-
-
-def _source(frame: pd.DataFrame, group: pd.DataFrame, base: str) -> pd.Series | None:
-    """The ``series`` row B_noise near one target comes from: the base's, else that of
-    the run with the fewest ranks (then listed first) that reached it and has one."""
-    reached = group[group["reached"].astype(bool)]
-    order = pd.concat([reached[reached["run"] == base],
-                       reached[reached["run"] != base].sort_values("ranks", kind="stable")])
-    for _, h in order.iterrows():
-        row = measured_near(frame, h["run"], int(h["epoch"]))
-        if row is not None:
-            return row
-    return None
-
-
-def priors(frame: pd.DataFrame, hours: pd.DataFrame,
-           efficiency: pd.DataFrame) -> dict[tuple[str, float], NoisePrior]:
-    """(metric, target) -> ``NoisePrior``, for each target the base reached and some
-    run has a B_noise near (``_source``)."""
-    out = {}
-    if not len(efficiency) or not len(measured(frame)):
-        return out
-    batches = frame.drop_duplicates("run").set_index("run")["global_batch_size"]
-    for (metric, target), group in efficiency.groupby(["metric", "target"], sort=False):
-        base = group[group["run"] == group["base"]]
-        if not len(base) or not base["reached"].iloc[0]:
-            continue
-        base = base.iloc[0]
-        b0 = batches.get(base["run"], pd.NA)
-        near = hours[(hours["metric"] == metric) & (hours["target"] == target)]
-        row = _source(frame, near, str(base["run"]))
-        if row is None or pd.isna(b0):
-            continue
-        out[(metric, target)] = NoisePrior(float(row["b_simple"]), str(row["run"]),
-                                           int(row["epoch"]), float(b0),
-                                           float(base["samples"]))
-    return out
-
-
-def prediction_table(efficiency: pd.DataFrame, frame: pd.DataFrame,
-                     found: dict[tuple[str, float], NoisePrior]) -> pd.DataFrame:
-    """Predicted beside measured samples to target, for each run but the base whose
-    global batch is known (``PREDICTION_COLUMNS``; ``measured_over_predicted`` where it
-    reached the target)."""
-    batches = frame.drop_duplicates("run").set_index("run")["global_batch_size"]
-    rows = []
-    for _, r in efficiency.iterrows():
-        prior = found.get((r["metric"], r["target"]))
-        batch = batches.get(r["run"], pd.NA)
-        if prior is None or r["run"] == r["base"] or pd.isna(batch):
-            continue
-        predicted = prior.samples(float(batch))
-        rows.append({**{c: r[c] for c in ("run", "ranks", "nodes", "metric", "target",
-                                         "base", "samples", "samples_text")},
-                     "global_batch_size": int(batch), "base_global_batch": int(prior.base_batch),
-                     "base_samples": prior.base_samples, "b_noise": prior.b_noise,
-                     "noise_measured_at": f"{prior.run} epoch {prior.epoch}",
-                     "predicted_samples": predicted,
-                     "measured_over_predicted": (float(r["samples"]) / predicted
-                                                 if r["reached"] else math.nan)})
-    return pd.DataFrame(rows, columns=PREDICTION_COLUMNS)
-
-
-def note(prior: NoisePrior, batch: float) -> str:
-    """What a projection row predicted from the noise scale says (``stateff``)."""
-    return (f"predicted from the noise scale {prior.where()}: "
-            f"{prior.samples(batch):,.0f} samples at global batch {batch:,.0f}")
-
-
-def line(goal: str, prior: NoisePrior) -> str:
-    """The assumption line of one target projected from the noise scale."""
-    return (f"{goal}: statistical efficiency PREDICTED from the noise scale, {prior.where()}: "
-            f"(B_noise + {prior.base_batch:,.0f}) / (B_noise + B) at global batch B.")
-
-
-@dataclass(frozen=True)
-class NoiseReport:
-    """What the report shows of the noise scale (``build``).
-
-    Attributes:
-      series: ``series``, the figure's data.
-      table: ``table``.
-      prediction: ``prediction_table``.
-      priors: (metric, target) -> ``NoisePrior``, for the projection.
-      notes: runs not drawn, and why.
-    """
-
-    series: pd.DataFrame
-    table: pd.DataFrame
-    prediction: pd.DataFrame
-    priors: dict
-    notes: list[Note]
-
-
-def build(runs: Sequence[RunData], hours: pd.DataFrame,
-          efficiency: pd.DataFrame) -> NoiseReport | None:
-    """The noise scale's tables, or ``None`` when no run measured one (the report
-    then has no noise section, as before the trainer logged it)."""
-    frame, notes = series(runs)
-    if not len(measured(frame)):
-        return None
-    found = priors(frame, hours, efficiency)
-    return NoiseReport(frame, table(frame, hours), prediction_table(efficiency, frame, found),
-                       found, notes)
-
-
-def stat_efficiency(prior: NoisePrior, batch: float) -> tuple[float, str, str]:
-    """(statistical efficiency, basis, note) of a projection row at global ``batch``."""
-    return prior.efficiency(batch), NOISE_BASIS, note(prior, batch)
-
-
-
-# ------------------------------------------------------- averaged over training progress
-
-
-@dataclass(frozen=True)
 class History:
     """A run's training up to a point, in stretches of one epoch each.
 
@@ -305,6 +163,18 @@ class History:
     @property
     def total(self) -> float:
         return float(sum(self.samples))
+
+    @property
+    def phi(self) -> tuple[float, ...]:
+        """The noise scale of each stretch, tr(Sigma) / |G|^2 in samples."""
+        return tuple(t / g if g else math.nan for g, t in zip(self.g2, self.trace))
+
+    def text(self) -> str:
+        """Where a prediction comes from, in words: ``np1's history of the noise scale:
+        3 epoch(s), 48 samples at global batch 2``."""
+        batches = ", ".join(f"{b:g}" for b in dict.fromkeys(self.batch))
+        return (f"{self.run}'s history of the noise scale: {len(self.samples)} epoch(s), "
+                f"{self.total:,.0f} samples at global batch {batches}")
 
     def stretch_samples(self, batches: Sequence[float]) -> list[float]:
         """Predicted samples of each stretch at the global batch ``batches[i]`` (one per
@@ -369,3 +239,158 @@ def history_for(runs: Sequence[RunData], group: pd.DataFrame | None) -> tuple[Hi
         if found is not None:
             return found, ""
     return None, "no run that reached the target logged a noise_scale"
+
+
+# --------------------------------------------------------------- samples to a target
+
+
+@dataclass(frozen=True)
+class NoisePrediction:
+    """Samples to one target at any global batch, predicted from the noise scale over
+    the training that reached it (``history_for``): each stretch's samples at its own
+    noise scale (``History.samples_at``, ``goodput.samples_at``: Pollux's average over
+    training, not one snapshot).
+
+    Attributes:
+      history: the stretches: the base run's up to the target, else another run's.
+      base: the base run (``stateff``'s, fewest ranks).
+      base_batch: B0, the base run's global batch (its run record's).
+      base_samples: E(B0), the base run's measured samples to the target.
+    """
+
+    history: History
+    base: str
+    base_batch: float
+    base_samples: float
+
+    def samples(self, batch: float) -> float:
+        """Predicted samples to the target at global batch ``batch``."""
+        return self.history.samples_at(batch)
+
+    def efficiency(self, batch: float) -> float:
+        """Statistical efficiency at global batch ``batch``: the base's measured samples
+        / the samples predicted at ``batch``."""
+        return self.base_samples / self.samples(batch)
+
+    def where(self) -> str:
+        return self.history.text()
+
+
+def predictions(runs: Sequence[RunData],
+                efficiency: pd.DataFrame) -> dict[tuple[str, float], NoisePrediction]:
+    """(metric, target) -> ``NoisePrediction``, for each target the base reached and
+    some run that reached it logged a noise scale for (``history_for``)."""
+    out = {}
+    by_label = {r.label: r for r in runs}
+    groups = efficiency.groupby(["metric", "target"], sort=False) if len(efficiency) else []
+    for (metric, target), group in groups:
+        hist, _ = history_for(runs, group)
+        if hist is None:
+            continue
+        base = group[group["run"] == group["base"]].iloc[0]
+        out[(metric, target)] = NoisePrediction(hist, str(base["run"]),
+                                                global_batch(by_label[base["run"]]),
+                                                float(base["samples"]))
+    return out
+
+
+def prediction_table(efficiency: pd.DataFrame, runs: Sequence[RunData],
+                     found: dict[tuple[str, float], NoisePrediction]) -> pd.DataFrame:
+    """Predicted beside measured samples to target, for each run but the base whose
+    global batch is known (``PREDICTION_COLUMNS``; ``measured_over_predicted`` where it
+    reached the target)."""
+    batches = {r.label: global_batch(r) for r in runs}
+    rows = []
+    for _, r in efficiency.iterrows():
+        pred = found.get((r["metric"], r["target"]))
+        batch = batches.get(r["run"], math.nan)
+        if pred is None or r["run"] == r["base"] or not math.isfinite(batch):
+            continue
+        predicted = pred.samples(batch)
+        phi = pred.history.phi
+        rows.append({**{c: r[c] for c in ("run", "ranks", "nodes", "metric", "target",
+                                         "base", "samples", "samples_text")},
+                     "global_batch_size": batch, "base_global_batch": pred.base_batch,
+                     "base_samples": pred.base_samples, "noise_from": pred.history.run,
+                     "noise_epochs": len(phi), "b_noise_first": phi[0], "b_noise_last": phi[-1],
+                     "predicted_samples": predicted,
+                     "measured_over_predicted": (float(r["samples"]) / predicted
+                                                 if r["reached"] else math.nan)})
+    out = pd.DataFrame(rows, columns=PREDICTION_COLUMNS)
+    for c in ("global_batch_size", "base_global_batch"):
+        out[c] = pd.to_numeric(out[c]).astype("Int64")
+    return out
+
+
+def note(pred: NoisePrediction, batch: float) -> str:
+    """What a projection row predicted from the noise scale says (``stateff``)."""
+    return (f"predicted from {pred.where()}: {pred.samples(batch):,.0f} samples at global "
+            f"batch {batch:,.0f}")
+
+
+def line(goal: str, pred: NoisePrediction) -> str:
+    """The assumption line of one target projected from the noise scale."""
+    return (f"{goal}: statistical efficiency PREDICTED from the noise scale averaged over "
+            f"training: {pred.base}'s {pred.base_samples:,.0f} samples / the samples "
+            f"predicted at global batch B from {pred.where()}.")
+
+
+@dataclass(frozen=True)
+class NoiseReport:
+    """What the report shows of the noise scale (``build``).
+
+    Attributes:
+      series: ``series``, the figure's data.
+      table: ``table``.
+      prediction: ``prediction_table``.
+      predictions: (metric, target) -> ``NoisePrediction``, for the projection.
+      notes: runs not drawn, and why.
+    """
+
+    series: pd.DataFrame
+    table: pd.DataFrame
+    prediction: pd.DataFrame
+    predictions: dict
+    notes: list[Note]
+
+
+def build(runs: Sequence[RunData], hours: pd.DataFrame,
+          efficiency: pd.DataFrame) -> NoiseReport | None:
+    """The noise scale's tables, or ``None`` when no run measured one (the report
+    then has no noise section, as before the trainer logged it)."""
+    frame, notes = series(runs)
+    if not len(measured(frame)):
+        return None
+    found = predictions(runs, efficiency)
+    return NoiseReport(frame, table(frame, hours), prediction_table(efficiency, runs, found),
+                       found, notes)
+
+
+def stat_efficiency(pred: NoisePrediction, batch: float) -> tuple[float, str, str]:
+    """(statistical efficiency, basis, note) of a projection row at global ``batch``."""
+    return pred.efficiency(batch), NOISE_BASIS, note(pred, batch)
+
+
+@dataclass(frozen=True)
+class NoisePrior:
+    """One snapshot of the noise scale, B_noise at the target, as a one-stretch
+    ``History`` (so ``goodput.samples_at`` stays the one formula): for callers that
+    have nothing more (the large-batch study's goals). The report predicts from the
+    whole history (``NoisePrediction``).
+
+    Attributes:
+      b_noise: B_simple in samples; run, epoch: where it was measured.
+      base_batch: B0, the global batch the samples were measured at.
+      base_samples: E(B0), the samples to the target at B0.
+    """
+
+    b_noise: float
+    run: str
+    epoch: int
+    base_batch: float
+    base_samples: float
+
+    def samples(self, batch: float) -> float:
+        """E(B0) x (B_noise + B) / (B_noise + B0) for ``batch`` >= B0 (E(B0) below)."""
+        return History(self.run, (self.base_samples,), (self.base_batch,), (1.0,),
+                       (self.b_noise,)).samples_at(batch)

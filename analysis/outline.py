@@ -47,6 +47,8 @@ PROJ_TARGET_COLS = ("kind", "run", "metric", "target", "nodes", "ranks", "throug
                     "hours", "measured_hours", "note")
 PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allreduce_s",
              "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
+LINK_COLS = ("run", "ranks", "hosts", "link", "bandwidth_gbps", "latency_us", "sizes_timed",
+             "largest_bytes", "largest_s", "largest_gbps", "note")
 PROJECTION_TITLE = "Projection (model, not measured)"
 PROJECTION_TARGET_TITLE = "Projection to target (model, not measured)"
 
@@ -139,6 +141,22 @@ def size_sections(t: Tables) -> list[Section]:
                     "throughput_vs_size.csv.", figure=SIZE_FIGURE)]
 
 
+def link_section(t: Tables) -> Section | None:
+    """The link between the ranks as each run measured it (older logs: not measured;
+    ``None`` without runs)."""
+    if not len(t.links):
+        return None
+    return Section("Link between the ranks (measured)", Role.TABLE, "Measured by each run "
+                   "at its start: allreduces of growing sizes timed (the slowest rank's median "
+                   "of each), and the ring model t(n) = 2 (R-1) latency + 2 (R-1)/R x n / B "
+                   "fitted to them: bandwidth_gbps is B, latency_us the latency per message "
+                   "round; largest_*: the largest size timed, its seconds and the rate it saw "
+                   "(Gbit/s through each rank's link, latency included). A run whose ranks "
+                   "were all on one host measured the host's own path (shared memory or "
+                   "loopback), not a network. From the run record of the run's last launch. "
+                   "All columns: links.csv.", frame=t.links, columns=LINK_COLS)
+
+
 def hours_section(t: Tables, smooth: int, unit: TimeUnit = HOURS) -> Section | None:
     """Time to each target (``None`` when no target was given)."""
     if not len(t.hours_to_target):
@@ -188,8 +206,9 @@ SEED_COLS = ("group", "runs", "seeds", "ranks", "nodes", "metric", "target", "re
 NOISE_COLS = ("run", "ranks", "nodes", "global_batch_size", "at", "metric", "target",
               "target_epoch", "epoch", "samples", "b_simple")
 PREDICTION_COLS = ("run", "ranks", "metric", "target", "global_batch_size",
-                   "base_global_batch", "base_samples", "b_noise", "noise_measured_at",
-                   "predicted_samples", "samples_text", "measured_over_predicted")
+                   "base_global_batch", "base_samples", "noise_from", "noise_epochs",
+                   "b_noise_first", "b_noise_last", "predicted_samples", "samples_text",
+                   "measured_over_predicted")
 
 
 def seed_section(extra: Mapping[str, pd.DataFrame], unit: TimeUnit = HOURS) -> Section | None:
@@ -240,12 +259,14 @@ def noise_sections(extra: Mapping[str, pd.DataFrame], t: Tables) -> list[Section
     if prediction is not None:
         out.append(Section(
             "Samples to target predicted from the noise scale", Role.TABLE, "PREDICTED "
-            "samples to target at each run's global batch B from the base run's measured "
-            "samples E(B0) at its global batch B0: E(B) = E(B0) x (B_noise + B) / (B_noise + "
-            "B0), with B_noise the noise scale near the target (noise_measured_at: the "
-            "base run's, else that of the run with the fewest ranks that has one), beside "
-            "the measured samples (samples_text) and measured / predicted. All columns: "
-            "noise_prediction.csv.", frame=prediction, columns=PREDICTION_COLS))
+            "samples to target at each run's global batch B from the measured noise scale, "
+            "averaged over training progress as Pollux does (not one snapshot): the "
+            "training of noise_from (the base run, else the run with the fewest ranks that "
+            "logged a noise scale) up to the target, epoch by epoch, each epoch's samples x "
+            "(phi + B) / (phi + B_epoch), phi its noise scale (b_noise_first to "
+            "b_noise_last over noise_epochs epochs) and B_epoch the global batch it ran; "
+            "beside the measured samples (samples_text) and measured / predicted. All "
+            "columns: noise_prediction.csv.", frame=prediction, columns=PREDICTION_COLS))
     return out
 
 
@@ -331,7 +352,8 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
     """
     extra = extra or {}
     parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
-             scaling_section(t), *size_sections(t), hours_section(t, smooth, unit),
+             scaling_section(t), *size_sections(t), link_section(t),
+             hours_section(t, smooth, unit),
              seed_section(extra, unit), *efficiency_sections(t), *noise_sections(extra, t),
              loss_figure_section(unit), balance_section(t), *dice_sections(t),
              coverage_section(t), projection_section(projection, projection_error),

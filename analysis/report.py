@@ -17,7 +17,18 @@ from typing import Sequence, TextIO
 
 import pandas as pd
 
-from analysis import checks, coverage, logs, noise, outline, render, seeds, stateff, tables
+from analysis import (
+    checks,
+    coverage,
+    links,
+    logs,
+    noise,
+    outline,
+    render,
+    seeds,
+    stateff,
+    tables,
+)
 from analysis.document import (
     HOURS,
     OPTIONAL_CSV,
@@ -32,9 +43,10 @@ from analysis.document import (
     time_unit,
 )
 from analysis.logs import RunData
-from analysis.project import Fabric, project
+from analysis.project import project
 from analysis.project import warnings as projection_warnings
 from analysis.reduce import CurveSpec
+from analysis.stepmodel import Fabric
 
 FORMATS = ("md", "json")
 #: The per-node prediction's figure and title (``node_sections``).
@@ -84,7 +96,14 @@ class ReportOptions:
     """Trailing mean over this many steps for the loss curve and loss targets (0/1: off)."""
     project_nodes: tuple[int, ...] = ()
     """Node counts to project time per epoch to."""
-    fabric: Fabric = field(default_factory=Fabric)
+    bandwidth_gbps: float | None = None
+    """Link bandwidth of the projection's allreduce model, Gbit/s; ``None``: measured
+    between hosts where a run logged such a link (``analysis.links``), else
+    ``Fabric``'s default (flagged ASSUMED)."""
+    latency_us: float | None = None
+    """Latency per allreduce message, microseconds; ``None``: as ``bandwidth_gbps``."""
+    latency_term: str = "ring"
+    """``ring`` (2 (R-1) message rounds) or ``log`` (2 log2 R)."""
     grad_bytes: float | None = None
     """Gradient bytes per allreduce; default: the logged parameter count x 4."""
     ranks_per_node: int | None = None
@@ -99,7 +118,10 @@ class ReportOptions:
             raise ValueError(f"--ranks-per-node must be >= 1, got {self.ranks_per_node}")
         if self.grad_bytes is not None and self.grad_bytes <= 0:
             raise ValueError(f"--grad-bytes must be > 0, got {self.grad_bytes}")
-        self.fabric.validate()
+        default = Fabric()
+        Fabric(default.bandwidth_gbps if self.bandwidth_gbps is None else self.bandwidth_gbps,
+               default.latency_us if self.latency_us is None else self.latency_us,
+               self.latency_term).validate()
         return self
 
     def curve_spec(self) -> CurveSpec:
@@ -206,6 +228,7 @@ def compute_tables(runs: Sequence[RunData], options: ReportOptions,
         time_per_epoch=tpe,
         scaling=scaling,
         throughput_vs_size=tables.throughput_vs_size(runs, tpe),
+        links=links.link_table(runs),
         loss_vs_time=tables.loss_vs_time(runs, options.smooth),
         hours_to_target=hours,
         statistical_efficiency=stateff.efficiency_table(hours, scaling),
@@ -250,12 +273,15 @@ def add_optional(report: Report) -> None:
 def _project(report: Report) -> None:
     """Fits the projection asked for; a fit that is impossible becomes a warning."""
     options = report.options
+    link = links.choose(report.tables.links, options.bandwidth_gbps, options.latency_us,
+                        options.latency_term)
     try:
         report.projection = project(report.runs, report.tables.time_per_epoch,
-                                    options.project_nodes, options.fabric,
+                                    options.project_nodes, link.fabric,
                                     options.grad_bytes, options.ranks_per_node,
                                     report.tables.statistical_efficiency,
-                                    report.noise.priors if report.noise else None)
+                                    report.noise.predictions if report.noise else None,
+                                    link.lines)
     except ValueError as e:
         report.projection_error = str(e)
         report.notes.append(Note("warning", "projection", str(e)))

@@ -24,9 +24,9 @@ For ``--project-nodes``, ``fit_trend`` fits ``statistical efficiency = a + b log
 to the base (1 at its ranks) and the runs that reached the target, when they were
 measured at two or more rank counts besides the base's; ``project_rows`` combines it
 with the projection's throughput speedup. With fewer points it is assumed to be 1,
-and every row and note says so. Where the runs measured the gradient noise scale near
-a target, the projected rows predict it from that instead (``analysis.noise``), and
-say so in their basis and note.
+and every row and note says so. Where the runs measured the gradient noise scale, the
+projected rows predict it from the noise scale averaged over the training to the
+target instead (``analysis.noise``), and say so in their basis and note.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import pandas as pd
 
 from analysis import noise
 from analysis.document import Note
-from analysis.noise import NoisePrior
+from analysis.noise import NoisePrediction
 
 COLUMNS = ["run", "ranks", "nodes", "metric", "target", "reached", "hours", "result", "steps",
            "samples", "samples_lower_bound", "samples_text", "base", "base_samples",
@@ -288,7 +288,7 @@ class Scaled:
 
 
 def _target_rows(group: pd.DataFrame, scaled: Sequence[Scaled], trend: Trend,
-                 prior: NoisePrior | None = None,
+                 prediction: NoisePrediction | None = None,
                  batch_at: Callable[[int], float] | None = None) -> list[dict]:
     base = group[group["run"] == group["base"]].iloc[0]
     rows = []
@@ -300,8 +300,10 @@ def _target_rows(group: pd.DataFrame, scaled: Sequence[Scaled], trend: Trend,
                 continue
             eff, basis = float(mine["statistical_efficiency"].iloc[0]), "measured"
             measured = float(mine["hours"].iloc[0])
-        elif prior is not None and batch_at is not None:
-            (eff, basis, predicted), measured = noise.stat_efficiency(prior, batch_at(s.ranks)), math.nan
+        elif prediction is not None and batch_at is not None:
+            (eff, basis, predicted), measured = (noise.stat_efficiency(prediction,
+                                                                       batch_at(s.ranks)),
+                                                 math.nan)
         else:
             (eff, basis), measured = trend.at(s.ranks), math.nan
         speedup = s.throughput_speedup * eff
@@ -335,7 +337,7 @@ def _trend_line(group: pd.DataFrame, trend: Trend) -> str:
 
 
 def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled], base_ranks: int,
-                 priors: Mapping[tuple[str, float], NoisePrior] | None = None,
+                 predictions: Mapping[tuple[str, float], NoisePrediction] | None = None,
                  batch_at: Callable[[int], float] | None = None,
                  ) -> tuple[pd.DataFrame, list[str]]:
     """Projected time to each target: the base's measured time / (throughput speedup
@@ -346,9 +348,10 @@ def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled], base_ranks: int,
       scaled: the measured runs and projected node counts with their throughput
         speedups against the base.
       base_ranks: the base run's ranks (the trend's anchor).
-      priors: (metric, target) -> the noise scale near that target
-        (``analysis.noise``): the projected rows' statistical efficiency is then
-        predicted from it, at the global batch ``batch_at(ranks)``, instead of the trend.
+      predictions: (metric, target) -> samples to that target predicted from the
+        noise scale over training (``analysis.noise``): the projected rows' statistical
+        efficiency is then predicted from it, at the global batch ``batch_at(ranks)``,
+        instead of the trend.
 
     Returns:
       The rows (``PROJECT_COLUMNS``) and one line per target saying how its
@@ -357,9 +360,9 @@ def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled], base_ranks: int,
     rows, lines = [], []
     for (metric, target), group in table.groupby(["metric", "target"], sort=False):
         trend = fit_trend(group, base_ranks)
-        prior = (priors or {}).get((metric, target))
-        rows += _target_rows(group, scaled, trend, prior, batch_at)
-        lines.append(noise.line(_goal(group.iloc[0]), prior) if prior and batch_at
+        prediction = (predictions or {}).get((metric, target))
+        rows += _target_rows(group, scaled, trend, prediction, batch_at)
+        lines.append(noise.line(_goal(group.iloc[0]), prediction) if prediction and batch_at
                      else _trend_line(group, trend))
     return pd.DataFrame(rows, columns=PROJECT_COLUMNS), lines
 

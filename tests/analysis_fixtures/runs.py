@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from distseg.core import rundir, schema
+from distseg.core import link, rundir, schema
 
 CLASSES = ("background", "liver", "lesion")
 
@@ -89,6 +89,19 @@ class RunSpec:
     train_fields: dict = field(default_factory=dict)
     """Fields added to ``config.json``'s ``train`` (``global_batch``, ``lr_scaling``,
     ``batch_policy``, ...): the batch and lr rule a projection reads."""
+    link: dict | None = None
+    """The run records' ``link`` (``measured_link``); ``None``: no such field, as in logs
+    from before it (a 1-rank run logs ``null``: ``extra_run_fields={"link": None}``)."""
+
+
+def measured_link(ranks: int, bandwidth_gbps: float, latency_us: float, local: bool,
+                  sizes: Sequence[int] = (4 << 10, 1 << 20, 16 << 20)) -> dict:
+    """A run record's ``link`` as the trainer logs it (``distseg.core.link.fit`` of the
+    timed allreduces, and ``local``): the ring model's seconds for ``sizes`` at exactly
+    ``bandwidth_gbps`` and ``latency_us``, so the fit gives them back."""
+    seconds = [2 * (ranks - 1) * latency_us * 1e-6
+               + link.ring_bytes(n, ranks) * 8 / (bandwidth_gbps * 1e9) for n in sizes]
+    return {**link.fit(list(sizes), seconds, ranks), "local": local}
 
 
 def shards(spec: RunSpec, epoch: int) -> list[list[np.ndarray]]:
@@ -168,6 +181,7 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                     "global_seed": spec.seed, "steps_per_epoch": steps,
                     "batch_size": spec.batch_size, "global_batch_size": spec.batch_size * size,
                     "lr_base": 0.005, "lr_scaled": 0.005 * size, **noise_fields(spec, "run"),
+                    **({"link": spec.link} if spec.link is not None else {}),
                     **spec.extra_run_fields})
         t = 0.0
         epochs_here = list(range(launch.start_epoch, launch.end_epoch))

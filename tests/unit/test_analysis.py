@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from analysis import logfile, tables
 from analysis.cli import report as report_cmd
-from analysis.project import Fabric, allreduce_seconds
 from analysis.report import CSV_FILES, ReportOptions, build, write
+from analysis.stepmodel import Fabric, allreduce_seconds
 from distseg.core import rundir, schema
 from tests.analysis_fixtures.runs import Launch, RunSpec, note_lines, one_row, shards, write_run
 
@@ -422,8 +422,8 @@ def test_projection_matches_a_hand_computation(tmp_path):
     assert measured["residual_s"] == pytest.approx(17.6 - 16 * (compute + a2))
     assert rep.projection.assumptions[0].startswith("PROJECTION")
 
-    log_term = build(runs, ReportOptions(project_nodes=(8,), fabric=Fabric(
-        bandwidth_gbps=10, latency_us=50, latency_term="log"))).projection.table
+    log_term = build(runs, ReportOptions(project_nodes=(8,), bandwidth_gbps=10, latency_us=50,
+                                         latency_term="log")).projection.table
     comm16 = 2 * 15 / 16 * g / (10e9 / 8) + 50e-6 * 2 * math.log2(16)
     assert one_row(log_term, kind="projection")["allreduce_s"] == pytest.approx(comm16)
 

@@ -27,15 +27,27 @@ def _runs(tmp_path, **noise_or_not):
             write_run(str(tmp_path / "np4"), RunSpec(size=4, step_time=1.25, **noise_or_not))]
 
 
-def test_the_prediction_is_mccandlish_ratio_by_hand():
-    prior = noise.NoisePrior(b_noise=5.0, run="np2", epoch=1, base_batch=2.0,
-                             base_samples=14.0)
-    # E(B) / E(B0) = (B_noise + B) / (B_noise + B0): 14 x (5 + 8) / (5 + 2) = 26.
-    assert prior.samples(8.0) == pytest.approx(26.0)
-    assert prior.efficiency(8.0) == pytest.approx(7.0 / 13.0)
-    assert prior.samples(2.0) == pytest.approx(14.0)  # the base's own batch: its samples
-    assert noise.note(prior, 8.0) == ("predicted from the noise scale B_noise = 5 measured "
-                                      "at np2 epoch 1: 26 samples at global batch 8")
+# np2's history to the target -0.3 (28 samples, global batch 4): epoch 0 in full (16
+# samples at B_noise 4), then 12 samples of epoch 1 (B_noise 5).
+NP2_HISTORY = noise.History("np2", samples=(16.0, 12.0), batch=(4.0, 4.0), g2=(1.0, 1.0),
+                            trace=(4.0, 5.0))
+
+
+def test_the_prediction_sums_mccandlish_over_the_history_by_hand():
+    pred = noise.NoisePrediction(NP2_HISTORY, base="np1", base_batch=2.0, base_samples=14.0)
+    # Each epoch at its own noise scale: 16 x (4 + 8) / (4 + 4) + 12 x (5 + 8) / (5 + 4).
+    assert pred.samples(8.0) == pytest.approx(24.0 + 52.0 / 3.0)  # 41.33
+    assert pred.samples(4.0) == pytest.approx(28.0)  # the batch it ran: its samples
+    assert pred.samples(2.0) == pytest.approx(28.0)  # below it: no gain counted
+    assert pred.efficiency(8.0) == pytest.approx(14.0 / (124.0 / 3.0))
+    assert noise.note(pred, 8.0) == ("predicted from np2's history of the noise scale: 2 "
+                                     "epoch(s), 28 samples at global batch 4: 41 samples at "
+                                     "global batch 8")
+    # One stretch is McCandlish's ratio from one snapshot: 14 x (5 + 8) / (5 + 2) = 26.
+    one = noise.History("np2", (14.0,), (2.0,), (1.0,), (5.0,))
+    assert one.samples_at(8.0) == pytest.approx(26.0)
+    assert noise.NoisePrior(b_noise=5.0, run="np2", epoch=1, base_batch=2.0,
+                            base_samples=14.0).samples(8.0) == pytest.approx(26.0)
 
 
 def test_noise_scale_is_read_near_each_target_and_at_the_end(tmp_path):
@@ -56,12 +68,16 @@ def test_predicted_and_measured_side_by_side(tmp_path):
     pred = report.optional["noise_prediction"]
     assert list(pred["run"]) == ["np2", "np4"]  # every run but the base np1
     row = one_row(pred, run="np4")
-    # The base np1 (1 rank) has no noise scale: B_noise is np2's at its crossing epoch 1.
-    assert row["noise_measured_at"] == "np2 epoch 1" and row["b_noise"] == 5.0
+    # The base np1 (1 rank) has no noise scale: the history is np2's to its crossing
+    # (NP2_HISTORY): B_noise 4 over epoch 0, 5 over the 12 samples of epoch 1.
+    assert (row["noise_from"], row["noise_epochs"]) == ("np2", 2)
+    assert (row["b_noise_first"], row["b_noise_last"]) == (4.0, 5.0)
     assert (row["base_global_batch"], row["global_batch_size"], row["base_samples"]) == (2, 8, 14)
-    assert row["predicted_samples"] == pytest.approx(26.0)  # 14 x 13 / 7
-    assert row["samples"] == 56 and row["measured_over_predicted"] == pytest.approx(56 / 26)
-    assert one_row(pred, run="np2")["predicted_samples"] == pytest.approx(18.0)  # 14 x 9 / 7
+    assert row["predicted_samples"] == pytest.approx(124 / 3)  # 16 x 12/8 + 12 x 13/9
+    assert row["samples"] == 56 and row["measured_over_predicted"] == pytest.approx(56 / (124 / 3))
+    assert one_row(pred, run="np2")["predicted_samples"] == pytest.approx(28.0)  # as it ran
+    # The prediction per node count uses the same history: the same samples at np4.
+    assert noise.history_for(report.runs, report.tables.statistical_efficiency)[0] == NP2_HISTORY
 
 
 def test_a_base_with_a_noise_scale_is_its_own_source(tmp_path):
@@ -69,9 +85,9 @@ def test_a_base_with_a_noise_scale_is_its_own_source(tmp_path):
             write_run(str(tmp_path / "np4"), RunSpec(size=4, **NOISE))]
     report = build(runs, ReportOptions(target_loss=(-0.3,)), processes=0)
     row = one_row(report.optional["noise_prediction"], run="np4")
-    # np2 reaches -0.3 at global step 6, in epoch 1: B_simple 5; 28 x (5 + 8) / (5 + 4).
-    assert row["noise_measured_at"] == "np2 epoch 1"
-    assert row["predicted_samples"] == pytest.approx(28 * 13 / 9)
+    # np2 reaches -0.3 at global step 6, in epoch 1, after 28 samples: NP2_HISTORY.
+    assert row["noise_from"] == "np2" and row["base"] == "np2"
+    assert row["predicted_samples"] == pytest.approx(24 + 12 * 13 / 9)
 
 
 def test_the_projection_says_it_is_predicted_from_the_noise_scale(tmp_path):
@@ -79,14 +95,23 @@ def test_the_projection_says_it_is_predicted_from_the_noise_scale(tmp_path):
                                                            project_nodes=(2,)), processes=0)
     rows = report.projection.targets
     projected = one_row(rows, kind="projection")
-    # 2 nodes x 4 ranks per node x 2 per rank: global batch 16; (5 + 2) / (5 + 16).
-    assert projected["statistical_efficiency"] == pytest.approx(7 / 21)
+    # 2 nodes x 4 ranks per node x 2 per rank: global batch 16. From NP2_HISTORY:
+    # 16 x (4 + 16) / (4 + 4) + 12 x (5 + 16) / (5 + 4) = 40 + 28 = 68 samples,
+    # against np1's 14 measured: statistical efficiency 14 / 68.
+    assert projected["statistical_efficiency"] == pytest.approx(14 / 68)
     assert projected["statistical_efficiency_basis"] == noise.NOISE_BASIS
-    assert "predicted from the noise scale B_noise = 5 measured at np2 epoch 1" in projected["note"]
+    assert projected["note"] == ("predicted from np2's history of the noise scale: 2 epoch(s), "
+                                 "28 samples at global batch 4: 68 samples at global batch 16")
     assert projected["hours"] == pytest.approx(
-        one_row(rows, run="np1")["hours"] / (projected["throughput_speedup"] * 7 / 21))
-    assert any("PREDICTED from the noise scale" in a for a in report.projection.target_assumptions)
+        one_row(rows, run="np1")["hours"] / (projected["throughput_speedup"] * 14 / 68))
+    assert ("train_loss <= -0.3: statistical efficiency PREDICTED from the noise scale "
+            "averaged over training: np1's 14 samples / the samples predicted at global batch "
+            "B from np2's history of the noise scale: 2 epoch(s), 28 samples at global batch "
+            "4." in report.projection.target_assumptions)
     assert not any("ASSUMED 1" in n for n in note_lines(report, "warning"))
+    # The prediction per node count at the same count predicts the same samples.
+    assert one_row(report.projection.nodes, kind="projection")["predicted_samples"] == (
+        pytest.approx(68.0))
 
 
 def test_without_noise_fields_no_new_section_file_or_json_key(tmp_path):
@@ -127,7 +152,7 @@ def test_json_and_html_carry_the_values(tmp_path):
     near = [r for r in doc["tables"]["noise_scale"] if r["run"] == "np2" and r["at"] == "target"]
     assert near[0]["b_simple"] == 5.0 and near[0]["epoch"] == 1
     pred = {r["run"]: r for r in doc["tables"]["noise_prediction"]}
-    assert pred["np4"]["predicted_samples"] == pytest.approx(26.0)
+    assert pred["np4"]["predicted_samples"] == pytest.approx(124 / 3)
     series = [r for r in doc["tables"]["noise_scale_series"] if r["run"] == "np4"]
     assert [r["b_simple"] for r in series] == [4.0, 5.0, 6.0, 7.0]
     assert [r["samples"] for r in series] == [16, 32, 48, 64]

@@ -1,4 +1,5 @@
-"""``analysis.project``: the projection's pieces alone (points, fit, rows, assumptions).
+"""``analysis.stepmodel`` and ``analysis.project``: the step-time model's and the
+projection's pieces alone (points, fit, rows, assumptions).
 
 The end-to-end hand computation is ``test_analysis.py::test_projection_matches_a_hand_
 computation``; here each step gets numbers small enough to check in one's head.
@@ -8,8 +9,8 @@ import math
 
 import pytest
 
-from analysis import logs, project, tables
-from analysis.project import EpochModel, Fabric, Point
+from analysis import logs, project, stepmodel, tables
+from analysis.stepmodel import EpochModel, Fabric, Point
 from tests.analysis_fixtures.runs import RunSpec, write_run
 
 NO_LATENCY = Fabric(bandwidth_gbps=8.0, latency_us=0.0)  # 1e9 bytes/s, no latency
@@ -25,7 +26,7 @@ def test_fit_points_take_the_median_training_time_and_the_run_record(tmp_path):
     runs = [logs.load_run(write_run(str(tmp_path / "np1"), RunSpec(size=1, **common))),
             logs.load_run(write_run(str(tmp_path / "np2"), RunSpec(size=2, step_time=1.1,
                                                                    **common)))]
-    points = project.fit_points(runs, tables.time_per_epoch(runs))
+    points = stepmodel.fit_points(runs, tables.time_per_epoch(runs))
     assert points == [_point("np1", 1, 32.0, 32), _point("np2", 2, pytest.approx(17.6), 16)]
     assert points[1].step_s == pytest.approx(1.1)
 
@@ -33,12 +34,12 @@ def test_fit_points_take_the_median_training_time_and_the_run_record(tmp_path):
 def test_fit_subtracts_the_allreduce_and_takes_the_base_runs_dataset():
     # 1e6 gradient bytes at 1e9 bytes/s: allreduce 2 x 1/2 x 1e-3 s = 1e-3 s at 2 ranks.
     points = [_point("a", 1, 32.0, 32), _point("b", 2, 16.0 * 1.003, 16)]
-    model = project.fit(points, 1e6, NO_LATENCY)
+    model = stepmodel.fit(points, 1e6, NO_LATENCY)
     assert model.compute_s == pytest.approx((1.0 + 1.002) / 2)
     assert (model.train_samples, model.batch_size, model.cap) == (64, 2, None)
-    assert project.fit([_point("a", 1, 20.0, 10, capped=True)], 1e6, NO_LATENCY).cap == 10
+    assert stepmodel.fit([_point("a", 1, 20.0, 10, capped=True)], 1e6, NO_LATENCY).cap == 10
     # A negative residual (allreduce slower than the step) fits as zero compute.
-    assert project.fit([_point("a", 2, 1e-4, 1)], 1e6, NO_LATENCY).compute_s == 0.0
+    assert stepmodel.fit([_point("a", 2, 1e-4, 1)], 1e6, NO_LATENCY).compute_s == 0.0
 
 
 def test_epoch_model_caps_steps_and_adds_the_allreduce():

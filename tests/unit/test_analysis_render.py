@@ -132,12 +132,12 @@ def test_json_document_holds_the_tables_the_model_says():
                notes=(Note("info", "a", "m"),), files={"scaling": "s.csv"})
     out = render.json_document(doc)
     assert out["tables"]["scaling"] == [{"run": "a", "speedup": None}]
-    assert "loss_vs_time" not in out["tables"] and len(out["tables"]) == 12
+    assert "loss_vs_time" not in out["tables"] and len(out["tables"]) == 13
     assert out["notes"] == [{"level": "info", "where": "a", "message": "m"}]
     json.dumps(out)
     assert csv_files() == {"time_per_epoch": "time_per_epoch.csv", "scaling": "scaling.csv",
                            "throughput_vs_size": "throughput_vs_size.csv",
-                           "loss_vs_time": "loss_vs_time.csv",
+                           "links": "links.csv", "loss_vs_time": "loss_vs_time.csv",
                            "hours_to_target": "hours_to_target.csv",
                            "statistical_efficiency": "statistical_efficiency.csv",
                            "rank_balance": "rank_balance.csv",

@@ -20,9 +20,9 @@ from support import REPO
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 from benchlib import runlogs  # noqa: E402
-from benchlib.stateff import curves, study, summary  # noqa: E402
+from benchlib.stateff import curves, largebatch, study, summary  # noqa: E402
 from benchlib.stateff.goals import goal_rows, noise_predictions  # noqa: E402
-from benchlib.stateff.runs import cache_key  # noqa: E402
+from benchlib.stateff.runs import cache_key, run_spec  # noqa: E402
 
 LIVER = [0.30, 0.90, 0.70, 0.95]
 """Rank 0's validation liver Dice per epoch in the hand-built 2-rank run."""
@@ -230,3 +230,166 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
     np.testing.assert_allclose(many[:after, 2:], many[:after, :2], rtol=1e-6)
     assert (many[after:, 2] > many[after:, 3]).all() and (many[after:, 3] > 0).all()
     assert not np.allclose(many[after:, 2:], many[after:, :2])
+
+
+# --- issue 28: global batches past 8 ----------------------------------------------------
+
+
+def test_the_sweep_multiplies_the_base_lr_and_shares_the_sqrt_rules_runs():
+    base = study.run_config("small", "gbatch-gn", 8, 0, 24, 2048)["train"]
+    x28 = study.run_config("small", "gbatch-gn-x2.8", 8, 0, 24, 2048)["train"]
+    assert list(study.MULTIPLIERS) == ["x1", "x1.4", "x2", "x2.8", "x4"]
+    assert x28["lr"] == pytest.approx(2 * 2 ** 0.5 * 1e-3) and x28["grown_lr_scaling"] == "none"
+    assert {k: v for k, v in x28.items() if k not in ("lr", "grown_lr_scaling")} == \
+        {k: v for k, v in base.items() if k != "grown_lr_scaling"}
+    assert x28["warmup_epochs"] == 0.0  # no warm-up, as gbatch-gn: so x sqrt(B/8) is sqrt's run
+    same = {(v, b): study.same_run(f"gbatch-gn-{v}", b) for v in study.MULTIPLIERS for b in (16, 32, 64)}
+    assert {k for k, v in same.items() if v == "gbatch-gn"} == {("x1.4", 16), ("x2", 32), ("x2.8", 64)}
+    assert run_spec("sim", "small", "gbatch-gn-x2", 32, 0, 24, None)[2] == \
+        run_spec("sim", "small", "gbatch-gn", 32, 0, 24, None)[2]
+    assert run_spec("sim", "small", "gbatch-gn-x2", 16, 0, 24, None)[2] != \
+        run_spec("sim", "small", "gbatch-gn", 16, 0, 24, None)[2]
+
+
+def test_a_grown_batch_is_emulated_as_8_ranks_with_the_same_batches_and_lr():
+    import dataclasses
+
+    import numpy as np
+
+    from distseg.core import config as config_lib
+    from distseg.data import sharding
+    from distseg.training.loop import Schedule
+
+    cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn", 64, 0, 24, 0.85)
+    assert (emulated.ranks, emulated.sim_ranks, emulated.fold, emulated.stop_at) == (64, 8, 8, 0.85)
+    assert cfg_over == study.run_config("small", "gbatch-gn", 8, 0, 24, 2048)
+    assert run_spec("sim", "small", "gbatch-gn", 8, 0, 24, None)[1] is None
+    def train(over):
+        return dataclasses.replace(config_lib.demo().train, **over["train"])
+
+    t = train(cfg_over)
+    real = {r: Schedule.of(train(study.run_config("small", "gbatch-gn", r, 0, 24, 2048)), 2048, r)
+            for r in (16, 64)}
+    for r, sched in real.items():
+        folded = Schedule.of(t, 2048, 8, per_rank=r // 8)
+        assert (folded.steps, folded.plan.global_batch, folded.plan.base, folded.lr(0)) == \
+            (sched.steps, sched.plan.global_batch, sched.plan.base, sched.lr(0))
+        assert folded.steps * r == 512 and sched.lr(0) == pytest.approx(1e-3 * (r / 8) ** 0.5)
+        # the same samples in every global batch at r ranks and at 8
+        ids = np.arange(2048)
+        whole = None
+        for n in (r, 8):
+            parts = [sharding.global_batches(ids, k, n, r, 3, 0) for k in range(n)]
+            got = [np.sort(np.concatenate(step)) for step in zip(*parts)]
+            whole = got if whole is None else whole
+            np.testing.assert_array_equal(np.array(got), np.array(whole))
+
+
+def lb_run(variant, ranks, seed, samples, cum=None, noise=None, per_rank=None):
+    return {"backend": "sim", "variant": variant, "ranks": ranks, "seed": seed,
+            "samples_to_target": samples, "cum_samples": cum or [], "noise": noise or [],
+            "per_rank": per_rank or []}
+
+
+def test_the_prediction_is_samples_at_over_the_base_runs_epochs_up_to_the_target():
+    from distseg.core import goodput
+
+    # The B = 8 run reached the target at its 2nd validation; the 3rd is not history.
+    noise = [{"g2": 1.0, "trace": 8.0}, {"g2": 2.0, "trace": 48.0}, {"g2": 1.0, "trace": 1e3}]
+    runs = [lb_run("gbatch-gn", 8, 0, 1024, [512, 1024, 1536], noise),
+            lb_run("gbatch-gn", 16, 0, 1536), lb_run("gbatch-gn", 32, 0, 2048),
+            lb_run("gbatch-gn", 64, 0, None)]
+    preds = largebatch.predictions(runs, 0)
+    # efficiency(B) = (phi + 8) / (phi + B): phi 8 then 24; at B = 16: 512 x 24/16 + 512 x 40/32.
+    assert preds[0]["predicted"] == pytest.approx(512 * 24 / 16 + 512 * 40 / 32)
+    assert [p["predicted"] for p in preds] == [
+        pytest.approx(goodput.samples_at(b, 8, [(512, 1.0, 8.0), (512, 2.0, 48.0)])) for b in (16, 32, 64)]
+    row = largebatch.prediction_row(preds)
+    assert row["met"] is False  # B = 64 not reached: no ratio, so not within 25 %
+    assert "seed 0 B=16: 1408 / 1536 = 0.92" in row["detail"]
+
+
+def test_projected_time_adds_each_steps_seconds_at_its_per_rank_batch():
+    seconds = {1: 0.1, 2: 0.15, 4: 0.3, 8: 0.6}
+    # 32 ranks: 1,024 samples at 1 per rank = 32 steps; 512 at 2 per rank = 8 steps.
+    assert largebatch.projected_seconds([(1024, 1), (512, 2)], 32, seconds) == pytest.approx(32 * 0.1 + 8 * 0.15)
+    runs = [lb_run("gbatch-gn-goodput", 32, 0, 1536, [512, 1024, 1536, 2048], per_rank=[1, 1, 2, 2]),
+            lb_run("gbatch-gn", 32, 0, 2048), lb_run("gbatch-gn", 64, 0, 2048),
+            lb_run("gbatch-gn", 128, 0, None)]
+    c = largebatch.goodput_vs_fixed(runs, 0, seconds)
+    assert c["policy"] == pytest.approx(32 * 0.1 + 8 * 0.15)
+    assert c["fixed"] == {1: pytest.approx(64 * 0.1), 2: pytest.approx(32 * 0.15), 4: None, 8: None}
+    assert c["vs_best"] == pytest.approx(4.4 / 4.8)
+    row = largebatch.goodput_row([c])
+    assert row["measured"] == 0.92 and row["met"] is False
+
+
+def test_the_gain_rule_against_the_best_fixed_multiplier_and_the_default_against_1_rank():
+    runs = [lb_run("gbatch-gn-gain", 16, 0, 2560), lb_run("gbatch-gn-x1", 16, 0, 3072),
+            lb_run("gbatch-gn", 16, 0, 2048), lb_run("gbatch-gn-x2", 16, 0, None),
+            lb_run("gbatch-gn", 32, 0, 3584), lb_run("gbatch-gn-gain", 32, 0, None),
+            lb_run("gbatch-gn-x1", 32, 0, 4096), lb_run("gbatch-gn", 1, 0, 2048)]
+    table = largebatch.sweep(runs, 0)
+    # x1.4 at B = 16 and x2 at 32 are the sqrt rule's runs
+    assert table[16] == {"sqrt": 2048, "gain": 2560, "x1": 3072, "x2": None}
+    row = largebatch.gain_row({0: table})
+    assert row["detail"] == "seed 0 B=16: 1.25; seed 0 B=32: gain not reached"
+    assert row["met"] is False
+    default = largebatch.default_row(runs, [0])
+    assert default["measured"] == "1.00; 1.75" and default["met"] is False
+
+
+def test_the_emulated_goodput_policy_switches_as_the_loop_does():
+    """``emulation.policy_step`` at 32 emulated ranks (8 sim ranks x 4 per-rank slices):
+    a noise scale far above the batch makes per-rank 2 worth its lower step cost, and
+    the schedule and noise-scale sizes follow; a small one keeps per-rank 1."""
+    import dataclasses
+
+    from distseg.core import config as config_lib
+    from distseg.training.noise import Average, NoiseScale
+
+    from benchlib.stateff import emulation
+    cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn-goodput", 32, 0, 24, None)
+    cfg = dataclasses.replace(config_lib.demo(), train=dataclasses.replace(
+        config_lib.demo().train, **cfg_over["train"]))
+    seconds = {1: 0.1, 2: 0.15, 4: 0.3, 8: 0.6}  # per sample: 2 is 1.33x faster than 1
+    for phi, expect in ((1e4, 2), (8.0, 1)):
+        schedule = emulation.first_schedule(cfg, 2048, 8, emulated)
+        assert (schedule.plan.per_rank, schedule.plan.global_batch) == (4, 32)
+        noise = NoiseScale(4, 32, 8)
+        noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
+        schedule, choice = emulation.policy_step(cfg, schedule, noise, emulated, seconds, 2048)
+        assert choice.per_rank == expect
+        assert (schedule.plan.per_rank, schedule.plan.global_batch, schedule.steps) == \
+            (4 * expect, 32 * expect, 512 // (32 * expect))
+        assert (noise.small, noise.big) == (4 * expect, 32 * expect)
+        assert schedule.lr(0) == pytest.approx(1e-3 * (4 * expect) ** 0.5)
+
+
+def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():
+    """The fold ``study.Emulated`` relies on: GroupNorm, the global loss, a grown global
+    batch of 16 as 16 emulated ranks x 1 slice and as 8 x 2: the same step losses and
+    weights for 5 Adam steps (float32 sums in another order)."""
+    import dataclasses
+
+    import numpy as np
+
+    from distseg.core import config as config_lib
+    from distseg.training import steps
+
+    from benchlib.stateff import emulation
+    cfg = config_lib.smoke()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="group", num_classes=3,
+                                                             image_size=16),
+                              train=dataclasses.replace(cfg.train, loss="dice_ce", lr=1e-3))
+    rng = np.random.default_rng(1)
+    images = rng.random((5, 16, 16, 16, 1), dtype=np.float32)
+    masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
+    out = {}
+    for n in (16, 8):
+        sim = emulation.SimRanks(cfg, n)
+        parts = np.array_split(np.arange(16), n)
+        losses = [sim.step([(images[k, p], masks[k, p]) for p in parts], 1.4e-3)[0] for k in range(5)]
+        out[n] = (losses, steps.weight_checksum(sim.model.trainable_variables))
+    np.testing.assert_allclose(out[8][0], out[16][0], rtol=1e-5)
+    np.testing.assert_allclose(out[8][1], out[16][1], rtol=1e-5)

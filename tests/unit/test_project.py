@@ -1,6 +1,6 @@
 """``distseg-report --project-nodes``: the compute model per sample, samples to target from
 the noise scale averaged over training, the batch, lr and goodput choice per node count,
-beside the measured runs (``analysis.project``, ``analysis.noise.History``).
+beside the measured runs (``analysis.stepmodel``, ``analysis.pernode``, ``analysis.noise.History``).
 
 Every run is a real log written by ``tests/analysis_fixtures/runs.py``. The fabric moves
 1e9 bytes/s without latency and the model has 100,000 parameters (4e5 gradient bytes),
@@ -15,7 +15,6 @@ import math
 import pytest
 
 from analysis import logs, noise, tables
-from analysis.project import Fabric
 from analysis.report import NODES_FIGURE, ReportOptions, build, write
 from distseg.core import goodput
 from tests.analysis_fixtures.runs import (
@@ -29,7 +28,7 @@ from tests.analysis_fixtures.runs import (
     write_run,
 )
 
-FABRIC = Fabric(bandwidth_gbps=8.0, latency_us=0.0)
+LINK = dict(bandwidth_gbps=8.0, latency_us=0.0)  # given: wins over any measured link
 GLOBAL_8 = {"global_batch": 8, "global_batch_grows": True}  # grown past 8 ranks, lr x sqrt
 LR = 0.005  # the fixture's train.lr
 
@@ -53,7 +52,7 @@ def _step_at_4_ranks(alpha, beta, per_rank):
 
 
 def _build(runs, nodes, **options):
-    return build(runs, ReportOptions(project_nodes=nodes, fabric=FABRIC, **options), processes=0)
+    return build(runs, ReportOptions(project_nodes=nodes, **LINK, **options), processes=0)
 
 
 # ----------------------------------------------------------------------- compute model
