@@ -92,14 +92,16 @@ def _train_options(fn):
               help="JSON config (e.g. another run's config.json) applied over the preset.")
 @click.option("--resize/--no-resize", default=None, help="Resize slices to --image-size instead of refusing them.")
 @click.option("--validate/--no-validate", default=None, help="Sharded validation after each epoch.")
+@click.option("--tensorboard/--no-tensorboard", default=None,
+              help="Rank 0 writes TensorBoard scalars to RUN_DIR/tensorboard/ (default on).")
 @click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
               help="unet2d on slices (default), or unet3d on slabs of volumes (--slab; "
                    "data from distseg-data ... --ndim 3).")
 @click.option("--recompute/--no-recompute", default=None,
               help="Gradient checkpointing of every convolution unit of every U-Net level: less memory, more time (docs/memory.md).")
 @_train_options
-def train(data_path, run_dir, resume, preset, config_file, resize, validate, model_name,
-          recompute, **flags):
+def train(data_path, run_dir, resume, preset, config_file, resize, validate, tensorboard,
+          model_name, recompute, **flags):
     """Train a 2D U-Net on slices, or a 3D U-Net on slabs of volumes, data-parallel over
     Horovod ranks.
 
@@ -119,7 +121,8 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, mod
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
-                      "train.validate": validate, "model.recompute": recompute,
+                      "train.validate": validate, "train.tensorboard": tensorboard,
+                      "model.recompute": recompute,
                       "model.spatial_dims": config_lib.MODELS.get(model_name)})
     try:
         overrides.update(batch_overrides(flags["batch_size"], flags["global_batch"]))

@@ -154,6 +154,9 @@ class TrainConfig:
     """Cap on steps per epoch (0: a full pass); for smoke tests and benchmarks."""
     validate: bool = True
     """Run the sharded validation after each epoch."""
+    tensorboard: bool = True
+    """Rank 0 writes TensorBoard scalars to ``RUN/tensorboard/`` as it trains
+    (``distseg.training.board``)."""
     hang_timeout: float = 120.0
     """Seconds a rank may wait in a collective before it ends the run, naming the
     ranks that stopped answering (0: wait forever)."""
@@ -523,6 +526,7 @@ def resolve(preset: str = "liver2d", file: str | None = None,
 #: only extend the run, which ``distseg.training.loop`` checks against the checkpoint).
 RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
+                     "train.tensorboard",
                      "train.on_nonfinite", "train.hang_timeout", "data.prefetch")
 
 

@@ -34,6 +34,7 @@ from distseg.data import feeds, prefetch, sharding
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import batchpolicy, checkpoint, resume, steps, stopping, validation
+from distseg.training import board as board_lib
 from distseg.training.batchpolicy import BatchPolicy
 from distseg.training.noise import NoiseScale
 from distseg.training.runlog import RunLog
@@ -235,6 +236,8 @@ class Session:
     """The next step traces the train step (not timed for the policy; longer watch)."""
     link: dict | None = None
     """The link between the ranks as measured at the start (``measure_link``)."""
+    board: board_lib.Board | None = None
+    """The live TensorBoard scalars (rank 0 writes them; None: ``--no-tensorboard``)."""
 
     @property
     def class_names(self) -> list[str]:
@@ -320,6 +323,8 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         session.policy = BatchPolicy(ctx.size, schedule.plan.base, cfg.train.max_batch_per_rank,
                                      schedule.plan.per_rank)
     _restore_scaling(session)
+    session.board = board_lib.open_board(cfg.run_dir, ctx, session.global_step, start_time,
+                                         cfg.train.tensorboard, resources)
     session.watch = stopping.HangWatch(cfg.train.hang_timeout, functools.partial(_on_hang, session))
     resources.callback(session.watch.close)
     dist.watch_collectives(session.watch)
@@ -520,10 +525,12 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     if s.policy is not None and not first:
         s.policy.observe(now - step_start)
     try:
-        s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
-                    t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
-                    loss=loss, loss_local=loss_local, lr=lr, samples=len(ids), grad_sq=grad_sq,
-                    **({"skipped": True} if nonfinite else {}))
+        record = s.log.write("step", epoch=result.epoch, step=step, global_step=s.global_step,
+                             t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
+                             loss=loss, loss_local=loss_local, lr=lr, samples=len(ids),
+                             grad_sq=grad_sq, **({"skipped": True} if nonfinite else {}))
+        if s.board is not None:
+            s.board.step(record)
     except OSError as e:  # shared in the next step's allreduce, or at epoch end
         result.failure = result.failure or dist.failure_of(e)
     result.seen.append(ids)
@@ -617,23 +624,24 @@ def validate(s: Session) -> dict:
 
 
 def finish_epoch(s: Session, result: EpochResult, val: dict,
-                 choice: goodput.Choice | None = None) -> None:
+                 choice: goodput.Choice | None = None) -> dict:
     """This rank's ``epoch`` record (with the batch policy's ``choice`` for the next
-    epoch), run under ``dist.agree``: a full disk on one rank stops every rank with the
-    same message."""
+    epoch), returned as written; run under ``dist.agree``: a full disk on one rank stops
+    every rank with the same message."""
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)
-    s.log.write("epoch", epoch=result.epoch, t=time.perf_counter() - s.t0,
-                epoch_time=result.epoch_time, train_time=result.train_time,
-                steps=s.schedule.steps, samples=len(seen),
-                sample_digest=schema.sample_digest(seen),
-                train_loss=float(np.mean(result.losses)),
-                train_loss_local=float(np.mean(result.losses_local)),
-                weight_checksum=result.weights, skipped_steps=result.skipped,
-                noise_scale=s.noise.record(), lr_rule=lr_rule_record(s),
-                **({} if s.policy is None else
-                   {"batch_policy": s.policy.record(s.schedule.plan.per_rank, choice)}), **val)
+    return s.log.write("epoch", epoch=result.epoch, t=time.perf_counter() - s.t0,
+                       epoch_time=result.epoch_time, train_time=result.train_time,
+                       steps=s.schedule.steps, samples=len(seen),
+                       sample_digest=schema.sample_digest(seen),
+                       train_loss=float(np.mean(result.losses)),
+                       train_loss_local=float(np.mean(result.losses_local)),
+                       weight_checksum=result.weights, skipped_steps=result.skipped,
+                       noise_scale=s.noise.record(), lr_rule=lr_rule_record(s),
+                       **({} if s.policy is None else
+                          {"batch_policy": s.policy.record(s.schedule.plan.per_rank, choice)}),
+                       **val)
 
 
 def decide_batch(s: Session) -> goodput.Choice | None:
@@ -724,8 +732,10 @@ def train_epochs(s: Session) -> int:
         val = validate(s)
         result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
         choice = decide_batch(s) if epoch + 1 < t.epochs else None
-        dist.agree(finish_epoch, s, result, val, choice)
+        record = dist.agree(finish_epoch, s, result, val, choice)
         s.epochs_done = epoch + 1
+        if s.board is not None:
+            s.board.epoch(record)  # collective: every rank's step times to rank 0
         print_epoch(s, result, val)
         if choice is not None and s.policy.take(choice):
             switch_batch(s, epoch + 1)
