@@ -128,6 +128,9 @@ class Point:
       capped: whether ``max_steps_per_epoch`` cut its epochs short.
       per_rank: the mean per-rank batch its steps trained on where that is not
         ``batch_size`` (remainder batches, or a batch the ``goodput`` policy chose).
+      link: the link its own ranks measured (its run record's ``link``, a host's own
+        path included), which its allreduce is taken off its steps with; None: not
+        measured (the projection's link is used).
     """
 
     run: str
@@ -139,6 +142,7 @@ class Point:
     batch_size: int
     capped: bool
     per_rank: float | None = None
+    link: Fabric | None = None
 
     @property
     def step_s(self) -> float:
@@ -158,7 +162,7 @@ def _run_points(run: RunData, n_train: int, spe: int, batch: int) -> list[Point]
     steady = steady.assign(per_rank=steady["per_rank"].astype(float).fillna(batch).round(6))
     fixed = batch_plan(train_config(run)[0], run.ranks).fixed
     capped = spe < steps_per_epoch(n_train, run.ranks, batch, fixed)
-    points = []
+    points, link = [], own_link(run)
     for per_rank, group in steady.groupby("per_rank", sort=False):
         steps = float(group["steps"].median())
         if not (math.isfinite(steps) and steps > 0):
@@ -166,8 +170,18 @@ def _run_points(run: RunData, n_train: int, spe: int, batch: int) -> list[Point]
         points.append(Point(run=run.label, ranks=run.ranks, nodes=run.nodes or 1,
                             epoch_s=float(group["train_s"].median()), steps=int(round(steps)),
                             train_samples=n_train, batch_size=batch, capped=capped,
-                            per_rank=None if per_rank == batch else float(per_rank)))
+                            per_rank=None if per_rank == batch else float(per_rank),
+                            link=link))
     return points
+
+
+def own_link(run: RunData) -> Fabric | None:
+    """The link ``run``'s ranks measured at its start as a ``Fabric`` (ring), or None
+    where it logged none or no bandwidth."""
+    link = run.run_record.get("link") or {}
+    if not link.get("bandwidth_gbps"):
+        return None
+    return Fabric(float(link["bandwidth_gbps"]), float(link.get("latency_us") or 0.0), "ring")
 
 
 def fit_points(runs: Sequence[RunData], tpe: pd.DataFrame) -> list[Point]:
@@ -297,13 +311,15 @@ class EpochModel:
 
 def step_times(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> goodput.StepTimes:
     """Compute seconds per step at each per-rank batch measured: each point's step time
-    less the modelled allreduce (at least 0). Keys are the mean per-rank batches as they
-    ran (remainder batches make them fractional), not rounded as ``StepTimes.add`` does."""
+    less its allreduce (at least 0), modelled on the link its own ranks measured (a
+    run on one host went through that host's path, not the network projected), else
+    on ``fabric``. Keys are the mean per-rank batches as they ran (remainder batches
+    make them fractional), not rounded as ``StepTimes.add`` does."""
     times = goodput.StepTimes()
     for p in points:
         entry = times.sums.setdefault(p.batch, [0, 0.0])
         entry[0] += 1
-        entry[1] += max(p.step_s - allreduce_seconds(p.ranks, grad_bytes, fabric), 0.0)
+        entry[1] += max(p.step_s - allreduce_seconds(p.ranks, grad_bytes, p.link or fabric), 0.0)
     return times
 
 

@@ -183,3 +183,19 @@ def test_a_link_without_a_bandwidth_is_listed_but_not_used(tmp_path):
     assert choice.runs == () and choice.lines[0].startswith("ASSUMED link: B = 100 Gb/s")
     assert choice.lines[1] == ("Not used: flat measured a link between hosts without a fitted "
                                "bandwidth (links.csv says why).")
+
+
+def test_each_runs_compute_is_its_step_less_the_allreduce_on_its_own_link(tmp_path):
+    """A 2-rank run on one host went through the host's own path: the compute fitted
+    from it takes off that path's allreduce (40 Gbit/s here), not the projected
+    network's (1 Gbit/s given), which would take off 25 times more."""
+    from analysis import stepmodel
+    report = build([_local(tmp_path)], ReportOptions(), processes=0)
+    points = stepmodel.fit_points(report.runs, report.tables.time_per_epoch)
+    assert len(points) == 1
+    assert points[0].link.bandwidth_gbps == pytest.approx(40.0)
+    assert points[0].link.latency_us == pytest.approx(3.0)
+    slow = stepmodel.Fabric(1.0, 3.0, "ring")
+    times = stepmodel.step_times(points, 4e5, slow)
+    p = points[0]
+    assert times.means()[p.batch] == pytest.approx(p.step_s - _comm(2, 40.0, 3.0), rel=1e-3)
