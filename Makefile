@@ -81,18 +81,32 @@ bench: install
 
 # The large-batch study (docs/statistical-efficiency.md): time to a validation Dice target
 # at 1 and 2 ranks (real runs of the demo model, GroupNorm, global batch 8), samples to
-# it at 1, 2, 4 and 8 ranks with a global batch of 8 (the step-exact emulation), and the
-# noise scale's prediction for 8 ranks x 8 slices beside a measured run. About an hour
-# here; results in bench/results/stateff-*.json, which `make bench` prints.
+# it at 1, 2, 4 and 8 ranks with a global batch of 8 (the step-exact emulation), the
+# noise scale's prediction for 8 ranks x 8 slices beside a measured run (issue 21); and
+# global batches 16, 32, 64 past G = 8 under the sqrt rule, the gain rule and fixed lr
+# multipliers, the noise scale's prediction of them from the B = 8 run, and the goodput
+# policy against fixed per-rank batches 1-8 at 32 emulated ranks (issue 28; runs end at
+# the target). About three hours here; results in bench/results/stateff-*.json, which
+# `make bench` prints.
 STATEFF_SEEDS ?= 0,1,2
+STATEFF_SWEEP = gbatch-gn-x1,gbatch-gn-x1.4,gbatch-gn-x2,gbatch-gn-x2.8,gbatch-gn-x4
 bench-stateff: install
 	$(BIN)/python benchmarks/bench_stateff.py --backend hvd --scale demo --variants gbatch-gn \
 	  --ranks 1,2 --seeds $(STATEFF_SEEDS) --hvd-epochs 8
 	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gbatch-gn --ranks 1,2,4,8 \
 	  --seeds $(STATEFF_SEEDS)
 	$(BIN)/python benchmarks/bench_stateff.py --backend sim --variants gn --ranks 8 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --stop-at-target \
+	  --variants gbatch-gn,gbatch-gn-gain,$(STATEFF_SWEEP) --ranks 16,32,64 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --stop-at-target \
+	  --variants gbatch-gn-x2,gbatch-gn-x4 --ranks 8 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --stop-at-target \
+	  --variants gbatch-gn --ranks 128,256 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/bench_stateff.py --backend sim --stop-at-target \
+	  --variants gbatch-gn-goodput --ranks 32 --seeds $(STATEFF_SEEDS)
 	$(BIN)/python benchmarks/bench_stateff.py --report --backend sim,hvd --scale small,demo \
-	  --variants gbatch-gn,gn --seeds $(STATEFF_SEEDS) --hvd-epochs 8 \
+	  --variants gbatch-gn,gn,gbatch-gn-gain,gbatch-gn-goodput,$(STATEFF_SWEEP) \
+	  --ranks 1,2,4,8,16,32,64,128,256 --seeds $(STATEFF_SEEDS) --hvd-epochs 8 \
 	  --recommended gbatch-gn --grown gn --timed gbatch-gn@demo
 
 clean:

@@ -43,6 +43,14 @@ the command line; the study's pieces are in ``benchmarks/benchlib/stateff/``.
     python benchmarks/bench_stateff.py --backend sim --variants base,sqrt --ranks 1,8 --seeds 0,1
     python benchmarks/bench_stateff.py --backend hvd --variants sqrt-gn --ranks 1,2 --seeds 0,1
     python benchmarks/bench_stateff.py --report
+
+Issue 28 (docs/statistical-efficiency.md): global batches past 8 under the sqrt and gain
+rules and fixed lr multipliers (``gbatch-gn-x1`` ... ``-x4``), emulated as 8 ranks of
+B/8 slices, runs that end at the target (``--stop-at-target``), the goodput policy at
+32 ranks (``gbatch-gn-goodput``); their rows come from ``benchlib.stateff.largebatch``:
+
+    python benchmarks/bench_stateff.py --backend sim --stop-at-target \
+        --variants gbatch-gn,gbatch-gn-gain,gbatch-gn-x2 --ranks 16,32,64 --seeds 0
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from distseg.core.config import LIVER_CLASSES  # noqa: E402
 
-from benchlib.stateff import emulation, goals, results, runs, summary  # noqa: E402
+from benchlib.stateff import emulation, goals, largebatch, results, runs, summary  # noqa: E402
 from benchlib.stateff.study import MEASURE, SAMPLES_PER_EVAL, SCALES, TARGET, VARIANTS  # noqa: E402
 
 
@@ -79,6 +87,11 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int_list, default=[12, 8],
                     help=f"validations per sim run (each after {SAMPLES_PER_EVAL} samples); "
                          "new runs use the first, the table also reads runs of the others")
+    ap.add_argument("--grown-epochs", type=int, default=24,
+                    help="validations per sim run past 8 ranks (a grown global batch needs "
+                         "more samples)")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="end each new sim run at the validation that reaches --target")
     ap.add_argument("--hvd-epochs", type=int, default=10, help="validations per hvd run")
     ap.add_argument("--target", type=float, default=TARGET)
     ap.add_argument("--measure", default=MEASURE,
@@ -119,7 +132,12 @@ def main(argv=None) -> int:
     summary.print_table(rows)
     rows_of_goals = goals.goal_rows(rows, done, args.recommended, args.scale[0], args.grown,
                                     tuple(args.timed.split("@")) if args.timed else None)
-    out = results.write_results(args, done, rows, rows_of_goals)
+    batch_rows, large = largebatch.rows(done, args.seeds, runs.step_seconds())
+    largebatch.print_sweep(large["sweep"])
+    if args.markdown:
+        print(largebatch.markdown(large))
+    rows_of_goals += batch_rows
+    out = results.write_results(args, done, rows, rows_of_goals, large)
     for g in rows_of_goals:
         print(f"goal: {g['measure']}: {g['goal']}, measured {g['measured']}")
     print(f"wrote {out}")

@@ -298,7 +298,7 @@ def test_the_prediction_is_samples_at_over_the_base_runs_epochs_up_to_the_target
     noise = [{"g2": 1.0, "trace": 8.0}, {"g2": 2.0, "trace": 48.0}, {"g2": 1.0, "trace": 1e3}]
     runs = [lb_run("gbatch-gn", 8, 0, 1024, [512, 1024, 1536], noise),
             lb_run("gbatch-gn", 16, 0, 1536), lb_run("gbatch-gn", 32, 0, 2048),
-            lb_run("gbatch-gn", 64, 0, None)]
+            lb_run("gbatch-gn", 64, 0, None, [512 * k for k in range(1, 25)])]
     preds = largebatch.predictions(runs, 0)
     # efficiency(B) = (phi + 8) / (phi + B): phi 8 then 24; at B = 16: 512 x 24/16 + 512 x 40/32.
     assert preds[0]["predicted"] == pytest.approx(512 * 24 / 16 + 512 * 40 / 32)
@@ -307,6 +307,7 @@ def test_the_prediction_is_samples_at_over_the_base_runs_epochs_up_to_the_target
     row = largebatch.prediction_row(preds)
     assert row["met"] is False  # B = 64 not reached: no ratio, so not within 25 %
     assert "seed 0 B=16: 1408 / 1536 = 0.92" in row["detail"]
+    assert row["detail"].endswith(f"seed 0 B=64: {preds[2]['predicted']:.0f} / not reached in 12288")
 
 
 def test_projected_time_adds_each_steps_seconds_at_its_per_rank_batch():
@@ -315,13 +316,15 @@ def test_projected_time_adds_each_steps_seconds_at_its_per_rank_batch():
     assert largebatch.projected_seconds([(1024, 1), (512, 2)], 32, seconds) == pytest.approx(32 * 0.1 + 8 * 0.15)
     runs = [lb_run("gbatch-gn-goodput", 32, 0, 1536, [512, 1024, 1536, 2048], per_rank=[1, 1, 2, 2]),
             lb_run("gbatch-gn", 32, 0, 2048), lb_run("gbatch-gn", 64, 0, 2048),
-            lb_run("gbatch-gn", 128, 0, None)]
+            lb_run("gbatch-gn", 128, 0, None, [1024, 2048])]
     c = largebatch.goodput_vs_fixed(runs, 0, seconds)
+    assert c["not_reached_after"] == {4: pytest.approx(16 * 0.3)}  # 2,048 samples at 4 per rank
     assert c["policy"] == pytest.approx(32 * 0.1 + 8 * 0.15)
     assert c["fixed"] == {1: pytest.approx(64 * 0.1), 2: pytest.approx(32 * 0.15), 4: None, 8: None}
     assert c["vs_best"] == pytest.approx(4.4 / 4.8)
     row = largebatch.goodput_row([c])
     assert row["measured"] == 0.92 and row["met"] is False
+    assert "fixed 1: 6.4 s, 2: 4.8 s, 4: not reached (> 4.8 s), 8: not run" in row["detail"]
 
 
 def test_the_gain_rule_against_the_best_fixed_multiplier_and_the_default_against_1_rank():

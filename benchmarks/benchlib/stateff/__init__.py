@@ -11,5 +11,8 @@ time to a validation Dice, docs/statistical-efficiency.md), one concern each:
   ``runs``       one run, cached as JSON, and the grid of runs;
   ``summary``    the table over seeds, printed and as Markdown;
   ``goals``      issue 21's goal rows and the noise scale's predictions;
+  ``largebatch`` issue 28's rows: global batches past 8 under each lr rule, the noise
+                 scale's prediction from the B = 8 run, the goodput policy against
+                 fixed per-rank batches in projected time;
   ``results``    the results file ``bench/results/stateff-<date>.json``.
 """

@@ -8,6 +8,11 @@ averaged over ranks at each epoch end, and the learning rate is the loop's
 (``Schedule.lr``). It measures samples, not time, at a fraction of the cost of 8
 oversubscribed processes.
 
+A global batch grown past G can be emulated as fewer ranks of more slices each
+(``study.Emulated``: with GroupNorm and the global loss the same training up to float
+rounding), and under ``train.batch_policy`` goodput the per-rank batch is chosen at each
+epoch's end as the loop chooses it (``policy_step``), from given step times.
+
 A measuring copy is held to the real thing: ``tests/e2e/test_bench_stateff_parity.py``
 runs ``distseg-train`` at 1 and 2 ranks and this emulation on the same config, seed
 and data, and asserts the same per-step training losses (measured bit for bit the
@@ -164,19 +169,77 @@ def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, clock: dict,
     return records
 
 
-def simulate(cfg, ranks: int) -> list[list[dict]]:
+def first_schedule(cfg, train_samples: int, ranks: int, emulated):
+    """The schedule the run starts with: the batch the config plans at ``emulated.ranks``
+    ranks (``study.Emulated``), each of the ``ranks`` sim ranks taking ``emulated.fold``
+    ranks' share (``Schedule.of``'s ``per_rank``, as the loop's goodput policy takes its
+    own; the config's own schedule where the fold is 1)."""
+    from distseg.core import config as config_lib
+    from distseg.training.loop import Schedule
+    per_rank = config_lib.batch_plan(cfg.train, emulated.ranks).per_rank * emulated.fold
+    return Schedule.of(cfg.train, train_samples, ranks, per_rank=per_rank)
+
+
+def policy_step(cfg, schedule, noise, emulated, step_seconds: dict, train_samples: int):
+    """The goodput policy at an epoch's end, as ``loop.decide_batch`` / ``switch_batch``
+    take it at ``emulated.ranks`` ranks: ``goodput.choose`` over
+    ``goodput.candidates``, the seconds of a step at each per-rank batch from
+    ``step_seconds`` (measured throughput, not this process's clock), the noise scale's
+    preconditioned averages; on a switch the schedule of the new batch and the noise
+    scale resized to it. Returns (schedule, the choice). The warm-up is still counted
+    in steps, where the loop counts samples / B under the policy: right only for a
+    variant without warm-up, as ``gbatch-gn-goodput`` is."""
+    from distseg.core import goodput
+    from distseg.training.loop import Schedule
+    fold, plan = emulated.fold, schedule.plan
+    current = plan.per_rank // fold
+    avg = noise.averages["preconditioned"]
+    options = goodput.candidates(emulated.ranks, plan.base, cfg.train.max_batch_per_rank)
+    choice = goodput.choose(current, options, emulated.ranks, plan.base, step_seconds.get,
+                            avg.g2, avg.trace)
+    if choice.per_rank != current:
+        schedule = Schedule.of(cfg.train, train_samples, schedule_ranks(schedule),
+                               per_rank=choice.per_rank * fold)
+        noise.resize(schedule.plan.per_rank, schedule.plan.global_batch)
+    return schedule, choice
+
+
+def schedule_ranks(schedule) -> int:
+    """The sim ranks a schedule was made for (its global batch over its per-rank one)."""
+    return schedule.plan.global_batch // schedule.plan.per_rank
+
+
+def epoch_record(schedule, epoch: int, t: float, steps: list[dict], val_dice: dict, noise,
+                 fold: int) -> dict:
+    """The ``epoch`` record of one emulated epoch, shaped like the loop's, with the
+    per-rank batch of the ranks emulated (``per_rank``)."""
+    import numpy as np
+    return {"type": "epoch", "epoch": epoch, "t": t,
+            "samples": schedule.steps * schedule.plan.per_rank,
+            "train_loss": float(np.mean([s["loss"] for s in steps])), "val_dice": val_dice,
+            "noise_scale": noise.record(), "per_rank": schedule.plan.per_rank // fold}
+
+
+def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -> list[list[dict]]:
     """Trains ``cfg`` as ``ranks`` emulated ranks; returns ``step`` and ``epoch``
     records shaped like ``distseg-train``'s (one list per rank, the global numbers on
-    each)."""
+    each). ``emulated`` (``study.Emulated``): the ``ranks`` sim ranks stand for
+    ``emulated.ranks`` ranks, and the run ends at the validation that reaches
+    ``emulated.stop_at``. Under ``train.batch_policy`` goodput, ``step_seconds`` (per-rank
+    batch -> seconds of a step) is what the policy believes a step costs."""
     import numpy as np
 
     from distseg.data import slices as data
-    from distseg.training.loop import Schedule
     from distseg.training.noise import NoiseScale
+
+    from benchlib.stateff import curves
+    from benchlib.stateff.study import Emulated
+    emulated = emulated or Emulated(ranks, ranks)
     info = data.examine(cfg.data.path)
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         images, masks = reader.read(np.arange(info.samples))
-    schedule = Schedule.of(cfg.train, len(info.train_indices), ranks)
+    n_train, fold = len(info.train_indices), emulated.fold
+    schedule = first_schedule(cfg, n_train, ranks, emulated)
     sim, records, t0 = SimRanks(cfg, ranks), [], time.perf_counter()
     clock = {"global_step": 0, "progress": 0.0}
     val = (images[info.val_indices], masks[info.val_indices])
@@ -184,12 +247,15 @@ def simulate(cfg, ranks: int) -> list[list[dict]]:
     for epoch in range(cfg.train.epochs):
         steps = sim_epoch(sim, schedule, (images, masks, info.train_indices), epoch, clock,
                           noise)
-        records += steps
-        records.append({"type": "epoch", "epoch": epoch, "t": time.perf_counter() - t0,
-                        "samples": schedule.steps * schedule.plan.per_rank,
-                        "train_loss": float(np.mean([s["loss"] for s in steps])),
-                        "val_dice": sim.validate(*val),
-                        "noise_scale": noise.record()})
+        record = epoch_record(schedule, epoch, time.perf_counter() - t0, steps,
+                              sim.validate(*val), noise, fold)
+        if cfg.train.batch_policy == "goodput" and epoch + 1 < cfg.train.epochs:
+            schedule, choice = policy_step(cfg, schedule, noise, emulated, step_seconds, n_train)
+            record["batch_policy"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
+                                      "goodput": {str(b): v for b, v in choice.goodput.items()}}
+        records += steps + [record]
+        if emulated.stop_at is not None and curves.dice_of(record["val_dice"]) >= emulated.stop_at:
+            break
     return [records] * ranks
 
 

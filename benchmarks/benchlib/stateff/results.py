@@ -17,9 +17,10 @@ def machine() -> dict:
             "python": platform.python_version(), "load_now": os.getloadavg()}
 
 
-def write_results(args, runs: list[dict], rows: list[dict], goals: list[dict]) -> str:
+def write_results(args, runs: list[dict], rows: list[dict], goals: list[dict],
+                  large_batch: dict | None = None) -> str:
     """Writes the results file (``--out``, else today's under bench/results); returns
-    its path."""
+    its path. ``large_batch``: issue 28's numbers (``largebatch.rows``)."""
     today = datetime.date.today().isoformat()
     out = args.out or os.path.join(ROOT, "bench", "results", f"stateff-{today}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -33,7 +34,7 @@ def write_results(args, runs: list[dict], rows: list[dict], goals: list[dict]) -
         # The goal rows, read by `make bench` (benchmarks/benchlib/table.py).
         "rows": goals,
         "summary": {"recommended": args.recommended, "scale": args.scale[0]},
-        "table": rows, "runs": runs,
+        "large_batch": large_batch, "table": rows, "runs": runs,
     }
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)

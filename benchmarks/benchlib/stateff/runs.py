@@ -12,20 +12,39 @@ from distseg.core import schema
 
 from benchlib import runlogs
 from benchlib.stateff import curves, emulation, real
-from benchlib.stateff.study import ROOT, SCALES, VARIANTS, dataset_path, resolved, run_config, run_key, train_samples
+from benchlib.stateff.study import (
+    BATCH,
+    ROOT,
+    SCALES,
+    VARIANTS,
+    Emulated,
+    dataset_path,
+    emulated_as,
+    per_rank_speed,
+    resolved,
+    run_config,
+    run_key,
+    same_run,
+    train_samples,
+)
 from benchlib.stateff.summary import fmt
 
 CACHE = os.path.join(ROOT, "data", "bench", "stateff-runs")
 
 
-def cache_key(backend: str, scale: str, ranks: int, cfg_over: dict) -> str:
+def cache_key(backend: str, scale: str, ranks: int, cfg_over: dict,
+              emulated: Emulated | None = None) -> str:
     """What makes two runs the same run. At 1 rank the scaling rule and the warm-up
-    change nothing (the scaled lr is the base lr), so those variants share one run."""
+    change nothing (the scaled lr is the base lr), so those variants share one run.
+    ``emulated``: how the emulation stood in for ``ranks`` (``study.emulated_as``)."""
     train = dict(cfg_over["train"])
     if ranks == 1:
         train.update(lr_scaling="none", warmup_epochs=0.0)
-    return schema.config_hash({"backend": backend, "scale": scale, "ranks": ranks,
-                               "model": cfg_over["model"], "train": train})[:16]
+    what = {"backend": backend, "scale": scale, "ranks": ranks, "model": cfg_over["model"],
+            "train": train}
+    if emulated is not None:
+        what["emulated"] = emulated.key()
+    return schema.config_hash(what)[:16]
 
 
 def _read_cached(path: str) -> dict | None:
@@ -55,32 +74,53 @@ def _noise_series(records: list[dict]) -> tuple[list, list]:
 
 
 def run_record(records: list[list[dict]], **fields) -> dict:
-    """The cached record of one finished run from its per-rank ``records``."""
+    """The cached record of one finished run from its per-rank ``records``: per
+    validation the points, the Dice, B_simple, the whole ``noise_scale`` record (|G|^2
+    and tr(Sigma)), the per-rank batch and the batch policy's choice (emulation)."""
     raw, adam = _noise_series(records[0])
+    epochs = [r for r in records[0] if r.get("type") == "epoch"]
     return {**fields, "points": curves.eval_points(records, "liver"),
-            "val_dice": [r["val_dice"] for r in records[0] if r.get("type") == "epoch"],
+            "val_dice": [r["val_dice"] for r in epochs],
             "b_simple": raw, "b_simple_adam": adam,
+            "noise": [r.get("noise_scale") for r in epochs],
+            "per_rank": [r.get("per_rank") for r in epochs],
+            "batch_policy": [r.get("batch_policy") for r in epochs],
             "throughput": runlogs.throughput(records) if fields["backend"] == "hvd" else None}
 
 
+def run_spec(backend: str, scale: str, variant: str, ranks: int, seed: int, epochs: int,
+             stop_at: float | None) -> tuple[dict, Emulated | None, str]:
+    """(the ``--config`` overrides, how the emulation stands in for the ranks, the cache
+    key) of one run; a run another variant makes (``study.same_run``) is that one's. An
+    emulated grown batch runs the config of its ``sim_ranks``, whose steps per epoch
+    cover the same ``SAMPLES_PER_EVAL`` samples."""
+    variant = same_run(variant, ranks)
+    emulated = emulated_as(variant, ranks, stop_at) if backend == "sim" else None
+    n_train = train_samples(dataset_path(SCALES[scale]["data"]))
+    cfg_over = run_config(scale, variant, emulated.sim_ranks if emulated else ranks, seed, epochs,
+                          n_train)
+    return cfg_over, emulated, cache_key(backend, scale, ranks, cfg_over, emulated)
+
+
 def run_one(backend: str, scale: str, variant: str, ranks: int, seed: int, epochs: int,
-            target: float, measure: str, workdir: str) -> dict:
+            workdir: str, stop_at: float | None = None) -> dict:
     """Runs (or finds in the cache) one run; returns its cached record."""
     data_path = dataset_path(SCALES[scale]["data"])
-    n_train = train_samples(data_path)
-    cfg_over = run_config(scale, variant, ranks, seed, epochs, n_train)
-    key = cache_key(backend, scale, ranks, cfg_over)
+    cfg_over, emulated, key = run_spec(backend, scale, variant, ranks, seed, epochs, stop_at)
     path = os.path.join(CACHE, f"{key}.json")
     rec = _read_cached(path)
     if rec is not None:
         return rec
+    variant = same_run(variant, ranks)
     run_dir = os.path.join(workdir, run_key(scale, variant, ranks, seed, epochs, backend))
     cfg, cfg_path = resolved(cfg_over, data_path, run_dir)
     load_before, start = os.getloadavg()[0], time.perf_counter()
+    sim_ranks = emulated.sim_ranks if emulated else ranks
     records = real.hvd_run(ranks, data_path, run_dir, cfg_path) if backend == "hvd" else \
-        emulation.simulate(cfg, ranks)
+        emulation.simulate(cfg, sim_ranks, emulated, step_seconds())
     rec = run_record(records, key=key, backend=backend, scale=scale, variant=variant, ranks=ranks,
-                     seed=seed, epochs=epochs, config=cfg_over, data=data_path, n_train=n_train)
+                     sim_ranks=sim_ranks, stop_at=stop_at, seed=seed, epochs=epochs,
+                     config=cfg_over, data=data_path, n_train=train_samples(data_path))
     rec.update(wall_s=time.perf_counter() - start, load=[load_before, os.getloadavg()[0]])
     os.makedirs(CACHE, exist_ok=True)
     with open(path, "w") as f:
@@ -95,7 +135,7 @@ def scored(rec: dict, target: float, measure: str, warmup_passes: float) -> dict
     has no warm-up, but its first passes are as young)."""
     points = [dict(p, dice=curves.dice_of(d, measure)) for p, d in zip(rec["points"], rec["val_dice"])]
     cfg = rec["config"]["train"]
-    per_eval = cfg["max_steps_per_epoch"] * cfg["batch_size"] * rec["ranks"]
+    per_eval = cfg["max_steps_per_epoch"] * cfg["batch_size"] * rec.get("sim_ranks", rec["ranks"])
     per_pass = max(1, round(rec["n_train"] / per_eval))
     warmup = warmup_passes * rec["n_train"]
     out = curves.summarise(points, target, warmup, per_pass)
@@ -112,21 +152,38 @@ def grid(args) -> list[tuple]:
             for n in args.ranks for s in args.seeds]
 
 
-def epochs_of(args, backend: str) -> int:
-    """Validations per run: real runs stop sooner (they cost more on a shared machine)."""
-    return args.hvd_epochs if backend == "hvd" else args.epochs[0]
+def step_seconds() -> dict[int, float]:
+    """Seconds of a step at each per-rank batch, from the measured per-rank throughput
+    (``study.per_rank_speed``): what the emulated goodput policy believes and what the
+    projected times add up."""
+    return {b: b / speed for b, speed in per_rank_speed().items()}
+
+
+def epochs_of(args, backend: str, ranks: int = 1) -> int:
+    """Validations per run: real runs stop sooner (they cost more on a shared machine);
+    an emulated global batch grown past ``BATCH`` gets ``--grown-epochs`` (it needs more
+    samples)."""
+    if backend == "hvd":
+        return args.hvd_epochs
+    return args.grown_epochs if ranks > BATCH else args.epochs[0]
+
+
+def stop_of(args) -> float | None:
+    return args.target if args.stop_at_target else None
 
 
 def cached(backend: str, scale: str, variant: str, ranks: int, seed: int, args) -> dict | None:
     """The cached run of one grid cell, trying each run length in ``--epochs`` for the
-    emulation (the first is the one new runs use); None if it was never run."""
-    data_path = dataset_path(SCALES[scale]["data"])
-    lengths = [epochs_of(args, backend)] + (args.epochs[1:] if backend == "sim" else [])
-    for epochs in lengths:
-        cfg_over = run_config(scale, variant, ranks, seed, epochs, train_samples(data_path))
-        rec = _read_cached(os.path.join(CACHE, f"{cache_key(backend, scale, ranks, cfg_over)}.json"))
-        if rec is not None:
-            return rec
+    emulation (the first is the one new runs use); whole, or stopped at the target
+    where ``--stop-at-target`` or ``--report`` accepts that; None if it was never run."""
+    lengths = [epochs_of(args, backend, ranks)] + (args.epochs if backend == "sim" else [])
+    stops = [None, args.target] if args.stop_at_target or args.report else [None]
+    for epochs in dict.fromkeys(lengths):
+        for stop_at in stops:
+            key = run_spec(backend, scale, variant, ranks, seed, epochs, stop_at)[2]
+            rec = _read_cached(os.path.join(CACHE, f"{key}.json"))
+            if rec is not None:
+                return rec
     return None
 
 
@@ -135,10 +192,11 @@ def run_grid(args) -> None:
     workdir = os.path.join(args.workdir, "stateff")
     os.makedirs(workdir, exist_ok=True)
     for backend, scale, variant, ranks, seed in grid(args):
-        rec = run_one(backend, scale, variant, ranks, seed, epochs_of(args, backend),
-                      args.target, args.measure, workdir)
+        rec = cached(backend, scale, variant, ranks, seed, args) or \
+            run_one(backend, scale, variant, ranks, seed, epochs_of(args, backend, ranks), workdir,
+                    stop_of(args) if backend == "sim" else None)
         s = scored(rec, args.target, args.measure, VARIANTS[variant][1]["warmup_passes"])
-        print(f"{backend} {scale} {variant:14s} np{ranks} seed {seed}: samples to target "
+        print(f"{backend} {scale} {variant:17s} np{ranks} seed {seed}: samples to target "
               f"{s['samples_to_target']}, time {fmt(s['time_to_target'])}, max drop "
               f"{s['max_drop']:.2f}, final {fmt(s['final_dice'])} ({rec['wall_s']:.0f} s)",
               flush=True)
@@ -156,8 +214,11 @@ def collect(args) -> list[dict]:
                      **scored(rec, args.target, args.measure,
                               VARIANTS[variant][1]["warmup_passes"]),
                      "val_dice": [curves.dice_of(d, args.measure) for d in rec["val_dice"]],
+                     "cum_samples": [p["samples"] for p in rec["points"]],
                      "b_simple": rec.get("b_simple"),
-                     "b_simple_adam": rec.get("b_simple_adam")})
+                     "b_simple_adam": rec.get("b_simple_adam"), "noise": rec.get("noise"),
+                     "per_rank": rec.get("per_rank"), "sim_ranks": rec.get("sim_ranks", ranks),
+                     "stopped_at_target": rec.get("stop_at") is not None})
     return rows
 
 
@@ -170,7 +231,7 @@ def check_sim(args) -> None:
         for variant in args.variants:
             for ranks in args.ranks:
                 rec = run_one(backend, args.scale[0], variant, ranks, args.seeds[0],
-                              epochs_of(args, backend), args.target, args.measure, workdir)
+                              epochs_of(args, backend, ranks), workdir)
                 print(f"{backend} {variant} np{ranks}: loss " +
                       " ".join(f"{p['train_loss']:.3f}" for p in rec["points"]) +
                       "\n    liver " + " ".join(f"{p['dice']:.2f}" for p in rec["points"]))

@@ -4,9 +4,13 @@ settings, the benchmark data, and the ``--config`` of one run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
+
+from distseg.core import config as config_lib
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 """The repository root."""
@@ -24,6 +28,16 @@ MEASURE = "liver"
 mean of the data file's foreground classes)."""
 DROP_LIMIT = 0.1
 """The goal: no fall of the validation Dice larger than this after the warm-up."""
+FOLD = 8
+"""Sim ranks that emulate a global batch grown past ``BATCH`` (``emulated_as``)."""
+MULTIPLIERS = {f"x{math.sqrt(2 ** k):.2g}": math.sqrt(2 ** k) for k in range(5)}
+"""The sweep's fixed lr multipliers past the base batch, name -> factor: x1, x1.4, x2,
+x2.8, x4, each sqrt(2) apart, computed as ``config.lr_factor("sqrt", B / 8)`` computes
+sqrt's (so at B = 16, 32, 64 the sqrt rule's factor is bit for bit one of them)."""
+PER_RANK_SPEED = os.path.join(ROOT, "bench", "results", "bench-2026-11-25-1527.json")
+"""The ``make bench`` result whose 1-rank runs at per-rank batch 1, 2, 4 and 8
+(``distseg-1+b1`` ... ``distseg-1``, demo U-Net) give the throughput the goodput policy
+and the projected times use (docs/performance.md, "The results here")."""
 
 PHANTOMS = {
     # name: (size, cases, slices per case, seed); 20% of the cases validate.
@@ -63,6 +77,18 @@ VARIANTS = {
                        {"train": {"lr_scaling": "none", "grown_lr_scaling": "gain"},
                         "model": {"norm": "group"}, "global_batch": BATCH,
                         "warmup_passes": 0.0}),
+    "gbatch-gn-goodput": ("as gbatch-gn, the per-rank batch chosen by the goodput policy "
+                          "at each validation (train.batch_policy goodput)",
+                          {"train": {"lr_scaling": "none", "grown_lr_scaling": "sqrt",
+                                     "batch_policy": "goodput"},
+                           "model": {"norm": "group"}, "global_batch": BATCH,
+                           "warmup_passes": 0.0}),
+    **{f"gbatch-gn-{name}": (f"as gbatch-gn, past 8 ranks the lr {name} (fixed, not "
+                             "scaled: grown_lr_scaling none, train.lr x the multiplier)",
+                             {"train": {"lr_scaling": "none", "grown_lr_scaling": "none"},
+                              "model": {"norm": "group"}, "global_batch": BATCH,
+                              "warmup_passes": 0.0, "lr_multiplier": m})
+       for name, m in MULTIPLIERS.items()},
     "demo-now": ("the demo preset since issue 21: global batch 8, global loss, BatchNorm "
                  "ghost batches of 2", {"model": {"bn_ghost_batch": 2},
                                         "global_batch": BATCH, "warmup_passes": 1.0}),
@@ -110,14 +136,70 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
     train = {"epochs": epochs, "batch_size": batch, "seed": seed, "max_steps_per_epoch": steps,
              "warmup_epochs": over["warmup_passes"] * evals_per_pass, "intra_op_threads": 1,
              "inter_op_threads": 1, "checkpoint_every": 0, **fixed, **over.get("train", {})}
+    if "lr_multiplier" in over:
+        train["lr"] = config_lib.demo().train.lr * over["lr_multiplier"]
     model = {"bn_ghost_batch": 0, **SCALES[scale]["model"], **over.get("model", {})}
     return {"model": model, "train": train}
+
+
+def same_run(variant: str, ranks: int) -> str:
+    """The variant whose run is this one's: a sweep multiplier equal to the sqrt rule's
+    factor at ``ranks`` (no warm-up in either) is ``gbatch-gn``'s run, not a second one."""
+    m = VARIANTS[variant][1].get("lr_multiplier")
+    if m is not None and ranks > BATCH and m == config_lib.lr_factor("sqrt", ranks / BATCH):
+        return "gbatch-gn"
+    return variant
+
+
+@dataclass(frozen=True)
+class Emulated:
+    """How the emulation stands in for ``ranks`` ranks of a fixed global batch grown past
+    ``BATCH`` (one slice per rank, or the goodput policy's per-rank batches): ``sim_ranks``
+    ranks of ``ranks / sim_ranks`` times the per-rank batch. With GroupNorm and the
+    global loss the averaged gradient of a global batch does not depend on how its
+    samples are split over ranks, and ``sharding.global_batches`` cuts the same global
+    batches at any number of ranks, so this is the same training up to float rounding,
+    at a fraction of the cost (batched passes); only the noise scale's estimator counts
+    ``sim_ranks`` gradients per step instead of ``ranks`` (still unbiased)."""
+
+    ranks: int
+    """The ranks emulated (what the results call the run's ranks)."""
+    sim_ranks: int
+    stop_at: float | None = None
+    """End the run at the first validation whose Dice (``MEASURE``) reaches this."""
+
+    @property
+    def fold(self) -> int:
+        return self.ranks // self.sim_ranks
+
+    def key(self) -> dict:
+        return asdict(self)
+
+
+def emulated_as(variant: str, ranks: int, stop_at: float | None) -> Emulated | None:
+    """``Emulated`` for a sim run of ``variant`` past ``BATCH`` ranks (a grown global batch
+    or the goodput policy), or for ``stop_at``; None: the plain emulation, N ranks."""
+    over = VARIANTS[variant][1]
+    grows = "global_batch" in over and ranks > over["global_batch"] and ranks % FOLD == 0
+    if not grows and stop_at is None:
+        return None
+    return Emulated(ranks, FOLD if grows else ranks, stop_at)
+
+
+def per_rank_speed(path: str = PER_RANK_SPEED) -> dict[int, float]:
+    """Samples/s of one rank at per-rank batch 1, 2, 4, 8: the median over rounds of the
+    ``make bench`` result ``path``."""
+    import statistics
+    with open(path) as f:
+        runs = json.load(f)["training"]["runs"]
+    names = {1: "distseg-1+b1", 2: "distseg-1+b2", 4: "distseg-1+b4", 8: "distseg-1"}
+    return {b: statistics.median(r["samples_per_s"] for r in runs[name])
+            for b, name in names.items()}
 
 
 def resolved(cfg_over: dict, data_path: str, run_dir: str):
     """(the full ``distseg.core.config.Config`` that ``distseg-train --preset demo
     --config FILE`` would use, FILE): ``cfg_over`` written beside ``run_dir``."""
-    from distseg.core import config as config_lib
     from distseg.data import feeds
     path = os.path.join(os.path.dirname(run_dir), os.path.basename(run_dir) + ".json")
     with open(path, "w") as f:

@@ -65,12 +65,12 @@ def spread_text(m: dict, digits: int = 0) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'backend':7s} {'scale':5s} {'variant':14s} {'np':>2s}  {'samples to target':28s} "
+    print(f"{'backend':7s} {'scale':5s} {'variant':17s} {'np':>3s}  {'samples to target':28s} "
           f"{'x 1np':>6s}  {'time to target s':22s} {'speedup':>7s}  {'max drop':17s} "
           f"{'final Dice':17s}")
     for r in sorted(rows, key=lambda r: (r["backend"], r["scale"], r["variant"], r["ranks"])):
         time_text = "-" if r["backend"] == "sim" else spread_text(r["time_to_target"], 1)
-        print(f"{r['backend']:7s} {r['scale']:5s} {r['variant']:14s} {r['ranks']:2d}  "
+        print(f"{r['backend']:7s} {r['scale']:5s} {r['variant']:17s} {r['ranks']:3d}  "
               f"{spread_text(r['samples_to_target']):28s} {fmt(r.get('samples_vs_1')):>6s}  "
               f"{time_text:22s} {fmt(r.get('time_speedup')):>7s}  "
               f"{spread_text(r['max_drop'], 2):17s} {spread_text(r['final_dice'], 3):17s}")
