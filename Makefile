@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-stateff clean
+.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff clean
 
 install:
 	@bash scripts/install.sh
@@ -78,6 +78,17 @@ test-docker: install
 bench: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
 	$(BIN)/python benchmarks/bench_table.py --data data/liver117.h5
+	$(MAKE) bench-link
+
+# Two nodes (network namespaces, root) over a link shaped to 1 and 10 Gbit/s and
+# unshaped: 1 process vs 2 ranks, fp16, overlap and MultiWorkerMirroredStrategy, and the
+# projection's step time checked (docs/performance.md#over-a-link-with-a-rate-1-10-gbits-and-unshaped-issue-29);
+# about 20 minutes here; results in bench/results/link-*.json.
+bench-link: install
+	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
+	$(BIN)/python benchmarks/bench_link.py --models demo --epochs 3 --steps 4 --repeat 2
+	$(BIN)/python benchmarks/bench_link.py --models liver2d --rates 1gbit \
+	  --variants 1proc,distseg,fp16 --epochs 2 --steps 3 --repeat 1
 
 # The large-batch study (docs/statistical-efficiency.md): time to a validation Dice target
 # at 1 and 2 ranks (real runs of the demo model, GroupNorm, global batch 8), samples to

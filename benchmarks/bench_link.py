@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     checks = validate_projection(rows, args.models) if "1proc" in args.variants else []
     print_validation(checks)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"link-{datetime.date.today().isoformat()}.json")
+    path = os.path.join(args.out, f"link-{'-'.join(args.models)}-{datetime.date.today().isoformat()}.json")
     with open(path, "w") as f:
         json.dump({"benchmark": "bench_link", "args": vars(args),
                    "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),
