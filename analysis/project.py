@@ -106,6 +106,20 @@ def compute_line(model: EpochModel, assumed: bool) -> str:
             "batch rest on it. Measure a second batch to fit the line.")
 
 
+def overlap_line(model: EpochModel) -> str:
+    """Where the projection's gamma comes from."""
+    if model.gamma_points:
+        return (f"gamma = {model.gamma:.2f}, FITTED: the gamma whose compute line fits all "
+                f"measured points best, {model.gamma_points} of them with an allreduce of at "
+                "least a tenth of the step on the link their own ranks measured (least "
+                "squares of the log step time).")
+    return ("gamma = 1 (no overlap), not fitted: distseg's step allreduces once the whole "
+            "backward pass is done, and the runs cannot tell otherwise (a fit needs more "
+            "measured points than the compute line's parameters, one with an allreduce of at "
+            "least a tenth of its step: e.g. 1 rank, and 2 ranks on two nodes over a slow "
+            "link, at the same per-rank batch).")
+
+
 def assumptions(model: EpochModel, n_points: int, g_source: str, rpn: int,
                 rpn_given: bool, base: Point, assumed: bool = False,
                 link_lines: Sequence[str] = ()) -> list[str]:
@@ -123,22 +137,23 @@ def assumptions(model: EpochModel, n_points: int, g_source: str, rpn: int,
               "Validation is not modelled: epoch_s is training time only.")
     return [
         "PROJECTION from a model, not a measurement.",
-        f"t_step = t_compute + 2(R-1)/R x G/B + latency x {rounds}"
-        f" for R ranks (ring allreduce of one fused gradient buffer per step).",
+        f"t_step = (t_compute^gamma + t_sync^gamma)^(1/gamma), t_sync = 2(R-1)/R x G/B + "
+        f"latency x {rounds} for R ranks (ring allreduce of one fused gradient buffer per "
+        "step; Pollux's overlap gamma: 1 is none, the sum, large is full, the max).",
         fitted,
         f"G = {model.grad_bytes:,.0f} gradient bytes ({g_source}); B = "
         f"{fabric.bandwidth_gbps:g} Gb/s; latency = {fabric.latency_us:g} us per message.",
         *link_lines,
         f"{rpn} rank(s) per node (from "
         f"{'--ranks-per-node' if rpn_given else 'the largest measured run'}); "
-        "every rank's link is assumed to run at B (no NIC sharing, no faster intra-node path, "
-        "no overlap of communication with compute).",
+        "every rank's link is assumed to run at B (no NIC sharing, no faster intra-node path).",
         f"Dataset of {model.train_samples} train samples, {rule_text(model)} (strong scaling: "
         "the epoch is split over more ranks)" + (f", capped at {cap} steps per epoch." if cap
                                                  else "."),
         f"Efficiency is against {base.run} ({base.ranks} rank(s)): measured rows use "
         "measured times, projected rows the model's time for that run.",
         compute_line(model, assumed),
+        overlap_line(model),
     ]
 
 

@@ -1,7 +1,7 @@
 """The step-time model the projection and the per-node prediction share: one training
 step at R ranks and b samples per rank, fitted to the measured runs::
 
-    t_step(R, b) = t_compute(b) + t_allreduce(R)
+    t_step(R, b) = (t_compute(b)^gamma + t_allreduce(R)^gamma)^(1/gamma)
     t_compute(b) = alpha + beta b
     t_allreduce(R) = 2 (R - 1) / R * G / B  +  latency * L(R)
     t_epoch(R) = steps(R) * t_step(R, b(R))
@@ -20,6 +20,12 @@ t_allreduce(R)`` at the per-rank batches the runs ran (``Point``: the median ste
 training time per epoch, ``train_time``, no validation, divided by the steps per
 epoch): least squares over two or more per-rank batches; with one, AdaptDL's prior
 alpha = half the step time.
+
+``gamma`` is Pollux's overlap of the allreduce with compute (``distseg.core.link``:
+1, none, their sum; large, full, their max). ``fit_overlap`` fits it where the runs
+can tell: more points than the compute line has parameters, at least one whose
+allreduce is a tenth of its step (``MIN_SYNC_SHARE``), so that a point's compute (its step with the allreduce taken off at that
+gamma) must agree with the others' line. Elsewhere it is 1, and the report says so.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pandas as pd
 from analysis import tables
 from analysis.logfile import count, dict_field, number
 from analysis.logs import RunData
-from distseg.core import goodput
+from distseg.core import goodput, link
 from distseg.core.config import LR_SCALINGS, BatchPlan, TrainConfig, batch_plan
 from distseg.core.errors import InputError
 from distseg.core.schema import epoch_samples, steps_per_epoch
@@ -235,6 +241,9 @@ class EpochModel:
         at any number of ranks.
       batches: the per-rank batches the fit measured.
       train_source: where ``train`` comes from.
+      gamma: the overlap of the allreduce with compute in a step (``link.step_seconds``).
+      gamma_points: the measured points with an allreduce ``gamma`` was fitted to (0:
+        not fitted, the runs cannot tell, and 1, no overlap, is assumed).
     """
 
     compute_s: float
@@ -247,6 +256,8 @@ class EpochModel:
     train: TrainConfig | None = None
     batches: tuple[float, ...] = ()
     train_source: str = ""
+    gamma: float = 1.0
+    gamma_points: int = 0
 
     @property
     def alpha(self) -> float:
@@ -282,12 +293,13 @@ class EpochModel:
         return Shape(plan, steps, samples, mean, why)
 
     def step(self, ranks: int, per_rank: int | None = None) -> float:
-        """Seconds per step at ``ranks``: compute at the mean per-rank batch + allreduce."""
+        """Seconds per step at ``ranks``: compute at the mean per-rank batch and the
+        allreduce, overlapped by ``gamma``."""
         shape = self.shape(ranks, per_rank)
         if shape.plan is None:
             return math.nan
-        return self.compute(shape.mean_batch) + allreduce_seconds(ranks, self.grad_bytes,
-                                                                  self.fabric)
+        return link.step_seconds(self.compute(shape.mean_batch),
+                                 allreduce_seconds(ranks, self.grad_bytes, self.fabric), self.gamma)
 
     def seconds(self, ranks: int, per_rank: int) -> float | None:
         """``step`` where ``ranks`` can train on the dataset at ``per_rank``, else
@@ -309,33 +321,82 @@ class EpochModel:
         return samples / epoch_s if epoch_s > 0 else math.nan
 
 
-def step_times(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> goodput.StepTimes:
+#: The least share of a measured step its allreduce must take for the step to tell
+#: gamma: below it (a run on one host's fast path: a few ms of a 0.5 s step) the
+#: step-to-step noise, not the overlap, would decide the fit, and a gamma fitted to
+#: noise can claim an overlap distseg's step does not have (it allreduces after the
+#: whole backward pass) on a slower projected link.
+MIN_SYNC_SHARE = 0.1
+
+
+def point_sync(p: Point, grad_bytes: float, fabric: Fabric) -> float:
+    """The allreduce seconds of a step of ``p``, modelled on the link its own ranks
+    measured (a run on one host went through that host's path, not the network
+    projected), else on ``fabric``."""
+    return allreduce_seconds(p.ranks, grad_bytes, p.link or fabric)
+
+
+def step_times(points: Sequence[Point], grad_bytes: float, fabric: Fabric,
+               gamma: float = 1.0) -> goodput.StepTimes:
     """Compute seconds per step at each per-rank batch measured: each point's step time
-    less its allreduce (at least 0), modelled on the link its own ranks measured (a
-    run on one host went through that host's path, not the network projected), else
-    on ``fabric``. Keys are the mean per-rank batches as they ran (remainder batches
-    make them fractional), not rounded as ``StepTimes.add`` does."""
+    with its allreduce (``point_sync``) taken off at overlap ``gamma`` (at least 0).
+    Keys are the mean per-rank batches as they ran (remainder batches make them
+    fractional), not rounded as ``StepTimes.add`` does."""
     times = goodput.StepTimes()
     for p in points:
         entry = times.sums.setdefault(p.batch, [0, 0.0])
         entry[0] += 1
-        entry[1] += max(p.step_s - allreduce_seconds(p.ranks, grad_bytes, p.link or fabric), 0.0)
+        entry[1] += link.compute_seconds(p.step_s, point_sync(p, grad_bytes, fabric), gamma)
     return times
+
+
+def overlap_error(points: Sequence[Point], grad_bytes: float, fabric: Fabric,
+                  gamma: float) -> float:
+    """Sum of squared log errors of the points' steps as modelled at ``gamma``: the
+    compute line fitted at that gamma, each point's allreduce put back."""
+    alpha, beta = step_times(points, grad_bytes, fabric, gamma).fit()
+    error = 0.0
+    for p in points:
+        modelled = link.step_seconds(max(alpha + beta * p.batch, 0.0),
+                                     point_sync(p, grad_bytes, fabric), gamma)
+        error += math.log(max(modelled, 1e-12) / p.step_s) ** 2
+    return error
+
+
+def fit_overlap(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> tuple[float, int]:
+    """``(gamma, points with an allreduce)``: the gamma of ``link.GAMMA_GRID`` whose
+    model fits the points best (``overlap_error``; a tie keeps the smaller), or
+    ``(1.0, 0)`` where the runs cannot tell: no point's allreduce is ``MIN_SYNC_SHARE``
+    of its step, or there are no more points than the compute line has parameters (1
+    for one per-rank batch, 2 for several), so any gamma fits them exactly."""
+    synced = sum(1 for p in points
+                 if point_sync(p, grad_bytes, fabric) >= MIN_SYNC_SHARE * p.step_s)
+    parameters = 1 if len({p.batch for p in points}) < 2 else 2
+    if not synced or len(points) <= parameters:
+        return 1.0, 0
+    best, best_error = 1.0, math.inf
+    for gamma in link.GAMMA_GRID:
+        error = overlap_error(points, grad_bytes, fabric, gamma)
+        if error < best_error * (1 - 1e-9) - 1e-15:
+            best, best_error = gamma, error
+    return best, synced
 
 
 def fit(points: Sequence[Point], grad_bytes: float, fabric: Fabric,
         train: TrainConfig | None = None, train_source: str = "") -> EpochModel:
-    """The compute line ``goodput.StepTimes.fit`` gives the points' compute times (least
-    squares over two or more per-rank batches; one batch: alpha = half its time); the
-    dataset, batch and step cap of the run with the fewest ranks."""
-    times = step_times(points, grad_bytes, fabric)
+    """The overlap ``fit_overlap`` finds and the compute line ``goodput.StepTimes.fit``
+    gives the points' compute times at that overlap (least squares over two or more
+    per-rank batches; one batch: alpha = half its time); the dataset, batch and step
+    cap of the run with the fewest ranks."""
+    gamma, gamma_points = fit_overlap(points, grad_bytes, fabric)
+    times = step_times(points, grad_bytes, fabric, gamma)
     alpha, beta = times.fit()
     base = min(points, key=lambda p: p.ranks)
     return EpochModel(compute_s=max(alpha + beta * base.batch_size, 0.0), grad_bytes=grad_bytes,
                       fabric=fabric, train_samples=base.train_samples,
                       batch_size=base.batch_size, cap=base.steps if base.capped else None,
                       per_sample_s=beta, train=train, batches=tuple(times.means()),
-                      train_source=train_source)
+                      train_source=train_source, gamma=gamma, gamma_points=gamma_points)
 
 
 def rule_text(model: EpochModel) -> str:

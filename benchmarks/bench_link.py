@@ -29,12 +29,30 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from distseg.core import link  # noqa: E402
 
-from benchlib import machine, netns  # noqa: E402
+from benchlib import machine, netns, timeline  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 VARIANTS = ("1proc", "distseg", "fp16", "overlap", "mwms")
-"""``overlap``: distseg's step with one allreduce per gradient as backprop makes it
-(``benchlib.step_variants``), the rest distseg's own (``benchlib.train_variant``)."""
+"""The default set; ``EXTRA_VARIANTS`` can be named with ``--variants`` too."""
+STEP_VARIANTS = ("overlap", "localloss", "nocheck")
+"""distseg with a train step of ``benchlib.step_variants`` (``benchlib.train_variant``):
+``overlap`` one allreduce per gradient as backprop makes it; ``localloss`` each rank's
+own loss, no forward allreduce of the Dice sums and no noise-scale norms (what the
+global loss's mid-step synchronisation costs over the link); ``nocheck`` no BatchNorm
+copy, finiteness check or norms."""
+ENV_VARIANTS = {
+    # Horovod's coordination cycle (distseg sets 0.5 ms): each cycle is a small
+    # collective over the link, so a longer one costs fewer round trips and CPU.
+    "cycle5": ("distseg", {"HOROVOD_CYCLE_TIME": "5"}),
+    # One allreduce per gradient, fused in 4 MiB buffers (distseg sets 128 MiB): the
+    # gradients of the last layers go over the link while backprop makes the others.
+    "overlap4m": ("overlap", {"HOROVOD_FUSION_THRESHOLD": str(4 << 20)}),
+    "overlap4m-cycle5": ("overlap", {"HOROVOD_FUSION_THRESHOLD": str(4 << 20),
+                                     "HOROVOD_CYCLE_TIME": "5"}),
+}
+"""Variants that run a step (``distseg`` or one of ``STEP_VARIANTS``) with Horovod
+settings of their own, given to both ranks by ``mpirun -x``."""
+EXTRA_VARIANTS = ("localloss", "nocheck", *ENV_VARIANTS)
 MODELS = {
     # name: (preset, extra distseg-train flags): liver2d's 31 M parameters on 128x128
     # slices (the LiTS sample's size), so the gradients are liver2d's.
@@ -67,22 +85,39 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return out
 
 
+def median_step(run_dir: str) -> float:
+    """Rank 0's median step seconds after the first epoch (tracing)."""
+    from distseg.core import rundir, schema
+    records = schema.read_log(rundir.log_path(run_dir, 0))[0]
+    return statistics.median(r["step_time"] for r in records
+                             if r.get("type") == "step" and r["epoch"] > 0)
+
+
 def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) -> dict:
     """One distseg run: one process on host a, or one rank on each host."""
     run_dir = tempfile.mkdtemp(dir=work)
     os.rmdir(run_dir)
     train = train_command(args, model, run_dir, "fp16" if variant == "fp16" else "none")
-    if variant == "overlap":
-        train = [sys.executable, "-m", "benchlib.train_variant", "--step", "overlap", "--",
+    step, settings = ENV_VARIANTS.get(variant, (variant, {}))
+    if step in STEP_VARIANTS:
+        train = [sys.executable, "-m", "benchlib.train_variant", "--step", step, "--",
                  *train[1:]]
     ranks = 1 if variant == "1proc" else 2
+    trace = os.path.join(work, os.path.basename(run_dir) + "-timeline.json")
+    if args.timeline:
+        settings = {**settings, "HOROVOD_TIMELINE": trace}
     cmd = (netns.on_host(hosts[0], train) if ranks == 1
-           else netns.mpirun_command(hosts, agent, train, exports=("PYTHONPATH",)))
+           else netns.mpirun_command(hosts, agent, train, exports=("PYTHONPATH",),
+                                     settings=settings))
+    before = machine.cpu_counters()
     _run(cmd, args.timeout)
+    steal = machine.steal_fraction(before, machine.cpu_counters())
+    parts = timeline.breakdown(trace) if ranks > 1 and os.path.exists(trace) else {}
     with open(os.path.join(run_dir, "logs", "rank-00000.jsonl")) as f:
         record = json.loads(f.readline())
     return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),
-            "ranks": ranks, "grad_bytes": 4 * record["model"]["params"]}
+            "ranks": ranks, "run_dir": run_dir, "grad_bytes": 4 * record["model"]["params"],
+            "steal": steal, "step_s": median_step(run_dir), **parts}
 
 
 def mwms_run(args, hosts, model: str) -> dict:
@@ -90,7 +125,7 @@ def mwms_run(args, hosts, model: str) -> dict:
     preset = MODELS[model][0]
     port = 23456
     cluster = {"worker": [f"{h.address}:{port}" for h in hosts]}
-    procs = []
+    procs, before = [], machine.cpu_counters()
     for i, host in enumerate(hosts):
         cmd = [sys.executable, "-m", "peers.mwms", "--worker", "--data", args.data,
                "--preset", preset, "--epochs", str(args.epochs), "--batch-size", "8",
@@ -100,8 +135,9 @@ def mwms_run(args, hosts, model: str) -> dict:
         procs.append(subprocess.Popen(netns.on_host(host, cmd), env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     from peers import mwms
-    return {"samples_per_s": mwms.collect(procs, args.timeout)["samples_per_s"], "link": None,
-            "ranks": 2}
+    got = mwms.collect(procs, args.timeout)["samples_per_s"]
+    return {"samples_per_s": got, "link": None, "ranks": 2,
+            "steal": machine.steal_fraction(before, machine.cpu_counters())}
 
 
 def one_round(args, hosts, agent: str, work: str) -> list[dict]:
@@ -116,8 +152,9 @@ def one_round(args, hosts, agent: str, work: str) -> list[dict]:
                 got = (mwms_run(args, hosts, model) if variant == "mwms"
                        else distseg_run(args, hosts, agent, model, variant, work))
                 rows.append({"rate": rate, "model": model, "variant": variant, **got})
-                print(f"  {rate:>7} {model:8} {variant:8} {got['samples_per_s']:.2f} samples/s",
-                      flush=True)
+                steal = "-" if got["steal"] is None else f"{100 * got['steal']:.0f} %"
+                print(f"  {rate:>7} {model:8} {variant:16} {got['samples_per_s']:.2f} samples/s, "
+                      f"steal {steal}", flush=True)
     return rows
 
 
@@ -135,11 +172,19 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "samples_per_s": med[(rate, model, variant)],
                     "vs_1proc": med[(rate, model, variant)] / base if base else None,
                     "vs_mwms": med[(rate, model, variant)] / peer if peer and variant != "mwms" else None,
-                    "link_gbps": statistics.median(link["bandwidth_gbps"] for link in links
-                                                   if link.get("bandwidth_gbps"))
-                    if any(link.get("bandwidth_gbps") for link in links) else None,
+                    "link_gbps": statistics.median(m["bandwidth_gbps"] for m in links
+                                                   if m.get("bandwidth_gbps"))
+                    if any(m.get("bandwidth_gbps") for m in links) else None,
+                    "steal": _median_steal(rows, (rate, model, variant)),
                     "runs": sum(1 for r in rows if (r["rate"], r["model"], r["variant"]) == (rate, model, variant))})
     return out
+
+
+def _median_steal(rows: list[dict], key: tuple) -> float | None:
+    """The median CPU steal of the runs of (rate, model, variant) ``key``."""
+    steals = [r["steal"] for r in rows if (r["rate"], r["model"], r["variant"]) == key
+              and r.get("steal") is not None]
+    return statistics.median(steals) if steals else None
 
 
 def _median_rate(rows: list[dict], model: str, variant: str, rate: str | None = None) -> float:
@@ -149,58 +194,115 @@ def _median_rate(rows: list[dict], model: str, variant: str, rate: str | None = 
                              and rate in (None, r["rate"]))
 
 
-def _step_points(rows: list[dict], model: str) -> dict[str, tuple[float, float, float]]:
-    """Per link rate: (compute, sync, step) seconds of the model's 2-rank distseg runs:
-    compute from one process's step at the same per-rank batch, sync from the link the
-    runs measured (``link.sync_seconds`` of the gradient bytes), step measured."""
-    compute = 8 / _median_rate(rows, model, "1proc")
-    points = {}
-    for rate in sorted({r["rate"] for r in rows if r["model"] == model and r["variant"] == "distseg"}):
-        runs = [r for r in rows if (r["model"], r["variant"], r["rate"]) == (model, "distseg", rate)
-                and r["link"] and r["link"].get("bandwidth_gbps")]
-        if not runs:
-            continue
-        bw = statistics.median(r["link"]["bandwidth_gbps"] for r in runs)
-        lat = statistics.median(r["link"]["latency_us"] for r in runs)
-        sync = link.sync_seconds(runs[0]["grad_bytes"], 2, bw, lat)
-        points[rate] = (compute, sync, 16 / _median_rate(rows, model, "distseg", rate))
-    return points
+def _fitted_step(fit_dirs: list[str], grad_bytes: float, fabric) -> tuple[float, float]:
+    """(predicted 2-rank step seconds, gamma) of the report's model (``analysis.stepmodel``:
+    compute line and overlap fitted to the runs in ``fit_dirs``, each on its own measured
+    link) on the link ``fabric``."""
+    from analysis import logs, stepmodel, tables
+    runs = [logs.load_run(d) for d in fit_dirs]
+    model = stepmodel.fit(stepmodel.fit_points(runs, tables.time_per_epoch(runs)), grad_bytes,
+                          fabric)
+    return model.step(2), model.gamma
+
+
+def _measured_step(run_dirs: list[str]) -> float:
+    """The median steady step seconds of 2-rank runs, as the report reads them."""
+    from analysis import logs, stepmodel, tables
+    runs = [logs.load_run(d) for d in run_dirs]
+    return statistics.median(p.step_s for p in
+                             stepmodel.fit_points(runs, tables.time_per_epoch(runs)))
 
 
 def validate_projection(rows: list[dict], models: list[str]) -> list[dict]:
-    """Pollux's step-time form fitted to two link rates, predicting the third: predicted
-    and measured 2-rank step time at each rate left out."""
+    """The report's projection checked on a link it was not fitted on: per model and per
+    rate left out, the model (``analysis.stepmodel``) fitted to the 2-rank distseg runs
+    at the other rates, each on the link it measured, predicts the 2-rank step on the
+    link the left-out runs measured; beside it their measured step. (One process's runs
+    are left out of the fit: here the two "nodes" share one VM's cores and memory, so a
+    lone process computes faster than each of two ranks, which real nodes would not.)"""
+    from analysis.stepmodel import Fabric
     out = []
     for model in models:
-        points = _step_points(rows, model)
-        for left_out, (compute, sync, step) in points.items():
-            fitted = [p for rate, p in points.items() if rate != left_out]
-            if len(fitted) < 2:
+        ours = [r for r in rows if (r["model"], r["variant"]) == (model, "distseg")
+                and r.get("run_dir") and (r["link"] or {}).get("bandwidth_gbps")]
+        for left_out in sorted({r["rate"] for r in ours}):
+            held = [r for r in ours if r["rate"] == left_out]
+            fitted = [r["run_dir"] for r in ours if r["rate"] != left_out]
+            if len({r["rate"] for r in ours}) < 3:
                 continue
-            gamma = link.fit_gamma(fitted)
-            predicted = link.step_seconds(compute, sync, gamma)
+            fabric = Fabric(statistics.median(r["link"]["bandwidth_gbps"] for r in held),
+                            statistics.median(r["link"]["latency_us"] for r in held), "ring")
+            predicted, gamma = _fitted_step(fitted, held[0]["grad_bytes"], fabric)
+            measured = _measured_step([r["run_dir"] for r in held])
             out.append({"model": model, "left_out": left_out, "gamma": gamma,
-                        "compute_s": compute, "sync_s": sync, "predicted_s": predicted,
-                        "measured_s": step, "ratio": predicted / step})
+                        "link_gbps": fabric.bandwidth_gbps, "predicted_s": predicted,
+                        "measured_s": measured, "ratio": predicted / measured})
     return out
 
 
 def print_validation(checks: list[dict]) -> None:
-    print("\n| model | rate left out | gamma (fit on the others) | compute s | sync s | "
+    print("\n| model | rate left out | its measured link Gbit/s | gamma (fitted without it) | "
           "predicted step s | measured step s | predicted / measured |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for c in checks:
-        print(f"| {c['model']} | {c['left_out']} | {c['gamma']:.2f} | {c['compute_s']:.3f} | "
-              f"{c['sync_s']:.3f} | {c['predicted_s']:.3f} | {c['measured_s']:.3f} | {c['ratio']:.2f} |")
+        print(f"| {c['model']} | {c['left_out']} | {c['link_gbps']:.2f} | {c['gamma']:.2f} | "
+              f"{c['predicted_s']:.3f} | {c['measured_s']:.3f} | {c['ratio']:.2f} |")
+
+
+def _median_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def step_breakdown(rows: list[dict]) -> list[dict]:
+    """Where a 2-rank step's time went, per rate, model and variant (medians over the
+    runs; the timeline's medians over each run's later steps): the gradients' allreduce
+    on the wire against what the link the run measured predicts
+    (``link.sync_seconds``), the time the first rank waited for the other before the
+    allreduces (``timeline``), and the rest (compute and everything else), beside one
+    process's step at the same rate."""
+    out = []
+    keys = sorted({(r["rate"], r["model"], r["variant"]) for r in rows
+                   if r.get("gradient_s") is not None})
+    for rate, model, variant in keys:
+        runs = [r for r in rows if (r["rate"], r["model"], r["variant"]) == (rate, model, variant)]
+        single = [r for r in rows if (r["rate"], r["model"], r["variant"]) == (rate, model, "1proc")]
+        step, wire = _median_of(runs, "step_s"), _median_of(runs, "gradient_s")
+        wait = (_median_of(runs, "gradient_wait_s") or 0.0) + (_median_of(runs, "small_wait_s") or 0.0)
+        measured = [r["link"] for r in runs if (r["link"] or {}).get("bandwidth_gbps")]
+        predicted = (link.sync_seconds(runs[0]["grad_bytes"], 2,
+                                       statistics.median(m["bandwidth_gbps"] for m in measured),
+                                       statistics.median(m["latency_us"] for m in measured))
+                     if measured else None)
+        out.append({"rate": rate, "model": model, "variant": variant, "step_s": step,
+                    "one_process_step_s": _median_of(single, "step_s"),
+                    "gradient_s": wire, "gradient_predicted_s": predicted, "wait_s": wait,
+                    "small_s": _median_of(runs, "small_s"),
+                    "rest_s": step - wire - wait - (_median_of(runs, "small_s") or 0.0)})
+    return out
+
+
+def print_breakdown(parts: list[dict]) -> None:
+    print("\n| link | model | variant | 2-rank step s | gradient allreduce ms (predicted from "
+          "the measured link) | waiting for the other rank ms | rest s | 1-process step s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in parts:
+        pred = "-" if p["gradient_predicted_s"] is None else f"{1e3 * p['gradient_predicted_s']:.0f}"
+        one = "-" if p["one_process_step_s"] is None else f"{p['one_process_step_s']:.3f}"
+        print(f"| {p['rate']} | {p['model']} | {p['variant']} | {p['step_s']:.3f} | "
+              f"{1e3 * p['gradient_s']:.0f} ({pred}) | {1e3 * p['wait_s']:.0f} | "
+              f"{p['rest_s']:.3f} | {one} |")
 
 
 def print_table(summary: list[dict]) -> None:
-    print("\n| link | model | variant | samples/s | vs 1 process | vs MWMS | link measured (Gbit/s) | runs |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| link | model | variant | samples/s | vs 1 process | vs MWMS | link measured (Gbit/s) "
+          "| CPU stolen | runs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         print(f"| {s['rate']} | {s['model']} | {s['variant']} | {s['samples_per_s']:.2f} | "
-              f"{fmt(s['vs_1proc'])} | {fmt(s['vs_mwms'])} | {fmt(s['link_gbps'])} | {s['runs']} |")
+              f"{fmt(s['vs_1proc'])} | {fmt(s['vs_mwms'])} | {fmt(s['link_gbps'])} | "
+              f"{'-' if s['steal'] is None else format(s['steal'], '.0%')} | {s['runs']} |")
 
 
 def parse(argv=None):
@@ -208,15 +310,23 @@ def parse(argv=None):
     p.add_argument("--data", default=os.path.join(ROOT, "data", "liver117.h5"))
     p.add_argument("--rates", default="1gbit,10gbit,none", help="tc rates, or none (unshaped)")
     p.add_argument("--models", default="demo,liver2d")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS + EXTRA_VARIANTS)}")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first untimed)")
     p.add_argument("--steps", type=int, default=6, help="steps per epoch")
     p.add_argument("--repeat", type=int, default=2, help="interleaved rounds")
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--no-timeline", dest="timeline", action="store_false",
+                   help="no Horovod timeline for the 2-rank runs (on by default: it gives "
+                        "the step breakdown, at the cost of a few writes per tensor)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
     args.rates, args.models = args.rates.split(","), args.models.split(",")
     args.variants = args.variants.split(",")
+    unknown = sorted(set(args.variants) - set(VARIANTS + EXTRA_VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; known: "
+                f"{', '.join(VARIANTS + EXTRA_VARIANTS)}")
     return args
 
 
@@ -237,16 +347,20 @@ def main(argv=None) -> int:
                 rows += one_round(args, hosts, agent, work)
         finally:
             netns.remove(hosts)
-    summary = summarise(rows)
+        checks = validate_projection(rows, args.models)
+    for row in rows:
+        row.pop("run_dir", None)
+    summary, parts = summarise(rows), step_breakdown(rows)
     print_table(summary)
-    checks = validate_projection(rows, args.models) if "1proc" in args.variants else []
+    print_breakdown(parts)
     print_validation(checks)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"link-{'-'.join(args.models)}-{datetime.date.today().isoformat()}.json")
     with open(path, "w") as f:
         json.dump({"benchmark": "bench_link", "args": vars(args),
                    "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),
-                   "rows": rows, "summary": summary, "projection": checks}, f, indent=1)
+                   "rows": rows, "summary": summary, "breakdown": parts, "projection": checks},
+                  f, indent=1)
     print(f"\nwrote {path}")
     return 0
 

@@ -102,3 +102,23 @@ def load_average() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
+
+
+def cpu_counters(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, from ``/proc/stat``'s ``cpu`` line;
+    None where there is no such file. Steal is time the hypervisor gave this VM's
+    virtual CPUs to someone else while they had work: on a shared 2-vCPU VM a run that
+    keeps both vCPUs busy loses part of one, which a one-process run does not."""
+    try:
+        with open(path) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Share of the CPU time between two ``cpu_counters`` readings that was stolen."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])

@@ -145,9 +145,10 @@ def on_host(host: Host, command: list[str]) -> list[str]:
 
 
 def mpirun_command(hosts: tuple[Host, Host], agent: str, program: list[str],
-                   exports: tuple[str, ...] = ()) -> list[str]:
+                   exports: tuple[str, ...] = (), settings: dict | None = None) -> list[str]:
     """One rank on each host; mpirun itself runs on the first (``exports``: more
-    variables of its environment for the ranks)."""
+    variables of its environment for the ranks; ``settings``: variables and values for
+    the ranks, e.g. Horovod's, which ``clean_env`` keeps out of mpirun's own)."""
     a, b = hosts
     mpirun = [
         "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{a.address}:1,{b.address}:1",
@@ -160,6 +161,7 @@ def mpirun_command(hosts: tuple[Host, Host], agent: str, program: list[str],
         "--bind-to", "none", "--tag-output",
         "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "DISTSEG_PIN", "-x", "OMP_NUM_THREADS",
         *[arg for name in exports for arg in ("-x", name)],
+        *[arg for name, value in (settings or {}).items() for arg in ("-x", f"{name}={value}")],
     ]
     return on_host(a, mpirun + program)
 

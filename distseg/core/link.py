@@ -13,8 +13,6 @@ slope and the rounds' latency as its intercept. Plain Python: analysis uses it t
 
 from __future__ import annotations
 
-import math
-
 #: Allreduce sizes (bytes) timed at start-up: from one small message to a gradient's
 #: worth (the demo U-Net's gradients are 8 MB, liver2d's 124 MB).
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -71,14 +69,18 @@ def step_seconds(compute: float, sync: float, gamma: float) -> float:
     return (compute ** gamma + sync ** gamma) ** (1 / gamma)
 
 
+def compute_seconds(step: float, sync: float, gamma: float) -> float:
+    """The compute time ``step_seconds`` inverted: what a step of ``step`` seconds with
+    ``sync`` seconds of allreduce computed (0 where the allreduce alone takes as long)."""
+    if sync <= 0:
+        return step
+    if step <= sync:
+        return 0.0
+    return (step ** gamma - sync ** gamma) ** (1 / gamma)
+
+
 #: The range of gamma a fit may take (Pollux's bounds).
 GAMMA_RANGE = (1.0, 10.0)
-
-
-def fit_gamma(points: list[tuple[float, float, float]]) -> float:
-    """The gamma of ``step_seconds`` that best fits measured (compute, sync, step)
-    seconds, least squares of the log error, on a grid of 0.01 over ``GAMMA_RANGE``."""
-    lo, hi = GAMMA_RANGE
-    grid = [lo + 0.01 * i for i in range(int(round((hi - lo) / 0.01)) + 1)]
-    return min(grid, key=lambda g: sum((math.log(step_seconds(c, s, g)) - math.log(t)) ** 2
-                                       for c, s, t in points))
+#: The gammas a fit tries, smallest first (a tie keeps the least overlap).
+GAMMA_GRID = tuple(GAMMA_RANGE[0] + 0.01 * i
+                   for i in range(int(round((GAMMA_RANGE[1] - GAMMA_RANGE[0]) / 0.01)) + 1))

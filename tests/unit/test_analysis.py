@@ -403,7 +403,7 @@ def test_projection_matches_a_hand_computation(tmp_path):
     # Both runs ran 2 per rank: the compute line stays at its one measured batch, and
     # every count runs that batch (no assumption enters).
     assert set(proj["per_rank_batch"]) == {2}
-    assert "every projected count runs it" in rep.projection.assumptions[-1]
+    assert "every projected count runs it" in rep.projection.assumptions[-2]
     # Per node count: the prediction beside the measurement (np2 is the 1-node count).
     per_node = rep.projection.nodes
     np2 = one_row(per_node, run="np2")

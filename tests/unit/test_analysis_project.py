@@ -79,3 +79,32 @@ def test_assumptions_say_what_the_model_rests_on():
     assert lines[4].startswith("4 rank(s) per node (from --ranks-per-node)")
     assert lines[5].endswith(", capped at 10 steps per epoch.")
     assert lines[6].startswith("Efficiency is against a (1 rank(s))")
+
+
+def test_overlap_is_fitted_where_the_allreduce_is_a_share_of_the_step():
+    # 5e8 gradient bytes at 1e9 bytes/s: 0.5 s of allreduce at 2 ranks, 0.75 s at 4.
+    # 1 rank computes 1.0 s a step; at 2 ranks the step is (1 + 0.5^2)^(1/2): gamma 2.
+    overlapped = [_point("a", 1, 32.0, 32), _point("b", 2, 16 * math.sqrt(1.25), 16)]
+    model = stepmodel.fit(overlapped, 5e8, NO_LATENCY)
+    assert (model.gamma, model.gamma_points) == (pytest.approx(2.0), 1)
+    assert model.compute_s == pytest.approx(1.0, rel=1e-3)
+    assert model.step(4) == pytest.approx(math.sqrt(1 + 0.75 ** 2), rel=1e-3)
+    assert project.overlap_line(model).startswith("gamma = 2.00, FITTED")
+    # A step that is compute plus allreduce fits gamma 1: no overlap, measured.
+    summed = stepmodel.fit([_point("a", 1, 32.0, 32), _point("b", 2, 16 * 1.5, 16)], 5e8,
+                           NO_LATENCY)
+    assert (summed.gamma, summed.gamma_points, summed.step(4)) == (1.0, 1, pytest.approx(1.75))
+
+
+def test_overlap_is_not_fitted_where_the_runs_cannot_tell():
+    # 1 ms of allreduce in a 1 s step (a one-host run's path): noise would decide gamma.
+    tiny = [_point("a", 1, 32.0, 32), _point("b", 2, 16.0, 16)]
+    assert stepmodel.fit_overlap(tiny, 1e6, NO_LATENCY) == (1.0, 0)
+    # One point, or one per batch of a two-parameter line: any gamma fits exactly.
+    assert stepmodel.fit_overlap([_point("b", 2, 24.0, 16)], 5e8, NO_LATENCY) == (1.0, 0)
+    one_each = [_point("a", 1, 32.0, 32),
+                Point(run="b", ranks=2, nodes=2, epoch_s=24.0, steps=16, train_samples=64,
+                      batch_size=4, capped=False)]
+    assert stepmodel.fit_overlap(one_each, 5e8, NO_LATENCY) == (1.0, 0)
+    model = stepmodel.fit(tiny, 1e6, NO_LATENCY)
+    assert project.overlap_line(model).startswith("gamma = 1 (no overlap), not fitted")

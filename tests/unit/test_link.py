@@ -30,10 +30,10 @@ def test_the_step_time_runs_from_no_overlap_to_full_overlap():
     assert link.sync_seconds(1e9, 1, 1.0, 10.0) == 0.0
 
 
-def test_gamma_is_recovered_from_steps_at_two_link_rates():
-    gamma = 2.37
-    points = [(0.4, s, link.step_seconds(0.4, s, gamma)) for s in (0.5, 0.06)]
-    assert link.fit_gamma(points) == pytest.approx(gamma, abs=0.011)
-    # predicts the step at a third rate it was not fitted on
-    fitted = link.fit_gamma(points)
-    assert link.step_seconds(0.4, 0.15, fitted) == pytest.approx(link.step_seconds(0.4, 0.15, gamma), rel=1e-3)
+def test_compute_is_the_step_with_the_allreduce_taken_off_at_gamma():
+    for gamma in (1.0, 2.37, 10.0):
+        step = link.step_seconds(0.4, 0.15, gamma)
+        assert link.compute_seconds(step, 0.15, gamma) == pytest.approx(0.4, rel=1e-9)
+    assert link.compute_seconds(0.4, 0.0, 3.0) == 0.4  # no allreduce
+    assert link.compute_seconds(0.1, 0.2, 1.0) == 0.0  # the allreduce alone is longer
+    assert link.GAMMA_GRID[0] == 1.0 and link.GAMMA_GRID[-1] == pytest.approx(10.0)

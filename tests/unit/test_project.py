@@ -106,7 +106,7 @@ def test_per_rank_batches_at_one_batch_need_no_assumption(tmp_path):
     row = one_row(rep.projection.table, kind="projection")
     assert row["per_rank_batch"] == 2 and row["step_s"] == pytest.approx((1.0 + 1.0 - _comm(2)) / 2
                                                                         + _comm(4))
-    assert "every projected count runs it" in rep.projection.assumptions[-1]
+    assert "every projected count runs it" in rep.projection.assumptions[-2]
     assert not any("ASSUMED" in n for n in note_lines(rep, "warning"))
 
 
