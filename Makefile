@@ -86,7 +86,7 @@ bench: install
 # about 20 minutes here; results in bench/results/link-*.json.
 bench-link: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
-	$(BIN)/python benchmarks/bench_link.py --models demo --epochs 3 --steps 4 --repeat 2
+	$(BIN)/python benchmarks/bench_link.py --models demo --epochs 3 --steps 6 --repeat 3
 	$(BIN)/python benchmarks/bench_link.py --models liver2d --rates 1gbit \
 	  --variants 1proc,distseg,fp16 --epochs 2 --steps 3 --repeat 1
 

@@ -17,15 +17,18 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
-from analysis.logfile import count, number
+from analysis.logfile import count, dict_field, number
 from analysis.logs import RunData
 from analysis.stepmodel import Fabric
-from distseg.core.link import ring_bytes
+from distseg.core.link import ring_bytes, sync_seconds
 
 LINK_COLUMNS = ["run", "ranks", "hosts", "local", "link", "bandwidth_gbps", "latency_us",
-                "sizes_timed", "largest_bytes", "largest_s", "largest_gbps", "note"]
+                "sizes_timed", "largest_bytes", "largest_s", "largest_gbps",
+                "traced_steps", "traced_allreduce_s", "modelled_allreduce_s", "traced_wait_s",
+                "note"]
 #: ``link`` of a run whose ranks were all on one host.
 OWN_PATH = "the host's own path (not a network)"
 NOT_MEASURED = "not measured"
@@ -68,6 +71,24 @@ def _fit_note(value: dict, local: bool) -> str:
             "meets" if local else "")
 
 
+def traced(run: RunData, ranks: int, bandwidth: float, latency: float) -> dict:
+    """The traced epoch's medians (rank 0's ``comm``, the last one logged): the
+    gradients' allreduce per step beside the one the measured link models for the
+    logged gradient bytes, and the waits for the other ranks before the allreduces."""
+    e = run.epochs
+    if "comm_gradient_s" not in e or not e["comm_gradient_s"].notna().any():
+        return {}
+    last = e[e["comm_gradient_s"].notna()].iloc[-1]
+    params = count((dict_field(run.run_record, "model") or {}).get("params"))
+    modelled = (sync_seconds(4.0 * params, ranks, bandwidth, latency)
+                if params and bandwidth > 0 and ranks >= 2 else math.nan)
+    return {"traced_steps": count(last.get("comm_steps")),
+            "traced_allreduce_s": float(last["comm_gradient_s"]),
+            "modelled_allreduce_s": modelled,
+            "traced_wait_s": float(np.nansum([last.get("comm_gradient_wait_s"),
+                                               last.get("comm_small_wait_s")]))}
+
+
 def link_row(run: RunData) -> dict:
     """One row of ``LINK_COLUMNS`` from the run record of the run's last launch."""
     rec = run.run_record
@@ -81,17 +102,18 @@ def link_row(run: RunData) -> dict:
     local = value.get("local")
     local = bool(local) if isinstance(local, bool) else row["hosts"] == 1
     bandwidth = number(value.get("bandwidth_gbps"))
+    latency = number(value.get("latency_us"))
     return {**row, "local": local,
             "link": OWN_PATH if local else f"network between {row['hosts']} hosts",
             "bandwidth_gbps": bandwidth if bandwidth > 0 else math.nan,
-            "latency_us": number(value.get("latency_us")), **_largest(value, ranks or 0),
-            "note": _fit_note(value, local)}
+            "latency_us": latency, **_largest(value, ranks or 0),
+            **traced(run, ranks or 0, bandwidth, latency), "note": _fit_note(value, local)}
 
 
 def link_table(runs: Sequence[RunData]) -> pd.DataFrame:
     """The measured link of each run (``LINK_COLUMNS``; a run without one says why)."""
     out = pd.DataFrame([link_row(r) for r in runs], columns=LINK_COLUMNS)
-    for c in ("ranks", "hosts", "sizes_timed", "largest_bytes"):
+    for c in ("ranks", "hosts", "sizes_timed", "largest_bytes", "traced_steps"):
         out[c] = pd.to_numeric(out[c]).astype("Int64")
     out["local"] = out["local"].astype("boolean")
     return out

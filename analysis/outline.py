@@ -48,7 +48,8 @@ PROJ_TARGET_COLS = ("kind", "run", "metric", "target", "nodes", "ranks", "throug
 PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allreduce_s",
              "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
 LINK_COLS = ("run", "ranks", "hosts", "link", "bandwidth_gbps", "latency_us", "sizes_timed",
-             "largest_bytes", "largest_s", "largest_gbps", "note")
+             "largest_bytes", "largest_s", "largest_gbps", "traced_allreduce_s",
+             "modelled_allreduce_s", "traced_wait_s", "note")
 PROJECTION_TITLE = "Projection (model, not measured)"
 PROJECTION_TARGET_TITLE = "Projection to target (model, not measured)"
 
@@ -154,7 +155,13 @@ def link_section(t: Tables) -> Section | None:
                    "(Gbit/s through each rank's link, latency included). A run whose ranks "
                    "were all on one host measured the host's own path (shared memory or "
                    "loopback), not a network. From the run record of the run's last launch. "
-                   "All columns: links.csv.", frame=t.links, columns=LINK_COLS)
+                   "traced_*: medians per step over the first steps of a launch's second "
+                   "epoch, from Horovod's timeline (rank 0's epoch record, comm): the "
+                   "gradients' allreduce (fusion copies and wire), beside "
+                   "modelled_allreduce_s, what the fitted link gives for the logged gradient "
+                   "bytes, and the time the first rank waited for the last before the step's "
+                   "allreduces (imbalance, not the link). All columns: links.csv.",
+                   frame=t.links, columns=LINK_COLS)
 
 
 def hours_section(t: Tables, smooth: int, unit: TimeUnit = HOURS) -> Section | None:

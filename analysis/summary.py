@@ -99,13 +99,28 @@ def noise_columns(rec: dict) -> dict[str, Any]:
     return out
 
 
+#: The ``comm`` fields of an epoch record (``distseg.core.commtrace``) read into
+#: ``comm_*`` columns.
+COMM_FIELDS = ("steps", "gradient_s", "gradient_wait_s", "small_s", "small_wait_s")
+
+
+def comm_columns(rec: dict) -> dict[str, Any]:
+    """``comm_steps``, ``comm_gradient_s``, ... of an epoch record's ``comm`` (rank 0 of
+    a traced epoch; NaN where a field is missing or the trace could not be read);
+    nothing when it has none."""
+    comm = dict_field(rec, "comm")
+    if comm is None:
+        return {}
+    return {f"comm_{k}": number(comm.get(k)) for k in COMM_FIELDS}
+
+
 def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
     """The epoch records of ``log`` as a frame, the Dice classes, and the unplaceable.
 
     One row per epoch record placed after a ``run`` record: ``rank``, ``segment``
     (local to the file), ``epoch``, ``t``, times, losses, samples, ``sample_digest``,
     ``dice_CLASS`` and ``local_dice_CLASS``, and where logged the noise scale
-    (``noise_columns``). The classes come in the order the file
+    (``noise_columns``) and the traced communication (``comm_columns``). The classes come in the order the file
     first names them; the count is of epoch records before any ``run`` record.
     """
     rows: list[dict] = []
@@ -127,6 +142,7 @@ def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
                         classes.append(cls)
                     row[prefix + cls] = number(v)
         row.update(noise_columns(rec))
+        row.update(comm_columns(rec))
         rows.append(row)
     orphans = sum(1 for r in log.epochs if r["_segment"] < 0)
     return pd.DataFrame(rows), classes, orphans

@@ -27,9 +27,9 @@ import tempfile
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from distseg.core import link  # noqa: E402
+from distseg.core import commtrace, link  # noqa: E402
 
-from benchlib import machine, netns, timeline  # noqa: E402
+from benchlib import machine, netns  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 VARIANTS = ("1proc", "distseg", "fp16", "overlap", "mwms")
@@ -112,7 +112,7 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     before = machine.cpu_counters()
     _run(cmd, args.timeout)
     steal = machine.steal_fraction(before, machine.cpu_counters())
-    parts = timeline.breakdown(trace) if ranks > 1 and os.path.exists(trace) else {}
+    parts = commtrace.breakdown(trace) if ranks > 1 and os.path.exists(trace) else {}
     with open(os.path.join(run_dir, "logs", "rank-00000.jsonl")) as f:
         record = json.loads(f.readline())
     return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),
@@ -355,7 +355,8 @@ def main(argv=None) -> int:
     print_breakdown(parts)
     print_validation(checks)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"link-{'-'.join(args.models)}-{datetime.date.today().isoformat()}.json")
+    path = os.path.join(args.out, f"link-{'-'.join(args.models)}-"
+                                  f"{datetime.datetime.now().strftime('%Y-%m-%d-%H%M')}.json")
     with open(path, "w") as f:
         json.dump({"benchmark": "bench_link", "args": vars(args),
                    "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),

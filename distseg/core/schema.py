@@ -50,6 +50,10 @@ field needs a new ``SCHEMA_VERSION``.
     goodput`` batch_policy {policy, per_rank (this epoch's), options, step_time_model
     {alpha, beta}, measured_step_time {per-rank batch: s}, goodput {per-rank batch:
     predicted}, next_per_rank, switched, reason} (``distseg.training.batchpolicy``);
+    rank 0 of each launch's second epoch on 2 or more ranks comm {steps, file,
+    gradient_s, gradient_wait_s, small_s, small_wait_s, gradient_ops, small_ops} or
+    {steps, file, error}: medians from Horovod's timeline of its first steps
+    (``distseg.core.commtrace``);
     since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
@@ -134,7 +138,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local", "noise_scale", "lr_rule", "batch_policy"),
+              "val_cases_local", "noise_scale", "lr_rule", "batch_policy", "comm"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),

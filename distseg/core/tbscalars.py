@@ -22,7 +22,8 @@ Tags (``TAGS`` lists them with what they hold):
   ``batch/global``; from every rank's (the export only): ``ranks/step_time/rank-NNNNN``;
 * per epoch, from rank 0's ``epoch`` record: ``epoch/epoch``, ``epoch/train_loss``,
   ``epoch/val_loss``, ``epoch/val_dice/CLASS``, ``epoch/epoch_time``,
-  ``epoch/train_time``, ``noise/*``, ``lr_rule/*``, ``batch_policy/*``;
+  ``epoch/train_time``, ``noise/*``, ``lr_rule/*``, ``batch_policy/*``, ``comm/*`` (the
+  traced epoch's);
 * per epoch, from every rank's step times and epoch record (``balance_scalars``):
   ``ranks/slowest_step_time``, ``ranks/slowest_rank``, ``ranks/imbalance_ratio``,
   ``epoch/samples_per_s``.
@@ -69,10 +70,14 @@ TAGS: dict[str, str] = {
     "batch_policy/predicted_gain": "goodput policy: predicted goodput of the choice over "
                                    "the batch in force",
     "batch_policy/goodput/B": "goodput policy: predicted goodput of per-rank batch B",
+    "comm/gradient_s": "traced epoch: the gradients' allreduce per step (median)",
+    "comm/gradient_wait_s": "traced epoch: the wait for the last rank before it",
+    "comm/small_wait_s": "traced epoch: the wait before the global loss's allreduce",
 }
 
 _NOISE = ("b_simple", "b_simple_raw", "g2", "trace")
 _LR_RULE = ("gain", "progress")
+_COMM = ("gradient_s", "gradient_wait_s", "small_wait_s")
 _UNSAFE = re.compile(r"[^\w.\-/]")
 
 
@@ -197,7 +202,8 @@ def epoch_scalars(record: Mapping[str, Any], step: int, start_time: float | None
              ("epoch/train_time", record.get("train_time")),
              *((f"noise/{k}", noise.get(k)) for k in _NOISE),
              *((f"lr_rule/{k}", rule.get(k)) for k in _LR_RULE),
-             *_policy_pairs(_dict(record, "batch_policy"))]
+             *_policy_pairs(_dict(record, "batch_policy")),
+             *((f"comm/{k}", _dict(record, "comm").get(k)) for k in _COMM)]
     return _scalars(pairs, step, wall_time(record, start_time))
 
 

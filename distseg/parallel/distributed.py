@@ -40,6 +40,9 @@ HOROVOD_DEFAULTS = {
     "HOROVOD_CACHE_CAPACITY": "1024",
     # Warn, not hang silently, when a rank falls behind.
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",
+    # A timeline that ``start_timeline`` can switch on for a few steps (the loop traces
+    # each launch's second epoch); nothing is written while it is off.
+    "HOROVOD_TIMELINE": "DYNAMIC",
 }
 
 #: Open MPI settings applied when MPI is the controller: yield the core while waiting
@@ -51,8 +54,9 @@ OMPI_DEFAULTS = {
 #: Settings left at Horovod's own defaults in an elastic run: with a 10 ms cycle and a
 #: 128 MiB fusion buffer together, Horovod 0.28.1 crashed (SIGSEGV) in ``hvd.init()``
 #: when re-forming the ring after a host left (reproduced 4 times in 4 with a 20-line
-#: script; either setting alone, or neither, re-formed cleanly).
-ELASTIC_KEEPS_HOROVOD_DEFAULT = ("HOROVOD_FUSION_THRESHOLD",)
+#: script; either setting alone, or neither, re-formed cleanly). The dynamic timeline
+#: was not tried across re-formations, so an elastic run records none.
+ELASTIC_KEEPS_HOROVOD_DEFAULT = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE")
 
 _LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                     "PMI_LOCAL_RANK", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK")
@@ -422,6 +426,23 @@ def time_allreduces(sizes, repeats: int, always: int, budget: float) -> tuple[li
         done.append(int(nbytes))
         medians.append(max(allgather_object(sorted(runs)[len(runs) // 2])))
     return done, medians
+
+
+def start_timeline(path: str) -> bool:
+    """Starts Horovod's timeline into ``path`` (written by rank 0, Horovod's coordinator,
+    alone; every rank calls this, no collective). False, and nothing started, where
+    ``HOROVOD_TIMELINE`` is not ``DYNAMIC``: unset (an elastic run), or a file of the
+    user's own, which records the whole run and is left alone."""
+    hvd = _require()
+    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+        return False
+    hvd.start_timeline(path)  # Horovod: records from the next cycle on
+    return True
+
+
+def stop_timeline() -> None:
+    """Stops the timeline ``start_timeline`` started and closes its file."""
+    _require().stop_timeline()  # Horovod
 
 
 @_watched

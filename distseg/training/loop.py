@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from distseg.core import commtrace, goodput, link, rundir, schema
 from distseg.core import config as config_lib
-from distseg.core import goodput, link, rundir, schema
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds, prefetch, sharding
@@ -264,6 +264,8 @@ class EpochResult:
     weights: list = field(default_factory=list)
     train_time: float = 0.0
     epoch_time: float = 0.0
+    comm: dict | None = None
+    """Rank 0, in a traced epoch: where its steps' time went (``commtrace.record``)."""
 
 
 def _progress_bar(ctx: dist.Context, total: int, done: int, resources: contextlib.ExitStack):
@@ -580,6 +582,24 @@ def _stop_inside_epoch(s: Session, result: EpochResult, step: int):
                       f"epoch {result.epoch} step {step}")
 
 
+def start_trace(s: Session, epoch: int) -> str | None:
+    """Starts Horovod's timeline for this epoch where it is traced: each launch's second
+    epoch (the first traces the step) on 2 or more ranks, with a dynamic timeline
+    (``dist.start_timeline``); returns its path, else None. The same answer on every
+    rank (no collective depends on it)."""
+    if s.ctx.size < 2 or epoch != s.start[0] + 1:
+        return None
+    path = os.path.join(s.cfg.run_dir, f"comm-timeline-e{epoch}.json")
+    return path if dist.start_timeline(path) else None
+
+
+def read_trace(s: Session, result: EpochResult, path: str, steps_traced: int) -> None:
+    """Rank 0 reads the stopped timeline into ``result.comm`` (after the epoch's training
+    time is taken: parsing it is not training)."""
+    if s.ctx.is_root():
+        result.comm = commtrace.record(path, steps_traced)
+
+
 def train_epoch(s: Session, epoch: int) -> EpochResult:
     """Trains one epoch on this rank's shard; ends with identical weights on all ranks.
     A stop asked for on any rank ends it early, on every rank, after a checkpoint."""
@@ -591,12 +611,19 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
     result = EpochResult(epoch=epoch, start=time.perf_counter())
     _carry_over(s, epoch, result)
     first = s.start[1] if epoch == s.start[0] else 0
+    trace, traced = start_trace(s, epoch), min(commtrace.TRACE_STEPS, s.schedule.steps - first)
     for step in range(first, s.schedule.steps):
         if run_step(s, result, step) and step + 1 < s.schedule.steps:
             _stop_inside_epoch(s, result, step + 1)
+        if trace and step + 1 - first == traced:
+            dist.stop_timeline()
+    if trace and traced <= 0:  # an epoch without steps here
+        dist.stop_timeline()
     steps.average_batchnorm(s.model, s.ctx.size)
     result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
     result.train_time = result.elapsed_before + time.perf_counter() - result.start
+    if trace:
+        read_trace(s, result, trace, max(traced, 0))
     return result
 
 
@@ -641,6 +668,7 @@ def finish_epoch(s: Session, result: EpochResult, val: dict,
                        noise_scale=s.noise.record(), lr_rule=lr_rule_record(s),
                        **({} if s.policy is None else
                           {"batch_policy": s.policy.record(s.schedule.plan.per_rank, choice)}),
+                       **({} if result.comm is None else {"comm": result.comm}),
                        **val)
 
 

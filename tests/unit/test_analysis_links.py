@@ -199,3 +199,22 @@ def test_each_runs_compute_is_its_step_less_the_allreduce_on_its_own_link(tmp_pa
     times = stepmodel.step_times(points, 4e5, slow)
     p = points[0]
     assert times.means()[p.batch] == pytest.approx(p.step_s - _comm(2, 40.0, 3.0), rel=1e-3)
+
+
+def test_the_table_puts_the_traced_allreduce_beside_the_modelled_one(tmp_path):
+    comm = {"steps": 16, "file": "comm-timeline-e1.json", "gradient_s": 0.004,
+            "gradient_wait_s": 0.001, "small_s": 1e-4, "small_wait_s": 0.002,
+            "gradient_ops": 16, "small_ops": 16}
+    traced = write_run(str(tmp_path / "traced"), RunSpec(
+        size=2, params=100_000, hosts=["a", "b"],
+        link=measured_link(2, 1.0, 10.0, local=False), extra_epoch_fields={"comm": comm}))
+    broken = write_run(str(tmp_path / "broken"), RunSpec(
+        size=2, params=100_000, link=measured_link(2, 1.0, 10.0, local=True),
+        extra_epoch_fields={"comm": {"steps": 16, "file": "x.json", "error": "ValueError: x"}}))
+    table = build([traced, broken, _local(tmp_path)], ReportOptions(), processes=0).tables.links
+    row = one_row(table, run="traced")
+    assert (row["traced_steps"], row["traced_allreduce_s"], row["traced_wait_s"]) == (
+        16, pytest.approx(0.004), pytest.approx(0.003))
+    assert row["modelled_allreduce_s"] == pytest.approx(_comm(2, 1.0, 10.0))
+    for run in ("broken", "loc"):  # a trace not read, and none: empty cells
+        assert one_row(table, run=run)[["traced_allreduce_s", "traced_wait_s"]].isna().all()

@@ -81,7 +81,9 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
                            "method": "ranks"},
            "lr_rule": {"rule": "gain", "lr": 1e-3, "gain": 1.4, "progress": 22.5},
            "batch_policy": {"per_rank": 2, "next_per_rank": 4, "switched": True,
-                            "goodput": {"2": 10.0, "4": 12.5}}}
+                            "goodput": {"2": 10.0, "4": 12.5}},
+           "comm": {"steps": 16, "gradient_s": 0.07, "gradient_wait_s": 0.01,
+                    "small_s": 0.0001, "small_wait_s": 0.02}}
     got = by_tag(tb.epoch_scalars(rec, 47, START))
     assert {t: s.value for t, s in got.items()} == {
         "epoch/epoch": 2.0, "epoch/train_loss": -0.3, "epoch/val_loss": -0.4,
@@ -91,7 +93,8 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
         "lr_rule/progress": 22.5, "batch_policy/per_rank": 2.0,
         "batch_policy/next_per_rank": 4.0, "batch_policy/switched": 1.0,
         "batch_policy/predicted_gain": 1.25, "batch_policy/goodput/2": 10.0,
-        "batch_policy/goodput/4": 12.5}
+        "batch_policy/goodput/4": 12.5, "comm/gradient_s": 0.07, "comm/gradient_wait_s": 0.01,
+        "comm/small_wait_s": 0.02}
     assert {(s.step, s.wall_time) for s in got.values()} == {(47, START + 30.0)}
     assert tb.tag_part("liver tumour/2") == "liver_tumour_2"
 

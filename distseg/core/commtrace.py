@@ -1,6 +1,12 @@
-"""Where a distributed step's time goes, from Horovod's timeline (``HOROVOD_TIMELINE``).
+"""Where a distributed step's time goes, from Horovod's timeline.
 
-Rank 0's coordinator writes one Chrome-trace process per tensor: a
+distseg records it for a few steps of each launch's second epoch on 2 or more ranks
+(``distseg.parallel.distributed.start_timeline``; the first epoch traces the step) and
+logs what this module reads from it in that epoch's record, ``comm``; the file stays in
+the run directory (``comm-timeline-e<epoch>.json``: open it in Perfetto or
+chrome://tracing). ``benchmarks/bench_link.py`` reads whole-run timelines with it too.
+
+Rank 0, Horovod's coordinator, writes one Chrome-trace process per tensor: a
 ``NEGOTIATE_ALLREDUCE`` span from the first rank's request for the tensor to the last
 rank's (for a grouped allreduce, whose tensors are all requested at once, the time the
 first rank waited for the other), then an ``ALLREDUCE`` span: the copies into and out of
@@ -10,8 +16,8 @@ The tensors fused into one buffer share one such collective: their spans overlap
 
 distseg's step makes two allreduces: the forward pass's Dice sums (a few floats) and the
 grouped gradients (every trainable variable, plus the flags and norms). ``breakdown``
-tells them apart by the number of tensors fused and gives the medians over the ops
-that started in the later part of the run (``after``: past the tracing epoch).
+tells them apart by the number of tensors fused and gives the medians. Plain Python:
+the report reads the records without TensorFlow.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ OP = "ALLREDUCE"
 NEGOTIATE = "NEGOTIATE_ALLREDUCE"
 #: A fused allreduce of more tensors than this is the gradients'; fewer, a small one.
 GRADIENT_TENSORS = 8
+#: Steps of the traced epoch recorded (fewer where the epoch is shorter).
+TRACE_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -116,3 +124,15 @@ def breakdown(path: str, after: float = 0.5) -> dict:
             "small_s": median([op.seconds for op in small]),
             "small_wait_s": median([op.wait / 1e6 for op in small]),
             "gradient_ops": len(big), "small_ops": len(small)}
+
+
+def record(path: str, steps: int) -> dict:
+    """The epoch record's ``comm`` from the timeline at ``path`` of ``steps`` steps:
+    ``breakdown``'s medians over the whole file, ``steps`` and the file's name; with
+    ``error`` instead where it cannot be read (a missing or broken file)."""
+    import os
+    try:
+        parts = breakdown(path, after=0.0)
+    except (OSError, ValueError) as e:
+        return {"steps": steps, "file": os.path.basename(path), "error": f"{type(e).__name__}: {e}"}
+    return {"steps": steps, "file": os.path.basename(path), **parts}
