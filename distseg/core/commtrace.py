@@ -23,6 +23,7 @@ the report reads the records without TensorFlow.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -36,9 +37,9 @@ TRACE_STEPS = 16
 
 @dataclass(frozen=True)
 class FusedOp:
-    """One collective (fusion copies and wire): its start and end (microseconds since the timeline
-    began), the tensors fused into it, and the longest negotiation among them (how long
-    the first rank waited for the last before it could start)."""
+    """One collective (fusion copies and wire): its start and end (microseconds since
+    the timeline began), the tensors fused into it, and the longest negotiation among
+    them (how long the first rank waited for the last before it could start)."""
 
     start: int
     end: int
@@ -106,9 +107,8 @@ def _last_before(negotiations, start: int) -> int:
 def breakdown(path: str, after: float = 0.5) -> dict:
     """Medians, in seconds, over the fused ops in the last ``1 - after`` of the timeline:
     ``gradient_s`` and ``gradient_wait_s`` (the gradients' allreduce, fusion copies and
-    wire, and
-    the wait for the other rank before it), ``small_s`` and ``small_wait_s`` (the small
-    allreduces'), and how many of each were seen."""
+    wire, and the wait for the other rank before it), ``small_s`` and ``small_wait_s``
+    (the small allreduces'), and how many of each were seen."""
     ops = fused_ops(spans(read_events(path)))
     if not ops:
         return {}
@@ -129,10 +129,10 @@ def breakdown(path: str, after: float = 0.5) -> dict:
 def record(path: str, steps: int) -> dict:
     """The epoch record's ``comm`` from the timeline at ``path`` of ``steps`` steps:
     ``breakdown``'s medians over the whole file, ``steps`` and the file's name; with
-    ``error`` instead where it cannot be read (a missing or broken file)."""
-    import os
+    ``error`` instead where it cannot be read (a missing or broken file, or events
+    without the fields Horovod writes)."""
     try:
         parts = breakdown(path, after=0.0)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         return {"steps": steps, "file": os.path.basename(path), "error": f"{type(e).__name__}: {e}"}
     return {"steps": steps, "file": os.path.basename(path), **parts}

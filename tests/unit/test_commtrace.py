@@ -73,3 +73,5 @@ def test_the_record_names_the_file_and_says_why_it_could_not_read_it(tmp_path):
     assert missing["steps"] == 3 and missing["error"].startswith("FileNotFoundError")
     (tmp_path / "broken.json").write_text("[{\"ph\": ")
     assert "error" in timeline.record(str(tmp_path / "broken.json"), steps=3)
+    (tmp_path / "foreign.json").write_text('[{"ph": "B", "name": "ALLREDUCE"}]')  # no pid
+    assert timeline.record(str(tmp_path / "foreign.json"), steps=3)["error"].startswith("KeyError")
