@@ -75,12 +75,12 @@ class Fabric:
 
 
 def allreduce_seconds(ranks: int, grad_bytes: float, fabric: Fabric) -> float:
-    """Ring-allreduce time of ``grad_bytes`` over ``ranks`` ranks (0 for one rank)."""
+    """Ring-allreduce time of ``grad_bytes`` over ``ranks`` ranks on ``fabric``
+    (``link.sync_seconds``, its latency paid 2 (R - 1) or 2 log2 R times; 0 for one rank)."""
     if ranks <= 1:
         return 0.0
-    bandwidth = fabric.bandwidth_gbps * 1e9 / 8.0
     rounds = 2.0 * (ranks - 1) if fabric.latency_term == "ring" else 2.0 * math.log2(ranks)
-    return 2.0 * (ranks - 1) / ranks * grad_bytes / bandwidth + fabric.latency_us * 1e-6 * rounds
+    return link.sync_seconds(grad_bytes, ranks, fabric.bandwidth_gbps, fabric.latency_us, rounds)
 
 
 def grad_bytes_of(runs: Sequence[RunData], override: float | None) -> tuple[float | None, str]:

@@ -52,12 +52,14 @@ def fit(sizes: list[int], seconds: list[float], ranks: int) -> dict | None:
             "model": "ring"}
 
 
-def sync_seconds(nbytes: float, ranks: int, bandwidth_gbps: float, latency_us: float) -> float:
+def sync_seconds(nbytes: float, ranks: int, bandwidth_gbps: float, latency_us: float,
+                 rounds: float | None = None) -> float:
     """Seconds of a ring allreduce of ``nbytes`` over ``ranks`` on a link of that
-    bandwidth and per-round latency (0 on one rank)."""
+    bandwidth and per-round latency (0 on one rank); ``rounds``: message rounds paid
+    the latency, 2 (R - 1) for the ring unless given (a tree's 2 log2 R)."""
     if ranks < 2:
         return 0.0
-    rounds = 2 * (ranks - 1)
+    rounds = 2 * (ranks - 1) if rounds is None else rounds
     return rounds * latency_us * 1e-6 + ring_bytes(nbytes, ranks) * 8 / (bandwidth_gbps * 1e9)
 
 
