@@ -194,23 +194,19 @@ def _median_rate(rows: list[dict], model: str, variant: str, rate: str | None = 
                              and rate in (None, r["rate"]))
 
 
-def _fitted_step(fit_dirs: list[str], grad_bytes: float, fabric) -> tuple[float, float]:
+def _points(runs: list) -> list:
+    """The report's fit points (``analysis.stepmodel.fit_points``) of loaded runs."""
+    from analysis import stepmodel, tables
+    return stepmodel.fit_points(runs, tables.time_per_epoch(runs))
+
+
+def _fitted_step(fit_runs: list, grad_bytes: float, fabric) -> tuple[float, float]:
     """(predicted 2-rank step seconds, gamma) of the report's model (``analysis.stepmodel``:
-    compute line and overlap fitted to the runs in ``fit_dirs``, each on its own measured
-    link) on the link ``fabric``."""
-    from analysis import logs, stepmodel, tables
-    runs = [logs.load_run(d) for d in fit_dirs]
-    model = stepmodel.fit(stepmodel.fit_points(runs, tables.time_per_epoch(runs)), grad_bytes,
-                          fabric)
+    compute line and overlap fitted to ``fit_runs``, each on its own measured link) on
+    the link ``fabric``."""
+    from analysis import stepmodel
+    model = stepmodel.fit(_points(fit_runs), grad_bytes, fabric)
     return model.step(2), model.gamma
-
-
-def _measured_step(run_dirs: list[str]) -> float:
-    """The median steady step seconds of 2-rank runs, as the report reads them."""
-    from analysis import logs, stepmodel, tables
-    runs = [logs.load_run(d) for d in run_dirs]
-    return statistics.median(p.step_s for p in
-                             stepmodel.fit_points(runs, tables.time_per_epoch(runs)))
 
 
 def validate_projection(rows: list[dict], models: list[str]) -> list[dict]:
@@ -220,33 +216,51 @@ def validate_projection(rows: list[dict], models: list[str]) -> list[dict]:
     link the left-out runs measured; beside it their measured step. (One process's runs
     are left out of the fit: here the two "nodes" share one VM's cores and memory, so a
     lone process computes faster than each of two ranks, which real nodes would not.)"""
+    from analysis import logs
     from analysis.stepmodel import Fabric
     out = []
     for model in models:
         ours = [r for r in rows if (r["model"], r["variant"]) == (model, "distseg")
                 and r.get("run_dir") and (r["link"] or {}).get("bandwidth_gbps")]
+        if len({r["rate"] for r in ours}) < 3:
+            continue
+        loaded = {r["run_dir"]: logs.load_run(r["run_dir"]) for r in ours}
         for left_out in sorted({r["rate"] for r in ours}):
             held = [r for r in ours if r["rate"] == left_out]
-            fitted = [r["run_dir"] for r in ours if r["rate"] != left_out]
-            if len({r["rate"] for r in ours}) < 3:
-                continue
+            fitted = [loaded[r["run_dir"]] for r in ours if r["rate"] != left_out]
             fabric = Fabric(statistics.median(r["link"]["bandwidth_gbps"] for r in held),
                             statistics.median(r["link"]["latency_us"] for r in held), "ring")
             predicted, gamma = _fitted_step(fitted, held[0]["grad_bytes"], fabric)
-            measured = _measured_step([r["run_dir"] for r in held])
+            measured = statistics.median(
+                p.step_s for p in _points([loaded[r["run_dir"]] for r in held]))
             out.append({"model": model, "left_out": left_out, "gamma": gamma,
                         "link_gbps": fabric.bandwidth_gbps, "predicted_s": predicted,
                         "measured_s": measured, "ratio": predicted / measured})
     return out
 
 
+def _markdown(header: list[str], rows: list[list[str]]) -> None:
+    """Prints a Markdown table, after a blank line."""
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
 def print_validation(checks: list[dict]) -> None:
-    print("\n| model | rate left out | its measured link Gbit/s | gamma (fitted without it) | "
-          "predicted step s | measured step s | predicted / measured |")
-    print("|---|---|---|---|---|---|---|")
-    for c in checks:
-        print(f"| {c['model']} | {c['left_out']} | {c['link_gbps']:.2f} | {c['gamma']:.2f} | "
-              f"{c['predicted_s']:.3f} | {c['measured_s']:.3f} | {c['ratio']:.2f} |")
+    _markdown(["model", "rate left out", "its measured link Gbit/s", "gamma (fitted without it)",
+               "predicted step s", "measured step s", "predicted / measured"],
+              [[c["model"], c["left_out"], _fmt(c["link_gbps"]), _fmt(c["gamma"]),
+                _fmt(c["predicted_s"], ".3f"), _fmt(c["measured_s"], ".3f"), _fmt(c["ratio"])]
+               for c in checks])
 
 
 def _median_of(runs: list[dict], key: str) -> float | None:
@@ -274,35 +288,30 @@ def step_breakdown(rows: list[dict]) -> list[dict]:
                                        statistics.median(m["bandwidth_gbps"] for m in measured),
                                        statistics.median(m["latency_us"] for m in measured))
                      if measured else None)
+        small = _median_of(runs, "small_s")
         out.append({"rate": rate, "model": model, "variant": variant, "step_s": step,
                     "one_process_step_s": _median_of(single, "step_s"),
                     "gradient_s": wire, "gradient_predicted_s": predicted, "wait_s": wait,
-                    "small_s": _median_of(runs, "small_s"),
-                    "rest_s": step - wire - wait - (_median_of(runs, "small_s") or 0.0)})
+                    "small_s": small, "rest_s": step - wire - wait - (small or 0.0)})
     return out
 
 
 def print_breakdown(parts: list[dict]) -> None:
-    print("\n| link | model | variant | 2-rank step s | gradient allreduce ms (predicted from "
-          "the measured link) | waiting for the other rank ms | rest s | 1-process step s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for p in parts:
-        pred = "-" if p["gradient_predicted_s"] is None else f"{1e3 * p['gradient_predicted_s']:.0f}"
-        one = "-" if p["one_process_step_s"] is None else f"{p['one_process_step_s']:.3f}"
-        print(f"| {p['rate']} | {p['model']} | {p['variant']} | {p['step_s']:.3f} | "
-              f"{1e3 * p['gradient_s']:.0f} ({pred}) | {1e3 * p['wait_s']:.0f} | "
-              f"{p['rest_s']:.3f} | {one} |")
+    _markdown(["link", "model", "variant", "2-rank step s", "gradient allreduce ms (predicted "
+               "from the measured link)", "waiting for the other rank ms", "rest s",
+               "1-process step s"],
+              [[p["rate"], p["model"], p["variant"], _fmt(p["step_s"], ".3f"),
+                f"{1e3 * p['gradient_s']:.0f} ({_fmt(_ms(p['gradient_predicted_s']), '.0f')})",
+                f"{1e3 * p['wait_s']:.0f}", _fmt(p["rest_s"], ".3f"),
+                _fmt(p["one_process_step_s"], ".3f")] for p in parts])
 
 
 def print_table(summary: list[dict]) -> None:
-    print("\n| link | model | variant | samples/s | vs 1 process | vs MWMS | link measured (Gbit/s) "
-          "| CPU stolen | runs |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for s in summary:
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"| {s['rate']} | {s['model']} | {s['variant']} | {s['samples_per_s']:.2f} | "
-              f"{fmt(s['vs_1proc'])} | {fmt(s['vs_mwms'])} | {fmt(s['link_gbps'])} | "
-              f"{'-' if s['steal'] is None else format(s['steal'], '.0%')} | {s['runs']} |")
+    _markdown(["link", "model", "variant", "samples/s", "vs 1 process", "vs MWMS",
+               "link measured (Gbit/s)", "CPU stolen", "runs"],
+              [[s["rate"], s["model"], s["variant"], _fmt(s["samples_per_s"]), _fmt(s["vs_1proc"]),
+                _fmt(s["vs_mwms"]), _fmt(s["link_gbps"]), _fmt(s["steal"], ".0%"), str(s["runs"])]
+               for s in summary])
 
 
 def parse(argv=None):

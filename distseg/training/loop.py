@@ -611,19 +611,18 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
     result = EpochResult(epoch=epoch, start=time.perf_counter())
     _carry_over(s, epoch, result)
     first = s.start[1] if epoch == s.start[0] else 0
-    trace, traced = start_trace(s, epoch), min(commtrace.TRACE_STEPS, s.schedule.steps - first)
+    traced = min(commtrace.TRACE_STEPS, s.schedule.steps - first)
+    trace = start_trace(s, epoch) if traced > 0 else None
     for step in range(first, s.schedule.steps):
         if run_step(s, result, step) and step + 1 < s.schedule.steps:
             _stop_inside_epoch(s, result, step + 1)
         if trace and step + 1 - first == traced:
             dist.stop_timeline()
-    if trace and traced <= 0:  # an epoch without steps here
-        dist.stop_timeline()
     steps.average_batchnorm(s.model, s.ctx.size)
     result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
     result.train_time = result.elapsed_before + time.perf_counter() - result.start
     if trace:
-        read_trace(s, result, trace, max(traced, 0))
+        read_trace(s, result, trace, traced)
     return result
 
 

@@ -42,3 +42,23 @@ def test_cpu_steal_is_the_stolen_share_between_two_readings(tmp_path):
     assert machine.steal_fraction(before, after) == pytest.approx(50 / 260)
     assert machine.steal_fraction(None, after) is None
     assert machine.cpu_counters(str(tmp_path / "missing")) is None
+
+
+def test_the_projection_check_predicts_each_left_out_rate_through_the_reports_model(tmp_path):
+    """2-rank runs whose steps are 1 s of compute plus the allreduce of 4 MB on the link
+    each measured (1, 10, 100 Gbit/s): fitted on two rates, the report's model gives the
+    third's step back."""
+    from tests.analysis_fixtures.runs import RunSpec, measured_link, write_run
+    params, rows = 1_000_000, []
+    for rate, gbps in (("1gbit", 1.0), ("10gbit", 10.0), ("none", 100.0)):
+        found = measured_link(2, gbps, 0.0, local=False)
+        step = 1.0 + 4 * params * 8 / (gbps * 1e9)
+        run_dir = write_run(str(tmp_path / rate), RunSpec(size=2, hosts=["a", "b"], params=params,
+                                                          step_time=step, link=found))
+        rows.append({"rate": rate, "model": "demo", "variant": "distseg", "run_dir": run_dir,
+                     "link": found, "grad_bytes": 4 * params})
+    checks = bench_link.validate_projection(rows, ["demo"])
+    assert [c["left_out"] for c in checks] == ["10gbit", "1gbit", "none"]
+    for c in checks:
+        assert c["gamma"] == 1.0 and c["ratio"] == pytest.approx(1.0, rel=1e-6), c
+    assert bench_link.validate_projection(rows[:2], ["demo"]) == []  # two rates: nothing to leave out

@@ -184,27 +184,37 @@ def test_past_g_ranks_the_samples_are_reported_beside_the_noise_scale_prediction
     assert f"raw {raw:.2f}x (B_noise 2 seeds), Adam-preconditioned {adam:.2f}x" in past["detail"]
 
 
-@pytest.mark.parametrize("ranks", [4, 8])
-def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
-    """Issue 21's exactness at 4 and 8 ranks, in the step-exact emulation: GroupNorm, no
-    dropout, the global Dice+CE loss: N emulated ranks x 8/N slices make, for 30 steps
-    of Adam, the step losses and weights of one process x 8 slices."""
+def _groupnorm_problem(seed: int, steps: int, batch: int):
+    """The emulation tests' model and data: the smoke U-Net at 16x16 with GroupNorm, 3
+    classes and the Dice+CE loss, and ``steps`` random batches of ``batch`` slices with
+    masks thresholded from them."""
     import dataclasses
 
     import numpy as np
 
     from distseg.core import config as config_lib
-    from distseg.training import steps
-    from distseg.training.noise import PRECONDITION_AFTER
-
-    from benchlib.stateff import emulation
     cfg = config_lib.smoke()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="group", num_classes=3,
                                                              image_size=16),
                               train=dataclasses.replace(cfg.train, loss="dice_ce", lr=1e-3))
-    rng = np.random.default_rng(0)
-    images = rng.random((30, 8, 16, 16, 1), dtype=np.float32)
+    images = np.random.default_rng(seed).random((steps, batch, 16, 16, 1), dtype=np.float32)
     masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
+    return cfg, images, masks
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
+    """Issue 21's exactness at 4 and 8 ranks, in the step-exact emulation: GroupNorm, no
+    dropout, the global Dice+CE loss: N emulated ranks x 8/N slices make, for 30 steps
+    of Adam, the step losses and weights of one process x 8 slices."""
+
+    import numpy as np
+
+    from distseg.training import steps
+    from distseg.training.noise import PRECONDITION_AFTER
+
+    from benchlib.stateff import emulation
+    cfg, images, masks = _groupnorm_problem(seed=0, steps=30, batch=8)
     out = {}
     for n in (1, ranks):
         sim = emulation.SimRanks(cfg, n)
@@ -373,21 +383,13 @@ def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():
     """The fold ``study.Emulated`` relies on: GroupNorm, the global loss, a grown global
     batch of 16 as 16 emulated ranks x 1 slice and as 8 x 2: the same step losses and
     weights for 5 Adam steps (float32 sums in another order)."""
-    import dataclasses
 
     import numpy as np
 
-    from distseg.core import config as config_lib
     from distseg.training import steps
 
     from benchlib.stateff import emulation
-    cfg = config_lib.smoke()
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="group", num_classes=3,
-                                                             image_size=16),
-                              train=dataclasses.replace(cfg.train, loss="dice_ce", lr=1e-3))
-    rng = np.random.default_rng(1)
-    images = rng.random((5, 16, 16, 16, 1), dtype=np.float32)
-    masks = (images[..., 0] > 0.5).astype(np.uint8) + (images[..., 0] > 0.8).astype(np.uint8)
+    cfg, images, masks = _groupnorm_problem(seed=1, steps=5, batch=16)
     out = {}
     for n in (16, 8):
         sim = emulation.SimRanks(cfg, n)
