@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -71,6 +72,17 @@ class Cluster:
             key, _, value = item.partition("=")
             fields.setdefault(key, value)
         return fields
+
+    def daemon_lines(self, job_id: str, most: int = 40) -> str:
+        """The last ``most`` lines of slurmctld's and the slurmds' logs that name the job:
+        why Slurm failed a launch that wrote nothing to the job's output."""
+        names = re.compile(rf"(JobId={job_id}\b|job {job_id}\b|StepId={job_id}\.)")
+        lines = []
+        for name in sorted(os.listdir(self.folder)):
+            if name.startswith(("slurmctld", "slurmd")) and name.endswith(".log"):
+                with open(os.path.join(self.folder, name), errors="replace") as f:
+                    lines += [f"{name}: {line.rstrip()}" for line in f if names.search(line)]
+        return "\n".join(lines[-most:])
 
     #: States of a job that has ended.
     ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")

@@ -119,7 +119,8 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(slurm, tiny, tmp_pa
     # launches, not after as many as the remaining epochs would need.
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=00:10:00")
     info = slurm.wait(job, timeout=300)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), _output(info)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        f"{_output(info)[-6000:]}\n--- Slurm's logs on job {job}:\n{slurm.daemon_lines(job)}")
 
     for rank in (0, 1):
         assert [e["status"] for e in _ends(run_dir, rank)] == ["interrupted", "ok"]
