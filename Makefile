@@ -72,7 +72,7 @@ test: lint test-parallel test-serial test-slurm
 test-docker: install
 	DISTSEG_TEST_DOCKER=1 $(BIN)/python -m pytest tests/e2e/test_docker.py $(PYTEST_FLAGS) -rs -s
 
-# One table of speed ratios, goal beside measured (docs/performance.md#make-bench), under
+# One table of speed ratios, goal beside measured (docs/performance.md#make-bench), about
 # 15 minutes here; results in bench/results/bench-*.json. The Horovod settings comparison
 # of docs/performance.md is benchmarks/bench_horovod.py.
 bench: install
@@ -82,8 +82,9 @@ bench: install
 
 # Two nodes (network namespaces, root) over a link shaped to 1 and 10 Gbit/s and
 # unshaped: 1 process vs 2 ranks, fp16, overlap and MultiWorkerMirroredStrategy, and the
-# projection's step time checked (docs/performance.md#over-a-link-with-a-rate-1-10-gbits-and-unshaped-issue-29);
-# about 20 minutes here; results in bench/results/link-*.json.
+# projection's step time checked (docs/performance.md#over-a-link-between-nodes; the
+# measurements: docs/studies/link-2026-11-26.md); about 20 minutes here; results in
+# bench/results/link-*.json.
 bench-link: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
 	$(BIN)/python benchmarks/bench_link.py --models demo --epochs 3 --steps 6 --repeat 3
@@ -93,12 +94,12 @@ bench-link: install
 # The large-batch study (docs/statistical-efficiency.md): time to a validation Dice target
 # at 1 and 2 ranks (real runs of the demo model, GroupNorm, global batch 8), samples to
 # it at 1, 2, 4 and 8 ranks with a global batch of 8 (the step-exact emulation), the
-# noise scale's prediction for 8 ranks x 8 slices beside a measured run (issue 21); and
-# global batches 16, 32, 64 past G = 8 under the sqrt rule, the gain rule and fixed lr
+# noise scale's prediction for 8 ranks x 8 slices beside a measured run; and global
+# batches 16, 32, 64 past G = 8 under the sqrt rule, the gain rule and fixed lr
 # multipliers, the noise scale's prediction of them from the B = 8 run, and the goodput
-# policy against fixed per-rank batches 1-8 at 32 emulated ranks (issue 28; runs end at
-# the target). About three hours here; results in bench/results/stateff-*.json, which
-# `make bench` prints.
+# policy against fixed per-rank batches 1-8 at 32 emulated ranks (runs end at the
+# target). About three hours here; results in bench/results/stateff-*.json, which
+# `make bench` prints; the studies: docs/studies/README.md.
 STATEFF_SEEDS ?= 0,1,2
 STATEFF_SWEEP = gbatch-gn-x1,gbatch-gn-x1.4,gbatch-gn-x2,gbatch-gn-x2.8,gbatch-gn-x4
 bench-stateff: install
