@@ -44,6 +44,10 @@ CHECKPOINT_PREFIX = "epoch-"
 TEMPORARY = ".tmp."
 #: A Slurm job's command line and settings (written by ``jobs/common.sh.in``).
 JOB_FILE = "job.txt"
+#: ``RUN/tensorboard``: rank 0's live TensorBoard scalars (``training.board``).
+TENSORBOARD_DIR = "tensorboard"
+#: A traced epoch's Horovod timeline (``training.parts.Timeline``), by epoch.
+TIMELINE_FILE = "comm-timeline-e{epoch}.json"
 #: What shows a directory already holds a run (``existing_run``).
 RUN_MARKERS = (CONFIG_FILE, LOG_DIR)
 
@@ -51,6 +55,16 @@ RUN_MARKERS = (CONFIG_FILE, LOG_DIR)
 def config_path(run_dir: str) -> str:
     """``RUN/config.json``."""
     return os.path.join(run_dir, CONFIG_FILE)
+
+
+def tensorboard_dir(run_dir: str) -> str:
+    """``RUN/tensorboard``."""
+    return os.path.join(run_dir, TENSORBOARD_DIR)
+
+
+def timeline_path(run_dir: str, epoch: int) -> str:
+    """``RUN/comm-timeline-e<epoch>.json``."""
+    return os.path.join(run_dir, TIMELINE_FILE.format(epoch=epoch))
 
 
 def log_dir(run_dir: str) -> str:

@@ -163,7 +163,7 @@ def finished(tiny, tmp_path_factory) -> str:
 
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_a_finished_run_shows_its_logs_numbers_live_and_exported(finished, tmp_path):
-    live = read_events(os.path.join(finished, "tensorboard"))
+    live = read_events(rundir.tensorboard_dir(finished))
     want = expected(finished)
     assert sorted(want["train/loss"]) == list(range(12))
     assert {"epoch/val_dice/liver", "noise/b_simple", "ranks/imbalance_ratio"} <= set(want)
@@ -202,7 +202,7 @@ def test_a_killed_run_stays_readable_and_its_resume_repeats_no_step(tiny, tmp_pa
     latest = json.load(open(rundir.latest_path(run_dir)))["manifest"]
     assert json.load(open(os.path.join(rundir.checkpoint_dir(run_dir), latest)))[
         "global_step"] == 3 * spe
-    board = os.path.join(run_dir, "tensorboard")
+    board = rundir.tensorboard_dir(run_dir)
     killed = read_events(board)
     # Readable: every epoch up to the last one rank 0 finished, as the logs say.
     assert [int(v) for _, v, _ in killed["epoch/epoch"]] == [0, 1, 2, 3]
@@ -243,7 +243,7 @@ def test_a_tensorboard_server_serves_the_runs_scalars(finished):
     base = f"http://127.0.0.1:{port}"
     cmd = [f"{BIN}/tensorboard", "--logdir", os.path.dirname(finished), "--host", "127.0.0.1",
            "--port", str(port), "--reload_interval", "1"]
-    run = f"{os.path.basename(finished)}/tensorboard"
+    run = f"{os.path.basename(finished)}/{rundir.TENSORBOARD_DIR}"
     want = expected(finished)
     with background(cmd, env=command_env()) as server:
         wait_for(lambda: run in (_get(f"{base}/data/runs") or []), 120,

@@ -29,6 +29,8 @@ def test_the_layout_is_what_the_docs_and_old_runs_say():
         "epoch-0003.weights.h5", "epoch-0003.state.npz"]
     assert rundir.manifest_name("epoch-0003") == "epoch-0003.json"
     assert rundir.temporary_file("epoch-0003", "state") == "epoch-0003.tmp.state.npz"
+    assert rundir.tensorboard_dir(run) == os.path.join(run, "tensorboard")
+    assert rundir.timeline_path(run, 1) == os.path.join(run, "comm-timeline-e1.json")
 
 
 @pytest.mark.parametrize("rank", [0, 7, 12345, 123456])
