@@ -23,7 +23,7 @@ import pandas as pd
 from analysis.logfile import count, dict_field, number
 from analysis.logs import RunData
 from analysis.stepmodel import Fabric
-from distseg.core.link import ring_bytes, sync_seconds
+from distseg.core.link import gradient_bytes, ring_bytes, sync_seconds
 
 LINK_COLUMNS = ["run", "ranks", "hosts", "local", "link", "bandwidth_gbps", "latency_us",
                 "sizes_timed", "largest_bytes", "largest_s", "largest_gbps",
@@ -80,7 +80,7 @@ def traced(run: RunData, ranks: int, bandwidth: float, latency: float) -> dict:
         return {}
     last = e[e["comm_gradient_s"].notna()].iloc[-1]
     params = count((dict_field(run.run_record, "model") or {}).get("params"))
-    modelled = (sync_seconds(4.0 * params, ranks, bandwidth, latency)
+    modelled = (sync_seconds(gradient_bytes(params), ranks, bandwidth, latency)
                 if params and bandwidth > 0 and ranks >= 2 else math.nan)
     return {"traced_steps": count(last.get("comm_steps")),
             "traced_allreduce_s": float(last["comm_gradient_s"]),

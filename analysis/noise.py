@@ -267,9 +267,9 @@ class NoisePrediction:
         """Predicted samples to the target at global batch ``batch``."""
         return self.history.samples_at(batch)
 
-    def efficiency(self, batch: float) -> float:
-        """Statistical efficiency at global batch ``batch``: the base's measured samples
-        / the samples predicted at ``batch``."""
+    def predicted_efficiency(self, batch: float) -> float:
+        """Statistical efficiency at global batch ``batch`` as predicted: the base's
+        measured samples / the samples predicted at ``batch``."""
         return self.base_samples / self.samples(batch)
 
     def where(self) -> str:
@@ -368,7 +368,7 @@ def build(runs: Sequence[RunData], hours: pd.DataFrame,
 
 def stat_efficiency(pred: NoisePrediction, batch: float) -> tuple[float, str, str]:
     """(statistical efficiency, basis, note) of a projection row at global ``batch``."""
-    return pred.efficiency(batch), NOISE_BASIS, note(pred, batch)
+    return pred.predicted_efficiency(batch), NOISE_BASIS, note(pred, batch)
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,11 @@ NODE_COLUMNS = ["kind", "run", "metric", "target", "nodes", "ranks", "batch_poli
 
 def lr_at(train: TrainConfig, plan: BatchPlan, g2: float | None, trace: float | None) -> float:
     """The lr the rule sets after the warm-up: ``train.lr`` x the plan's factor; with
-    the ``gain`` rule x sqrt(gain) of the global batch over the base at the noise scale
-    (``goodput.gain``; 1 before any estimate)."""
+    the ``gain`` rule x ``goodput.gain_lr_factor`` of the gain of the global batch over
+    the base at the noise scale (``goodput.gain``; 1 before any estimate)."""
     if plan.lr_scaling == "gain":
-        return train.lr * math.sqrt(goodput.gain(plan.global_batch, plan.base, g2, trace))
+        return train.lr * goodput.gain_lr_factor(
+            goodput.gain(plan.global_batch, plan.base, g2, trace))
     return train.lr * plan.lr_factor
 
 

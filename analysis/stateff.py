@@ -101,8 +101,10 @@ class Efficiency:
         return "n/a"
 
 
-def efficiency(row: pd.Series, base: pd.Series) -> Efficiency:
-    """This run's statistical efficiency against the base's row for the same target."""
+def measured_efficiency(row: pd.Series, base: pd.Series) -> Efficiency:
+    """This run's statistical efficiency as measured against the base's row for the
+    same target: the base's samples to it / this run's (a bound where one of them did
+    not reach it)."""
     if row["reached"] and base["reached"]:
         return Efficiency(float(base["samples"]) / float(row["samples"]))
     if row["reached"]:
@@ -168,7 +170,7 @@ def sentence(row: dict, base: pd.Series) -> str:
 
 
 def _row(row: pd.Series, base: pd.Series, scale: pd.Series | None) -> dict:
-    eff = efficiency(row, base)
+    eff = measured_efficiency(row, base)
     out = {c: row[c] for c in ("run", "ranks", "nodes", "metric", "target", "reached",
                                "hours", "result", "steps", "samples", "samples_lower_bound")}
     thr = float(scale["throughput_speedup"]) if scale is not None else math.nan

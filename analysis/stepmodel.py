@@ -79,18 +79,20 @@ def allreduce_seconds(ranks: int, grad_bytes: float, fabric: Fabric) -> float:
     (``link.sync_seconds``, its latency paid 2 (R - 1) or 2 log2 R times; 0 for one rank)."""
     if ranks <= 1:
         return 0.0
-    rounds = 2.0 * (ranks - 1) if fabric.latency_term == "ring" else 2.0 * math.log2(ranks)
+    rounds = link.ring_rounds(ranks) if fabric.latency_term == "ring" else 2.0 * math.log2(ranks)
     return link.sync_seconds(grad_bytes, ranks, fabric.bandwidth_gbps, fabric.latency_us, rounds)
 
 
 def grad_bytes_of(runs: Sequence[RunData], override: float | None) -> tuple[float | None, str]:
-    """Gradient bytes: ``--grad-bytes``, else the logged parameter count x 4."""
+    """Gradient bytes: ``--grad-bytes``, else ``link.gradient_bytes`` of the logged
+    parameter count."""
     if override:
         return float(override), "--grad-bytes"
     for run in runs:
         model = dict_field(run.run_record, "model")
         if model and model.get("params"):
-            return 4.0 * float(model["params"]), f"{int(model['params']):,} parameters x 4 bytes"
+            return (link.gradient_bytes(float(model["params"])),
+                    f"{int(model['params']):,} parameters x 4 bytes")
     return None, "unknown"
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 from analysis.document import Note
 from analysis.logfile import RankLog, dict_field, number, read_rank_log
 from analysis.reduce import CurveSpec, RankCurve, reduce_curve, sample_runs, step_stats
+from distseg.core import commtrace
 
 
 def placed_steps(steps: pd.DataFrame, path: str) -> tuple[pd.DataFrame, list[Note]]:
@@ -99,9 +100,9 @@ def noise_columns(rec: dict) -> dict[str, Any]:
     return out
 
 
-#: The ``comm`` fields of an epoch record (``distseg.core.commtrace``) read into
-#: ``comm_*`` columns.
-COMM_FIELDS = ("steps", "gradient_s", "gradient_wait_s", "small_s", "small_wait_s")
+#: The ``comm`` fields of an epoch record read into ``comm_*`` columns: the steps
+#: traced and ``distseg.core.commtrace.MEDIANS``.
+COMM_FIELDS = ("steps", *commtrace.MEDIANS)
 
 
 def comm_columns(rec: dict) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from analysis.document import HOURS, Note, TimeUnit
 from analysis.logfile import count, dict_field
 from analysis.logs import RunData
 from analysis.reduce import smoothed
+from distseg.core import ranktime
 
 NOT_REACHED = "not reached"
 
@@ -165,7 +166,8 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
     only; a synchronous epoch lasts as long as its slowest rank); ``*_epoch_s`` the
     slowest rank's ``epoch_time`` (training plus validation). ``throughput_samples_s``
     is the samples of all ranks over the steady epochs divided by the sum of their
-    ``train_s``. ``time`` says which time the ``*_train_s`` columns hold. The last
+    ``train_s`` (``distseg.core.ranktime.throughput``). ``time`` says which time the
+    ``*_train_s`` columns hold. The last
     columns (``VOXEL_COLUMNS``) are the same throughput in voxels (``voxel_rates``).
     """
     cols = ["run", "ranks", "nodes", "epochs", "steady_epochs", "time", "warmup_train_s",
@@ -186,7 +188,8 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
         if len(s):
             steady, basis = _steady(s)
             warm = s[s["warmup"]]
-            throughput = float(steady["samples"].sum() / steady["train_s"].sum())
+            rate = ranktime.throughput(steady["samples"].sum(), steady["train_s"].sum())
+            throughput = math.nan if rate is None else float(rate)
             row.update({
                 "steady_epochs": int((~s["warmup"]).sum()),
                 "time": TRAIN_TIME if steady["train_time_logged"].all() else EPOCH_TIME_FALLBACK,
@@ -454,7 +457,8 @@ def rank_balance(runs: Sequence[RunData]) -> pd.DataFrame:
     """Per run and rank: step and data-wait times, the slowest rank, the imbalance ratio.
 
     Warm-up epochs are left out when a run has later ones. ``imbalance_ratio`` is the
-    slowest rank's mean step time over the mean across ranks (1.0 = balanced). The
+    slowest rank's mean step time over the mean across ranks (1.0 = balanced;
+    ``distseg.core.ranktime.imbalance``). The
     per-rank figures were computed while reading (``RunData.step_stats``).
     """
     cols = ["run", "ranks", "rank", "host", "steps", "mean_step_s", "median_step_s",
@@ -472,7 +476,8 @@ def rank_balance(runs: Sequence[RunData]) -> pd.DataFrame:
         t.insert(3, "host", t["rank"].map(run.rank_hosts))
         if t["mean_step_s"].notna().any():
             slow = int(t.loc[t["mean_step_s"].idxmax(), "rank"])
-            ratio = float(t["mean_step_s"].max() / t["mean_step_s"].mean())
+            ratio = ranktime.imbalance(t["mean_step_s"].max(), t["mean_step_s"].mean())
+            ratio = math.nan if ratio is None else float(ratio)
         else:
             slow, ratio = None, math.nan
         t["slowest"] = t["rank"] == slow

@@ -27,7 +27,7 @@ import tempfile
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from distseg.core import commtrace, link  # noqa: E402
+from distseg.core import commtrace, link, rundir  # noqa: E402
 
 from benchlib import machine, netns  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
@@ -87,7 +87,7 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 def median_step(run_dir: str) -> float:
     """Rank 0's median step seconds after the first epoch (tracing)."""
-    from distseg.core import rundir, schema
+    from distseg.core import schema
     records = schema.read_log(rundir.log_path(run_dir, 0))[0]
     return statistics.median(r["step_time"] for r in records
                              if r.get("type") == "step" and r["epoch"] > 0)
@@ -113,10 +113,11 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     _run(cmd, args.timeout)
     steal = machine.steal_fraction(before, machine.cpu_counters())
     parts = commtrace.breakdown(trace) if ranks > 1 and os.path.exists(trace) else {}
-    with open(os.path.join(run_dir, "logs", "rank-00000.jsonl")) as f:
+    with open(rundir.log_path(run_dir, 0)) as f:
         record = json.loads(f.readline())
     return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),
-            "ranks": ranks, "run_dir": run_dir, "grad_bytes": 4 * record["model"]["params"],
+            "ranks": ranks, "run_dir": run_dir,
+            "grad_bytes": link.gradient_bytes(record["model"]["params"]),
             "steal": steal, "step_s": median_step(run_dir), **parts}
 
 

@@ -21,6 +21,8 @@ import os
 import statistics
 import time
 
+from distseg.core import link
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -63,7 +65,7 @@ def allreduce_seconds(shapes: list[tuple], repeats: int = 30) -> tuple[float, in
         start = time.perf_counter()
         reduce(tensors)[0][0].numpy()
         times.append(time.perf_counter() - start)
-    nbytes = 4 * sum(math.prod(s) for s in shapes)
+    nbytes = link.gradient_bytes(sum(math.prod(s) for s in shapes))
     # Every rank waits for the slowest: take the largest median.
     return max(dist.allgather_object(statistics.median(times))), nbytes
 
@@ -79,7 +81,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=30)
     args = p.parse_args(argv)
     if args.mode == "memcpy":
-        nbytes = args.bytes or 4 * sum(math.prod(s) for s in gradient_shapes(args.preset, args.data))
+        nbytes = args.bytes or link.gradient_bytes(
+            sum(math.prod(s) for s in gradient_shapes(args.preset, args.data)))
         print(json.dumps({"bytes": nbytes, "memcpy_bytes_per_s": memcpy_bytes_per_s(nbytes)}), flush=True)
         return
     from distseg.parallel import distributed as dist

@@ -4,7 +4,7 @@ and the global training throughput. One formula for every benchmark that times
 
 from __future__ import annotations
 
-from distseg.core import rundir, schema
+from distseg.core import ranktime, rundir, schema
 
 
 def rank_records(run_dir: str, ranks: int) -> list[list[dict]]:
@@ -14,15 +14,14 @@ def rank_records(run_dir: str, ranks: int) -> list[list[dict]]:
 
 def throughput(records: list[list[dict]]) -> float | None:
     """Global training samples/s over the epochs after the first (tracing and warm-up
-    excluded), from every rank's ``epoch`` records; None without such an epoch. A
-    synchronous epoch lasts as long as its slowest rank."""
+    excluded), from every rank's ``epoch`` records (``ranktime.epochs_throughput``: a
+    synchronous epoch lasts as long as its slowest rank); None without such an epoch."""
     per_epoch: dict[int, list] = {}
     for recs in records:
         for r in recs:
             if r.get("type") == "epoch" and r["epoch"] > 0:
                 per_epoch.setdefault(r["epoch"], []).append((r["samples"], r["train_time"]))
-    seconds = sum(max(t for _, t in e) for e in per_epoch.values())
-    return sum(s for e in per_epoch.values() for s, _ in e) / seconds if seconds else None
+    return ranktime.epochs_throughput(per_epoch.values())
 
 
 def run_throughput(run_dir: str, ranks: int) -> float | None:

@@ -3,8 +3,8 @@
 distseg records it for a few steps of each launch's second epoch on 2 or more ranks
 (``distseg.parallel.distributed.start_timeline``; the first epoch traces the step) and
 logs what this module reads from it in that epoch's record, ``comm``; the file stays in
-the run directory (``comm-timeline-e<epoch>.json``: open it in Perfetto or
-chrome://tracing). ``benchmarks/bench_link.py`` reads whole-run timelines with it too.
+the run directory (``rundir.timeline_path``, ``comm-timeline-e<epoch>.json``: open it in
+Perfetto or chrome://tracing). ``benchmarks/bench_link.py`` reads whole-run timelines with it too.
 
 Rank 0, Horovod's coordinator, writes one Chrome-trace process per tensor: a
 ``NEGOTIATE_ALLREDUCE`` span from the first rank's request for the tensor to the last
@@ -33,6 +33,11 @@ NEGOTIATE = "NEGOTIATE_ALLREDUCE"
 GRADIENT_TENSORS = 8
 #: Steps of the traced epoch recorded (fewer where the epoch is shorter).
 TRACE_STEPS = 16
+#: The medians, in seconds, that ``breakdown`` gives and an epoch record's ``comm``
+#: holds: the gradients' allreduce and the wait before it, the small allreduces' and
+#: the wait before them. Every reader of ``comm`` (the report, TensorBoard) takes them
+#: from here.
+MEDIANS = ("gradient_s", "gradient_wait_s", "small_s", "small_wait_s")
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ def breakdown(path: str, after: float = 0.5) -> dict:
     """Medians, in seconds, over the fused ops in the last ``1 - after`` of the timeline:
     ``gradient_s`` and ``gradient_wait_s`` (the gradients' allreduce, fusion copies and
     wire, and the wait for the other rank before it), ``small_s`` and ``small_wait_s``
-    (the small allreduces'), and how many of each were seen."""
+    (the small allreduces'), in ``MEDIANS``' order, and how many of each were seen."""
     ops = fused_ops(spans(read_events(path)))
     if not ops:
         return {}
@@ -116,13 +121,9 @@ def breakdown(path: str, after: float = 0.5) -> dict:
     late = [op for op in ops if op.start >= cut]
     big = [op for op in late if op.tensors > GRADIENT_TENSORS]
     small = [op for op in late if op.tensors <= GRADIENT_TENSORS]
-
-    def median(values):
-        return statistics.median(values) if values else None
-    return {"gradient_s": median([op.seconds for op in big]),
-            "gradient_wait_s": median([op.wait / 1e6 for op in big]),
-            "small_s": median([op.seconds for op in small]),
-            "small_wait_s": median([op.wait / 1e6 for op in small]),
+    values = ([op.seconds for op in big], [op.wait / 1e6 for op in big],
+              [op.seconds for op in small], [op.wait / 1e6 for op in small])
+    return {**{k: statistics.median(v) if v else None for k, v in zip(MEDIANS, values)},
             "gradient_ops": len(big), "small_ops": len(small)}
 
 

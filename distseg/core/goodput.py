@@ -18,6 +18,7 @@ large-batch study use these same definitions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,6 +33,13 @@ def gain(batch: float, base: float, g2: float | None, trace: float | None) -> fl
     if g2 is None or trace is None or batch <= base:
         return 1.0 if batch >= base else batch / base
     return (trace / base + g2) / (trace / batch + g2)
+
+
+def gain_lr_factor(gain: float) -> float:
+    """What the ``gain`` lr rule multiplies the base lr by once warmed up (AdaScale's
+    gain r applied to Adam as AdaptDL's ``AdamScale`` applies it): sqrt(r), never below
+    1. The loop's ``gain_lr`` and the report's predicted lr both take it from here."""
+    return math.sqrt(max(gain, 1.0))
 
 
 def efficiency(batch: float, base: float, g2: float | None, trace: float | None) -> float:

@@ -27,9 +27,23 @@ PROBE_REPEATS = 3
 PROBE_BUDGET_S = 0.25
 
 
+def gradient_bytes(params: float) -> float:
+    """Bytes of the gradients of ``params`` trainable parameters, as a step allreduces
+    them (one float32 each): what the projection, the memory estimate and the
+    benchmarks count."""
+    return 4 * params
+
+
+def ring_rounds(ranks: int) -> int:
+    """Message rounds of a ring allreduce over ``ranks``: 2 (R - 1) (a reduce-scatter
+    and an all-gather of R - 1 rounds each), each paying the link's latency once."""
+    return 2 * (ranks - 1)
+
+
 def ring_bytes(nbytes: float, ranks: int) -> float:
-    """Bytes a ring allreduce of ``nbytes`` sends through each rank's link."""
-    return 2 * (ranks - 1) / ranks * nbytes
+    """Bytes a ring allreduce of ``nbytes`` sends through each rank's link: a 1 / R
+    part of them in each of its rounds."""
+    return ring_rounds(ranks) / ranks * nbytes
 
 
 def fit(sizes: list[int], seconds: list[float], ranks: int) -> dict | None:
@@ -45,7 +59,7 @@ def fit(sizes: list[int], seconds: list[float], ranks: int) -> dict | None:
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, seconds)) / sxx if sxx else 0.0
     intercept = my - slope * mx
-    rounds = 2 * (ranks - 1)
+    rounds = ring_rounds(ranks)
     return {"bandwidth_gbps": 8 / slope / 1e9 if slope > 0 else None,
             "latency_us": max(intercept, 0.0) / rounds * 1e6,
             "ranks": ranks, "bytes": list(sizes), "seconds": list(seconds),
@@ -59,7 +73,7 @@ def sync_seconds(nbytes: float, ranks: int, bandwidth_gbps: float, latency_us: f
     the latency, 2 (R - 1) for the ring unless given (a tree's 2 log2 R)."""
     if ranks < 2:
         return 0.0
-    rounds = 2 * (ranks - 1) if rounds is None else rounds
+    rounds = ring_rounds(ranks) if rounds is None else rounds
     return rounds * latency_us * 1e-6 + ring_bytes(nbytes, ranks) * 8 / (bandwidth_gbps * 1e9)
 
 

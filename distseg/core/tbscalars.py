@@ -36,6 +36,8 @@ import os
 import re
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from distseg.core import commtrace, ranktime
+
 #: What each tag holds (``CLASS`` and ``B`` stand for a class name and a per-rank batch).
 TAGS: dict[str, str] = {
     "train/loss": "loss of the global batch (the same on every rank)",
@@ -72,12 +74,12 @@ TAGS: dict[str, str] = {
     "batch_policy/goodput/B": "goodput policy: predicted goodput of per-rank batch B",
     "comm/gradient_s": "traced epoch: the gradients' allreduce per step (median)",
     "comm/gradient_wait_s": "traced epoch: the wait for the last rank before it",
+    "comm/small_s": "traced epoch: the global loss's small allreduce per step (median)",
     "comm/small_wait_s": "traced epoch: the wait before the global loss's allreduce",
 }
 
 _NOISE = ("b_simple", "b_simple_raw", "g2", "trace")
 _LR_RULE = ("gain", "progress")
-_COMM = ("gradient_s", "gradient_wait_s", "small_wait_s")
 _UNSAFE = re.compile(r"[^\w.\-/]")
 
 
@@ -203,25 +205,25 @@ def epoch_scalars(record: Mapping[str, Any], step: int, start_time: float | None
              *((f"noise/{k}", noise.get(k)) for k in _NOISE),
              *((f"lr_rule/{k}", rule.get(k)) for k in _LR_RULE),
              *_policy_pairs(_dict(record, "batch_policy")),
-             *((f"comm/{k}", _dict(record, "comm").get(k)) for k in _COMM)]
+             *((f"comm/{k}", _dict(record, "comm").get(k)) for k in commtrace.MEDIANS)]
     return _scalars(pairs, step, wall_time(record, start_time))
 
 
 def balance_scalars(ranks: Sequence[RankEpoch], step: int, wall_time: float) -> list[Scalar]:
     """An epoch's balance across ranks, from every rank's ``RankEpoch``: the slowest
-    rank's mean step time, which rank, the imbalance ratio (as the report's rank balance
-    defines it, per epoch), and the epoch's throughput (as the report's)."""
+    rank's mean step time, which rank, the imbalance ratio and the epoch's throughput
+    (``ranktime``'s, as the report's rank balance and time per epoch take them)."""
     times = [(r.mean_step_time, r.rank) for r in ranks if number(r.mean_step_time) is not None]
     pairs: list[tuple[str, Any]] = []
     if times:
         slowest, who = max(times)
         mean = sum(t for t, _ in times) / len(times)
         pairs += [("ranks/slowest_step_time", slowest), ("ranks/slowest_rank", who),
-                  ("ranks/imbalance_ratio", slowest / mean if mean > 0 else None)]
+                  ("ranks/imbalance_ratio", ranktime.imbalance(slowest, mean))]
     samples = [number(r.samples) for r in ranks]
-    train = [t for t in (number(r.train_time) for r in ranks) if t is not None]
-    if ranks and None not in samples and train and max(train) > 0:
-        pairs.append(("epoch/samples_per_s", sum(samples) / max(train)))
+    if ranks and None not in samples:
+        epoch = [(n, number(r.train_time)) for n, r in zip(samples, ranks)]
+        pairs.append(("epoch/samples_per_s", ranktime.epochs_throughput([epoch])))
     return _scalars(pairs, step, wall_time)
 
 

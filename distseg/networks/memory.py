@@ -44,6 +44,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from distseg.core import link
 from distseg.core.errors import InputError
 from distseg.networks.spec import UNetSpec
 
@@ -218,7 +219,7 @@ def estimate(spec: UNetSpec, batch: int) -> Estimate:
     full_resolution = voxels * spec.base_filters * 4  # one sample's, float32
     terms = {
         "parameters": 4 * params,
-        "gradients": 4 * trainable,
+        "gradients": link.gradient_bytes(trainable),
         "optimizer": 8 * trainable + (2 * trainable if spec.precision == "bfloat16" else 0),
         "activations": batch * sum(t.nbytes for t in tensors if t.kept) + data,
         "workspace": batch * int(WORKSPACE_TENSORS[(spec.precision, spec.recompute)] * full_resolution),

@@ -99,8 +99,7 @@ def measured_link(ranks: int, bandwidth_gbps: float, latency_us: float, local: b
     """A run record's ``link`` as the trainer logs it (``distseg.core.link.fit`` of the
     timed allreduces, and ``local``): the ring model's seconds for ``sizes`` at exactly
     ``bandwidth_gbps`` and ``latency_us``, so the fit gives them back."""
-    seconds = [2 * (ranks - 1) * latency_us * 1e-6
-               + link.ring_bytes(n, ranks) * 8 / (bandwidth_gbps * 1e9) for n in sizes]
+    seconds = [link.sync_seconds(n, ranks, bandwidth_gbps, latency_us) for n in sizes]
     return {**link.fit(list(sizes), seconds, ranks), "local": local}
 
 

@@ -39,7 +39,7 @@ def test_the_prediction_sums_mccandlish_over_the_history_by_hand():
     assert pred.samples(8.0) == pytest.approx(24.0 + 52.0 / 3.0)  # 41.33
     assert pred.samples(4.0) == pytest.approx(28.0)  # the batch it ran: its samples
     assert pred.samples(2.0) == pytest.approx(28.0)  # below it: no gain counted
-    assert pred.efficiency(8.0) == pytest.approx(14.0 / (124.0 / 3.0))
+    assert pred.predicted_efficiency(8.0) == pytest.approx(14.0 / (124.0 / 3.0))
     assert noise.note(pred, 8.0) == ("predicted from np2's history of the noise scale: 2 "
                                      "epoch(s), 28 samples at global batch 4: 41 samples at "
                                      "global batch 8")

@@ -283,8 +283,8 @@ def test_bounds_and_the_limiting_factor():
     row = pd.Series({"run": "b", "reached": True, "samples": 50.0,
                      "samples_lower_bound": math.nan})
     # The base did not reach it after 100 samples, b did after 50: more than 2.
-    assert stateff.efficiency(row, base).text() == "> 2"
-    assert stateff.efficiency(base, base).text() == "n/a"  # neither reached it
+    assert stateff.measured_efficiency(row, base).text() == "> 2"
+    assert stateff.measured_efficiency(base, base).text() == "n/a"  # neither reached it
     assert stateff.limiting(0.9, 0.8) == "statistical efficiency"
     assert stateff.limiting(0.7, 0.8) == "throughput"
     assert stateff.limiting(1.2, 1.0) == "neither" and stateff.limiting(math.nan, 0.5) == ""

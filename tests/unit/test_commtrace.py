@@ -7,10 +7,12 @@ tests/e2e/test_commtrace.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from distseg.core import commtrace as timeline
+from distseg.core import rundir
 
 
 def _tensor(pid: int, name: str, negotiate: tuple[int, int], op: tuple[int, int]) -> list[dict]:
@@ -58,12 +60,15 @@ def test_the_timeline_gives_each_fused_allreduce_and_the_wait_before_it(tmp_path
     assert parts["gradient_s"] == pytest.approx(0.06995)
     assert parts["gradient_wait_s"] == pytest.approx(0.003)
     assert parts["small_wait_s"] == pytest.approx(0.02)
+    assert parts["small_s"] == pytest.approx(0.0001)
+    # The keys every reader of an epoch record's ``comm`` takes from ``MEDIANS``.
+    assert list(parts) == [*timeline.MEDIANS, "gradient_ops", "small_ops"]
     later = timeline.breakdown(str(path), after=0.5)  # ops from 1.235 s on (of 0-2.47 s)
     assert later["gradient_ops"] == 2 and later["small_ops"] == 1
 
 
 def test_the_record_names_the_file_and_says_why_it_could_not_read_it(tmp_path):
-    path = tmp_path / "comm-timeline-e1.json"
+    path = tmp_path / os.path.basename(rundir.timeline_path(str(tmp_path), 1))
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in _step(0, 12, 5_000, 2_000)) + "\n]")
     rec = timeline.record(str(path), steps=1)
     assert (rec["steps"], rec["file"], rec["gradient_ops"], rec["small_ops"]) == (

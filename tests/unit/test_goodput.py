@@ -24,6 +24,15 @@ def test_efficiency_is_the_noise_scale_ratio():
     assert goodput.efficiency(16, 8, None, None) == pytest.approx(0.5)
 
 
+def test_the_gain_rule_scales_the_lr_by_the_root_of_the_gain_never_below_1():
+    assert [goodput.gain_lr_factor(g) for g in (4.0, 2.25, 1.0, 0.5)] == [2.0, 1.5, 1.0, 1.0]
+    # The loop's lr once warmed up (``steps.gain_lr``) is the base x this factor.
+    from distseg.training import steps
+    for gain in (0.5, 1.0, 2.25, 4.0, 7.3):
+        assert steps.gain_lr(1e-3, gain, progress=10.0, warmup=5.0) == (
+            1e-3 * goodput.gain_lr_factor(gain))
+
+
 def test_step_times_fit_a_known_line():
     times = goodput.StepTimes()
     for b in (1, 2, 4, 8):

@@ -16,6 +16,17 @@ def test_the_fit_recovers_a_known_ring_link():
     assert link.sync_seconds(16 << 20, 4, 2.5, 40.0) == pytest.approx(seconds[-1])
 
 
+def test_a_ring_takes_2_r_minus_1_rounds_and_a_gradient_4_bytes_a_parameter():
+    assert [link.ring_rounds(r) for r in (1, 2, 4, 8)] == [0, 2, 6, 14]
+    # Each round carries 1 / R of the message through every rank's link.
+    assert link.ring_bytes(1000, 4) == 1500.0 and link.ring_bytes(1000, 1) == 0.0
+    assert link.gradient_bytes(31_000_000) == 124_000_000  # liver2d's 124 MB
+    # The ring's rounds unless told otherwise (a tree's 2 log2 R = 4 at 4 ranks).
+    ring = link.sync_seconds(1 << 20, 4, 10.0, 25.0)
+    assert ring == link.sync_seconds(1 << 20, 4, 10.0, 25.0, rounds=6)
+    assert ring - link.sync_seconds(1 << 20, 4, 10.0, 25.0, rounds=4) == pytest.approx(50e-6)
+
+
 def test_what_cannot_be_fitted_says_so():
     assert link.fit([1 << 20], [0.01], ranks=2) is None  # one size
     assert link.fit([1, 2], [0.1, 0.2], ranks=1) is None  # one rank: no link

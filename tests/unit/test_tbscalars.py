@@ -94,7 +94,7 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
         "batch_policy/next_per_rank": 4.0, "batch_policy/switched": 1.0,
         "batch_policy/predicted_gain": 1.25, "batch_policy/goodput/2": 10.0,
         "batch_policy/goodput/4": 12.5, "comm/gradient_s": 0.07, "comm/gradient_wait_s": 0.01,
-        "comm/small_wait_s": 0.02}
+        "comm/small_s": 0.0001, "comm/small_wait_s": 0.02}
     assert {(s.step, s.wall_time) for s in got.values()} == {(47, START + 30.0)}
     assert tb.tag_part("liver tumour/2") == "liver_tumour_2"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import statistics
 
+from distseg.core import goodput
+
 from benchlib.stateff.study import BATCH, DROP_LIMIT, SAMPLES_PER_EVAL
 from benchlib.stateff.summary import find, fmt, ratio
 
@@ -158,13 +160,14 @@ def past_g_row(runs: list[dict], variant: str, scale: str, ranks: int, measured:
     """Samples to target at ``ranks`` > BATCH (one slice per rank: the global batch
     grows to ``ranks``, with its learning-rate rule) vs 1 rank, beside McCandlish's
     (B_noise + ranks) / (B_noise + BATCH) from the B_noise the 8-rank runs measured near
-    the target (raw, and Adam-preconditioned)."""
+    the target (raw, and Adam-preconditioned): ``goodput.samples_at`` of one sample at
+    BATCH, |G|^2 = 1 and tr(Sigma) = B_noise."""
     at8 = [r for r in runs if (r["backend"], r["scale"], r["variant"], r["ranks"])
            == ("sim", scale, variant, BATCH)]
     predicted = {}
     for field in ("b_simple", "b_simple_adam"):
         b = [x for x in (noise_at_target(r, field) for r in at8) if x is not None]
-        predicted[field] = [(x + ranks) / (x + BATCH) for x in b]
+        predicted[field] = [goodput.samples_at(ranks, BATCH, [(1.0, 1.0, x)]) for x in b]
     text = ", ".join(f"{name} {statistics.fmean(v):.2f}x (B_noise {len(v)} seeds)"
                      for name, v in (("raw", predicted["b_simple"]),
                                      ("Adam-preconditioned", predicted["b_simple_adam"])) if v)
