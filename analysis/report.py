@@ -22,6 +22,7 @@ from analysis import (
     coverage,
     links,
     logs,
+    mismatch,
     noise,
     outline,
     render,
@@ -308,7 +309,7 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
     unit = report_unit(runs)
     targets = options.target_loss + options.target_dice
     notes = ([n for r in runs for n in r.notes + (r.progress_notes if targets else [])]
-             + tables.config_mismatches(runs)
+             + mismatch.config_mismatches(runs)
              + checks.check_runs(runs, options.target_loss, options.smooth,
                                  options.dice_class, unit))
     report = Report(runs=runs, options=options, tables=compute_tables(runs, options, unit),

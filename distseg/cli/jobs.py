@@ -13,6 +13,7 @@ import click
 
 from distseg.cli.train import TRAIN_FLAGS, batch_overrides
 from distseg.cluster import jobs as jobs_lib
+from distseg.cluster import outcome as outcome_lib
 from distseg.core import config as config_lib
 from distseg.core import schema
 from distseg.core.errors import DistsegError, fail
@@ -201,7 +202,7 @@ def outcome(run_dir, ranks):
     without one: killed or crashed). The job scripts call this after the launcher exits,
     to decide whether to requeue and which ranks to name.
     """
-    click.echo(jobs_lib.run_outcome(run_dir, ranks).line())
+    click.echo(outcome_lib.run_outcome(run_dir, ranks).line())
 
 
 if __name__ == "__main__":  # python -m distseg.cli.jobs (before the entry point is installed)

@@ -3,8 +3,8 @@
 One path for 2D and 3D runs. ``run`` reads like its outline, on every rank:
 ``run_config`` (the run's config), ``training_data`` (what the training data had:
 window or MR normalisation, slice size or each scan's own grid, from the data file's
-attributes or flags), ``collect_scans`` (input files and folders, with labels where
-there are any), ``network`` (the newest checkpoint's U-Net as a sliding-window
+attributes or flags), ``scans.collect_scans`` (input files and folders, with labels
+where there are any), ``network`` (the newest checkpoint's U-Net as a sliding-window
 ``predict``: windows of one slice for a 2D run, of the training slab for a 3D one),
 then each of this rank's scans: ``segment`` (the converter's preprocessing, the one
 sliding-window inferer of ``distseg.sliding``, the class probabilities
@@ -40,9 +40,9 @@ from distseg.data import slices as data
 from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity
 from distseg.inference import report
+from distseg.inference.scans import Scan, collect_scans
 from distseg.training import checkpoint
 
-SUBSETS = ("test", "val", "train", "all")
 #: Slices per prediction batch of a 2D run (a 3D run takes its training batch size).
 SLICE_BATCH = 8
 
@@ -93,15 +93,6 @@ class Preprocessing:
     def describe(self) -> str:
         grid = f"{self.size}x{self.size} slices" if self.size else "each scan's own grid"
         return f"{self.intensity.describe()}, {grid} ({self.where})"
-
-
-@dataclass(frozen=True)
-class Scan:
-    """One input volume to segment, and its labels where there are any."""
-
-    name: str
-    image: str
-    label: str | None
 
 
 @dataclass(frozen=True)
@@ -307,66 +298,6 @@ def _case_table(path: str) -> dict | None:
         return dict(zip(names, (int(s) for s in f["cases/split"][:])))
 
 
-def _label_for(image: str, labels_dir: str | None) -> str | None:
-    """The label file of ``image`` in ``labels_dir``: ``segmentation-N`` for
-    ``volume-N`` (LiTS), else the same name (MSD labelsTr); never the image itself."""
-    if not labels_dir:
-        return None
-    stem = sources.strip_extension(image)
-    stems = ([stem.replace("volume-", "segmentation-", 1)] if stem.startswith("volume-") else []) + [stem]
-    for s in stems:
-        for ext in sources.EXTENSIONS:
-            candidate = os.path.join(labels_dir, s + ext)
-            if os.path.isfile(candidate) and not os.path.samefile(candidate, image):
-                return candidate
-    return None
-
-
-def _folder_scans(folder: str, subset: str, table: dict | None) -> list[Scan]:
-    src = sources.discover(folder)
-    if subset == "test":
-        picked = src.unlabelled
-    elif subset == "all":
-        picked = src.cases + src.unlabelled
-    else:
-        if table is None:
-            raise InputError(f"--subset {subset} needs the case table of a training data file "
-                             "written by distseg-data convert (pass --data FILE.h5)")
-        wanted = h5format.SPLITS[subset]
-        picked = tuple(c for c in src.cases if table.get(c.name) == wanted)
-    if not picked:
-        raise InputError(f"{folder}: no cases in --subset {subset} ({len(src.cases)} labelled, "
-                         f"{len(src.unlabelled)} unlabelled)")
-    return [Scan(c.name, c.image, c.label) for c in picked]
-
-
-def collect_scans(opts: Options, table: dict | None) -> list[Scan]:
-    """Every case to predict, with its label file where there is one.
-
-    Raises:
-      InputError: a missing input, an empty folder subset, or two cases of one name.
-    """
-    if opts.subset not in SUBSETS:
-        raise InputError(f"--subset {opts.subset!r}: expected one of {', '.join(SUBSETS)}")
-    scans: list[Scan] = []
-    for path in opts.inputs:
-        if os.path.isdir(path):
-            scans += _folder_scans(path, opts.subset, table)
-        elif os.path.isfile(path):
-            scans.append(Scan(sources.strip_extension(path), path, _label_for(path, opts.labels)))
-        else:
-            raise InputError(f"{path}: no such file or folder")
-    seen: dict[str, str] = {}
-    for scan in scans:
-        if scan.name in seen:
-            raise InputError(f"{scan.image}: case name {scan.name} is also {seen[scan.name]}; "
-                             "outputs would overwrite each other")
-        seen[scan.name] = scan.image
-    if not scans:
-        raise InputError("no input volumes given")
-    return scans
-
-
 def check_scan(scan: Scan, prep: Preprocessing, run_dir: str) -> int:
     """Header checks of one input (no voxel data read): a 3-D volume, or a 4-D one with
     a channel chosen; labels of the same shape. Returns its voxel count (the work it
@@ -516,7 +447,7 @@ def start(opts: Options):
     from distseg.parallel import distributed as dist
     cfg = dist.agree(run_config, opts.run_dir)
     known = dist.agree(training_data, cfg, opts)
-    scans = dist.agree(collect_scans, opts, known.cases)
+    scans = dist.agree(collect_scans, opts.inputs, known.cases, opts.subset, opts.labels)
     sizes = dist.agree(lambda: [check_scan(s, known.prep, opts.run_dir) for s in scans])
     dist.agree(make_out_dir, opts)
     net = dist.agree(network, cfg, opts, known.path)

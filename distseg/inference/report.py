@@ -148,7 +148,8 @@ def render_overlay(path: str, image: np.ndarray, truth: np.ndarray, pred: np.nda
 
 def draw_overlay(pick: str, result, scan, prep, out_dir: str, class_names) -> str:
     """Reads the case's scan, truth and prediction back and renders its overlay PNG
-    (``result``, ``scan``, ``prep``: ``predict.Result``, ``Scan``, ``Preprocessing``)."""
+    (``result``, ``scan``, ``prep``: ``predict.Result``, ``scans.Scan``,
+    ``predict.Preprocessing``)."""
     img = sources.load(scan.image)
     voxels = sources.image_voxels(img, scan.image, prep.channel)
     volume = prep.intensity.normaliser(voxels, prep.intensity.bounds(voxels))(voxels.raw)

@@ -22,6 +22,7 @@ from distseg.data import slices as data
 from distseg.data.convert import geometry, samples, sources
 from distseg.data.convert.intensity import Intensity
 from distseg.inference import predict
+from distseg.inference import scans as scans_lib
 
 from proc_group import horovodrun_cmd, run_group
 from support import BIN, command_env, import_blocker
@@ -65,7 +66,7 @@ def test_the_label_comes_back_exactly_through_predict(orientation, tmp_path):
     samples.save_volume(image, hu, affine)
     samples.save_volume(seg, labels, affine)
     opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path))
-    scan = predict.Scan("scan", image, seg)
+    scan = scans_lib.Scan("scan", image, seg)
     # 24 -> 48 in-plane and back: exact even with linear interpolation of probabilities
     result = predict.predict_scan(scan, prep(48), slices_net(oracle(labels, affine, 48), 48, 3),
                                   opts, 3)
@@ -104,7 +105,7 @@ def test_nrrd_input_is_written_as_nifti_on_its_grid(tmp_path):
     lab = sources.load(seg)
     labels = sources.label_array(lab, seg)
     opts = predict.Options(run_dir="r", inputs=(image,), out=str(tmp_path))
-    result = predict.predict_scan(predict.Scan("volume-0", image, seg), prep(16),
+    result = predict.predict_scan(scans_lib.Scan("volume-0", image, seg), prep(16),
                                   slices_net(oracle(labels, lab.affine, 16), 16), opts, 3)
     out = nib.load(result.output)
     np.testing.assert_allclose(out.affine, lab.affine, atol=1e-5)
@@ -120,34 +121,34 @@ def test_inputs_are_checked_from_their_headers(tmp_path):
     for name, label, words in (("two", None, ["two.nii", "2 channels", "model of RUN takes 1", "--channel"]),
                                ("flat", None, ["flat.nii", "(8, 8)", "model of RUN", "3-D"]),
                                ("vol", "lab", ["lab.nii", "(8, 8, 5)", "vol.nii is (8, 8, 4)"])):
-        scan = predict.Scan(name, str(tmp_path / f"{name}.nii"),
-                          str(tmp_path / f"{label}.nii") if label else None)
+        scan = scans_lib.Scan(name, str(tmp_path / f"{name}.nii"),
+                              str(tmp_path / f"{label}.nii") if label else None)
         with pytest.raises(InputError) as e:
             predict.check_scan(scan, prep(16), "RUN")
         assert all(w in str(e.value) for w in words), str(e.value)
-    assert predict.check_scan(predict.Scan("two", str(tmp_path / "two.nii"), None),
+    assert predict.check_scan(scans_lib.Scan("two", str(tmp_path / "two.nii"), None),
                               predict.Preprocessing(Intensity.mr(), 16, 1, "flag"), "RUN") == 8 * 8 * 4
 
 
 def test_scans_from_files_folders_and_subsets(tmp_path):
     root = str(tmp_path / "Task")
     samples.write_task(root, 3, size=16, slices=4, test_cases=2)
-    found = predict.collect_scans(predict.Options("r", (root,), "o"), None)
+    found = scans_lib.collect_scans((root,), None)
     assert [(j.name, j.label) for j in found] == [("liver_3", None), ("liver_4", None)]
     table = {"liver_0": 0, "liver_1": 1, "liver_2": 1}
-    val = predict.collect_scans(predict.Options("r", (root,), "o", subset="val"), table)
+    val = scans_lib.collect_scans((root,), table, subset="val")
     assert [j.name for j in val] == ["liver_1", "liver_2"] and val[0].label.endswith("labelsTr/liver_1.nii.gz")
-    assert len(predict.collect_scans(predict.Options("r", (root,), "o", subset="all"), None)) == 5
+    assert len(scans_lib.collect_scans((root,), None, subset="all")) == 5
     with pytest.raises(InputError, match="needs the case table"):
-        predict.collect_scans(predict.Options("r", (root,), "o", subset="val"), None)
+        scans_lib.collect_scans((root,), None, subset="val")
     pairs = str(tmp_path / "pairs")
     samples.write_task(pairs, 2, kind="pairs", size=16, slices=4)
-    files = predict.collect_scans(predict.Options("r", (f"{pairs}/volume-1.nii.gz",), "o", labels=pairs), None)
+    files = scans_lib.collect_scans((f"{pairs}/volume-1.nii.gz",), None, labels=pairs)
     assert files[0].label == f"{pairs}/segmentation-1.nii.gz"
     with pytest.raises(InputError, match="outputs would overwrite each other"):
-        predict.collect_scans(predict.Options("r", (f"{pairs}/volume-1.nii.gz",) * 2, "o"), None)
+        scans_lib.collect_scans((f"{pairs}/volume-1.nii.gz",) * 2, None)
     with pytest.raises(InputError, match="no such file or folder"):
-        predict.collect_scans(predict.Options("r", ("missing.nii",), "o"), None)
+        scans_lib.collect_scans(("missing.nii",), None)
     # ranks share the cases out, each exactly once, the largest alone
     scans, sizes = found + val, [10, 10, 10, 25]
     shares = [predict.mine(scans, sizes, r, 3) for r in range(3)]

@@ -62,6 +62,7 @@ def test_report_runs_with_tensorflow_and_horovod_blocked(tmp_path):
 #: imports: plain Python, never TensorFlow or Horovod.
 PLAIN_MODULES = ("distseg.core.config", "distseg.core.errors", "distseg.core.schema",
                  "distseg.core.rundir", "distseg.core.stopflag", "distseg.cluster.jobs",
+                 "distseg.cluster.outcome", "distseg.core.ranktime", "analysis.mismatch",
                  "distseg.cli.jobs", "distseg.networks.spec", "distseg.networks.memory",
                  "distseg.training.memprobe", "distseg.parallel.threads",
                  "distseg.training.noise", "analysis.report")

@@ -1,6 +1,7 @@
 """Voxels per second and throughput against input size (``analysis.tables``:
-``voxel_rates``, ``throughput_vs_size``, ``run_settings``, ``config_mismatches``;
-``analysis.outline.size_sections``; ``analysis.plots.size_figure``).
+``voxel_rates``, ``throughput_vs_size``, ``run_settings``;
+``analysis.mismatch.config_mismatches``; ``analysis.outline.size_sections``;
+``analysis.plots.size_figure``).
 
 Logs are hand-built (``tests/analysis_fixtures/runs.py``): 16 training samples, batch 2
 per rank, so a 1-rank run takes 8 steps an epoch and a 2-rank run 4; with a step time

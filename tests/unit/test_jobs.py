@@ -1,4 +1,5 @@
-"""Slurm job scripts (distseg/cluster/jobs.py, distseg/cli/jobs.py, jobs/) and the Docker files.
+"""Slurm job scripts (distseg/cluster/jobs.py, distseg/cluster/outcome.py, distseg/cli/jobs.py,
+jobs/) and the Docker files.
 
 Rendered scripts are checked for the numbers they hold (linting them with `bash -n` and
 shellcheck is tests/unit/test_lint.py's job, so a missing shellcheck never skips these),
@@ -17,6 +18,7 @@ import sys
 import pytest
 
 from distseg.cluster import jobs as jobs_lib
+from distseg.cluster import outcome as outcome_lib
 from distseg.core import errors, rundir
 from distseg.data import synth
 from distseg.parallel import distributed
@@ -464,17 +466,17 @@ def test_run_outcome_reads_the_logs_and_the_checkpoint(tmp_path):
     run = tmp_path / "run"
     _logs(run, {0: "interrupted", 1: "interrupted"})
     # Interrupted everywhere but no checkpoint: nothing to resume, not "stopped".
-    assert jobs_lib.run_outcome(str(run), 2).line() == "ended"
+    assert outcome_lib.run_outcome(str(run), 2).line() == "ended"
     os.makedirs(rundir.checkpoint_dir(str(run)))
     with open(rundir.latest_path(str(run)), "w") as f:
         f.write("{}")
-    assert jobs_lib.run_outcome(str(run), 2).line() == "stopped"
+    assert outcome_lib.run_outcome(str(run), 2).line() == "stopped"
     # A rank the launch started but that left no log at all is lost too.
-    assert jobs_lib.run_outcome(str(run), 3).line() == "lost 2"
+    assert outcome_lib.run_outcome(str(run), 3).line() == "lost 2"
 
     other = tmp_path / "other"
     _logs(other, {0: "ok", 1: None, 2: "interrupted", 3: None})
-    assert jobs_lib.run_outcome(str(other), 4) == jobs_lib.Outcome(stopped=False, without_end=(1, 3))
+    assert outcome_lib.run_outcome(str(other), 4) == outcome_lib.Outcome(stopped=False, without_end=(1, 3))
     # A last line cut off by a kill is no end record.
     with open(rundir.log_path(str(other), 0), "a") as f:
         f.write('{"type":"end","status":"interr')

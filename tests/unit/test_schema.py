@@ -1,13 +1,13 @@
 """``distseg.core.schema``: the one rule for reading a log line, and its three readers
 (``schema.read_log``, the report's ``analysis.logfile``, ``distseg-jobs outcome``'s
-``jobs._last_record``) agreeing on the same damaged log."""
+``outcome.last_record``) agreeing on the same damaged log."""
 
 import json
 
 import pytest
 
 from analysis import logfile
-from distseg.cluster import jobs as jobs_lib
+from distseg.cluster import outcome as outcome_lib
 from distseg.core import schema
 from tests.analysis_fixtures.runs import end_record, run_record, step, write_log
 
@@ -72,4 +72,4 @@ def test_the_three_readers_agree_on_a_damaged_log(tmp_path, truncated):
         "1 line(s) that are not log records (not valid JSON objects with a type): line 3"]
     # distseg-jobs outcome: the log ends in the end record, unless a truncated write
     # follows it (the resumed launch was killed): then it ends in no record at all.
-    assert jobs_lib._last_record(path) == (None if truncated else records[-1])
+    assert outcome_lib.last_record(path) == (None if truncated else records[-1])
