@@ -14,14 +14,16 @@ import pytest
 
 from analysis import coverage, logs
 from analysis.coverage import Basis, EpochShards, Expected
-from distseg.core import rundir, schema
+from distseg.core import config, rundir, schema
 from distseg.core.errors import InputError
-from distseg.data import h5format
-from tests.analysis_fixtures.runs import RunSpec, run_record, write_log, write_run
+from distseg.data import h5format, sharding
+from tests.analysis_fixtures.runs import RunSpec, epoch_record, run_record, write_log, write_run
 
 from support import BIN, command_env
 
 ALL16 = Expected(16.0, Basis.ALL, "all train samples")
+CUT_8_OF_15 = ("global batch 8: 7 of 15 samples skipped per epoch by design (a new random "
+               "few each epoch)")
 
 
 def _run(tmp_path, size=2, **record):
@@ -44,6 +46,13 @@ def _run(tmp_path, size=2, **record):
               "in the run record)")),
     # a 3D run counts its slabs
     (dict(dataset={"train_slabs": 16}, batch_size=2, steps_per_epoch=4), ALL16),
+    # a fixed global batch, and a batch the goodput policy chose: whole global batches
+    (dict(dataset={"train_samples": 15}, batch_size=4, global_batch_size=8,
+          batch_policy="global", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
+    (dict(dataset={"train_samples": 15}, batch_size=4, global_batch_size=8,
+          batch_policy="chosen", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
+    (dict(dataset={"train_samples": 16}, batch_size=4, global_batch_size=8,
+          batch_policy="chosen", steps_per_epoch=2), ALL16),
 ])
 def test_expected_samples(tmp_path, record, expected):
     got = coverage.expected_samples(_run(tmp_path, **record))
@@ -113,6 +122,30 @@ def test_a_capped_run_is_partial_by_design(tmp_path):
     assert list(cov["status"]) == ["partial by design (capped: 2 of 4 steps per epoch "
                                    "(max_steps_per_epoch))"] * 2
     assert cov["covered"].isna().all() and math.isnan(cov["expected_samples"].iloc[0])
+
+
+def test_a_launch_at_a_batch_the_policy_chose_is_checked_as_the_loop_cut_it(tmp_path):
+    """A launch that resumes at a per-rank batch the ``goodput`` policy chose logs the
+    plan ``config.batch_plan`` gives it, ``chosen``, and cuts global batches of that
+    batch x the ranks (``sharding.global_batches``): of 15 samples, 2 ranks x 4 train
+    on 8 in one step and leave 7 out; not an epoch capped at 1 of 2 steps."""
+    train = config.TrainConfig(batch_size=2, batch_policy="goodput", max_batch_per_rank=8)
+    plan, n, size = config.batch_plan(train, 2, per_rank=4), 15, 2
+    assert (plan.per_rank, plan.global_batch) == (4, 8)
+    rec = dict(dataset={"train_samples": n}, batch_size=plan.per_rank,
+               global_batch_size=plan.global_batch, batch_policy="chosen",
+               steps_per_epoch=schema.steps_per_epoch(n, size, plan.per_rank, plan.global_batch))
+    run_dir = str(tmp_path / "chosen")
+    for rank in range(size):
+        seen = [int(i) for batch in sharding.global_batches(np.arange(n), rank, size,
+                                                             plan.global_batch, 0, 0)
+                for i in batch]
+        write_log(run_dir, rank, [run_record(rank, size, **rec),
+                                  epoch_record(rank, 0, 1.0, samples=len(seen),
+                                               sample_digest=schema.sample_digest(seen))])
+    cov = coverage.coverage([logs.load_run(run_dir)])
+    assert list(cov["status"]) == [f"covered (count only; {CUT_8_OF_15})"]
+    assert list(cov["covered"]) == [True]
 
 
 def _data_file(path, version):
