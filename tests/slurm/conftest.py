@@ -75,8 +75,10 @@ class Cluster:
 
     def daemon_lines(self, job_id: str, most: int = 40) -> str:
         """The last ``most`` lines of slurmctld's and the slurmds' logs that name the job:
-        why Slurm failed a launch that wrote nothing to the job's output."""
-        names = re.compile(rf"(JobId={job_id}\b|job {job_id}\b|StepId={job_id}\.)")
+        why Slurm failed a launch that wrote nothing to the job's output. Either case
+        (slurmd writes "Job N already killed"), and slurmstepd's "[N.batch]" lines."""
+        names = re.compile(rf"(JobId={job_id}\b|job {job_id}\b|StepId={job_id}\.|\[{job_id}\.)",
+                           re.IGNORECASE)
         lines = []
         for name in sorted(os.listdir(self.folder)):
             if name.startswith(("slurmctld", "slurmd")) and name.endswith(".log"):
@@ -84,27 +86,44 @@ class Cluster:
                     lines += [f"{name}: {line.rstrip()}" for line in f if names.search(line)]
         return "\n".join(lines[-most:])
 
-    #: States of a job that has ended.
-    ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    def describe(self, job_id: str, info: dict[str, str] | None = None, tail: int = 3000) -> str:
+        """What a failed test shows of a job: its state, the end of its output and
+        Slurm's own log lines on it (``daemon_lines``)."""
+        info = self.job(job_id) if info is None else info
+        path = info.get("StdOut", "")
+        # errors="replace": a progress bar cut in the middle of a character
+        out = open(path, errors="replace").read()[-tail:] if path and os.path.exists(path) else "(none)"
+        return (f"job {job_id}: {info.get('JobState')} (reason {info.get('Reason')}, restarts "
+                f"{info.get('Restarts')}, exit code {info.get('ExitCode')}, run time "
+                f"{info.get('RunTime')})\n--- its output ({path}):\n{out}\n"
+                f"--- Slurm's logs on job {job_id}:\n{self.daemon_lines(job_id)}")
+
+    #: States of a job that has ended: the base states Slurm leaves a job in (unless it
+    #: is requeued). Every other state is waited through: PENDING, RUNNING, SUSPENDED,
+    #: and what scontrol shows instead while a flag is set (COMPLETING, SIGNALING,
+    #: REQUEUED, REQUEUE_HOLD, CONFIGURING, RESIZING, STAGE_OUT, ...), which a poll can
+    #: catch at any time.
+    ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
+             "PREEMPTED", "BOOT_FAIL", "DEADLINE")
 
     def wait_until(self, job_id: str, done, timeout: float = 180, poll: float = 1.0,
                    what: str = "done") -> dict[str, str]:
-        """Waits until ``done(fields)``; the job's fields. On timeout the job is
-        cancelled and the test fails with its state and output."""
+        """Waits until ``done(fields)``; the job's fields. When the job ends (``ENDED``)
+        without ``done``, or on timeout (the job is cancelled then), the test fails with
+        ``describe``. ``done`` says what the test waits for, not which states it expects:
+        any state the job passes through is waited through."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.job(job_id)
             if done(info):
                 return info
+            if info.get("JobState") in self.ENDED:
+                pytest.fail(f"job {job_id} ended before it was {what}\n{self.describe(job_id, info)}")
             if time.monotonic() > deadline:
                 break
             time.sleep(poll)
         self.run("scancel", job_id, check=False)
-        out = info.get("StdOut", "")
-        # errors="replace": a progress bar cut in the middle of a character
-        tail = open(out, errors="replace").read()[-3000:] if out and os.path.exists(out) else ""
-        pytest.fail(f"job {job_id} not {what} within {timeout} s: {info.get('JobState')} "
-                    f"(restarts {info.get('Restarts')})\n{tail}")
+        pytest.fail(f"job {job_id} not {what} within {timeout} s\n{self.describe(job_id, info)}")
 
     def wait(self, job_id: str, states=ENDED, timeout: float = 180, poll: float = 1.0) -> dict[str, str]:
         """Waits until the job is in one of ``states``; its fields."""

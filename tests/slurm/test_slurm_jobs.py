@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -79,8 +80,9 @@ def test_sweep_submits_chained_jobs_and_the_report_after_them(slurm, tiny, tmp_p
 
     report = slurm.wait(report_id, timeout=240)
     train = slurm.job(train_id)
-    assert (train["JobState"], train["ExitCode"], train["Restarts"]) == ("COMPLETED", "0:0", "0"), _output(train)
-    assert (report["JobState"], report["ExitCode"]) == ("COMPLETED", "0:0"), _output(report)
+    assert (train["JobState"], train["ExitCode"], train["Restarts"]) == ("COMPLETED", "0:0", "0"), (
+        slurm.describe(train_id, train))
+    assert (report["JobState"], report["ExitCode"]) == ("COMPLETED", "0:0"), slurm.describe(report_id, report)
     assert report["StartTime"] >= train["EndTime"]
     assert "launcher: srun" in _output(train)
 
@@ -93,34 +95,70 @@ def test_sweep_submits_chained_jobs_and_the_report_after_them(slurm, tiny, tmp_p
         ("sw-n1", 2, 1, 1, 2, "ok")]
 
 
+def _seconds(slurm_time: str) -> int:
+    """Seconds of a Slurm duration, ``[D-]HH:MM:SS`` (scontrol's RunTime, TimeLimit)."""
+    days, _, clock = slurm_time.rpartition("-")
+    hours, minutes, seconds = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+#: Epochs of the time-limit test: 1200 x 16 = 19,200 steps, 220 s of training here (2
+#: ranks on 2 cores, 88 steps/s; 50 while other tests share the machine). The first
+#: launch trains at most about 40 s past step 20 (below) whatever the speed, so it is
+#: still training when its signal comes on a machine 5 times as fast; the second launch
+#: trains the rest, 3 to 6 minutes here.
+TIME_LIMIT_EPOCHS = 1200
+
+
+@pytest.mark.timeout(1200)
 def test_time_limit_signals_checkpoints_requeues_and_resumes(slurm, tiny, tmp_path):
-    # 3 minutes is the shortest limit distseg-jobs accepts: USR1 60 s before it, sent up
-    # to 60 s early, so 60 to 120 s into the job. The training needs longer than that.
-    epochs = 700
+    # When the signal comes is the test's doing, not the machine's speed. slurmctld (22.05)
+    # checks running jobs every 30 s: it sends the --signal (B:USR1@LEAD) at the first
+    # check with end - now <= LEAD + 30, and ends the job at the first with now >= end
+    # (end = start + TimeLimit, whole minutes). Rendered for 10 minutes, LEAD is 120 s
+    # (signal_lead): nothing fires by itself for 7.5 minutes. Once the ranks train, the
+    # test cuts the limit to the fewest minutes that leave end - now >= 95 s (RunTime is
+    # floored): end - now is then in [95, 155) s, so USR1 comes at the next check (above
+    # 150 s, at most 5 s later), within about 36 s, and the end is still over a minute
+    # (95 - 31 s) after it: time to checkpoint, stop and requeue. (With a 3-minute script,
+    # LEAD 60 s, that needs end - now between about 60 and 90 s: narrower than the minute
+    # steps of the limit.)
+    epochs = TIME_LIMIT_EPOCHS
     script, run_dir = _render(tmp_path, tiny, "tl", "--epochs", str(epochs), "--no-validate",
-                              time_limit="00:03:00")
+                              time_limit="00:10:00")
+    assert "#SBATCH --signal=B:USR1@120" in open(script).read()
     job = slurm.sbatch(script, cwd=str(tmp_path))
+    _wait_for_step(slurm, job, run_dir, 20)
+    elapsed = _seconds(slurm.job(job)["RunTime"])
+    limit = -(-(elapsed + 95) // 60)
+    slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
 
-    def requeued(info: dict) -> bool:
-        if info["Restarts"] != "0":
-            return True
-        assert info["JobState"] in ("PENDING", "RUNNING", "COMPLETING"), _output(info)
-        return False
-
-    info = slurm.wait_until(job, requeued, timeout=200, what="requeued")
-    assert info["Restarts"] == "1", f"{info['JobState']}\n{_output(info)[-3000:]}"
+    # What the test waits for is the requeue (Restarts), whatever states the job shows
+    # on the way (RUNNING, SIGNALING, COMPLETING, REQUEUED, PENDING); it fails with
+    # Slurm's logs on the job if the job ends instead.
+    info = slurm.wait_until(job, lambda i: i["Restarts"] != "0", timeout=180, what="requeued")
+    assert info["Restarts"] == "1", slurm.describe(job, info)
     first = _ends(run_dir, 0)
-    assert [e["status"] for e in first] == ["interrupted"], first
+    assert [e["status"] for e in first] == ["interrupted"], (first, slurm.describe(job, info))
     assert "USR1" in first[0]["reason"]
     with open(rundir.latest_path(run_dir)) as f:
         stopped_at = json.load(f)
     # Slurm holds a requeued job for 2 minutes (its BeginTime); an administrator's
     # `scontrol update` starts it now, under a longer limit, so the test ends after two
-    # launches, not after as many as the remaining epochs would need.
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=00:10:00")
-    info = slurm.wait(job, timeout=300)
+    # launches, not after as many as the remaining epochs would need. Not before the
+    # first launch is over (PENDING: no longer COMPLETING or REQUEUED) and a second
+    # later: slurmd revokes the job's credentials as of the second it killed the first
+    # launch, and refuses a launch whose credential is of that second ("Job N already
+    # killed, do not launch batch job"): a launch that writes nothing. The 15-minute
+    # limit signals at 12.5 minutes at the earliest, twice what the rest takes here.
+    slurm.wait_until(job, lambda i: i["JobState"] == "PENDING", timeout=60, poll=0.5,
+                     what="pending again")
+    time.sleep(2)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=00:15:00")
+    info = slurm.wait_until(job, lambda i: i["JobState"] in slurm.ENDED or i["Restarts"] != "1",
+                            timeout=900, what="ended or requeued again")
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
-        f"{_output(info)[-6000:]}\n--- Slurm's logs on job {job}:\n{slurm.daemon_lines(job)}")
+        slurm.describe(job, info, tail=6000))
 
     for rank in (0, 1):
         assert [e["status"] for e in _ends(run_dir, rank)] == ["interrupted", "ok"]
@@ -144,7 +182,7 @@ def test_scancel_checkpoints_and_does_not_requeue(slurm, tiny, tmp_path):
     # has ended, and CANCELLED after: so the ranks have written their end records, and
     # the script, the only thing that could requeue the job, has decided.
     info = slurm.wait(job, timeout=90)
-    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), _output(info)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), slurm.describe(job, info)
     ends = [_ends(run_dir, r) for r in (0, 1)]
     assert [[e["status"] for e in e_] for e_ in ends] == [["interrupted"], ["interrupted"]], ends
     # scancel sends TERM to the batch shell (which passes USR1 on) and to every rank:
@@ -169,14 +207,16 @@ def test_scancel_checkpoints_and_does_not_requeue(slurm, tiny, tmp_path):
 
 
 def _wait_for_step(slurm, job: str, run_dir: str, step: int, timeout: float = 120) -> None:
-    """Waits until rank 1 has logged global step ``step``; fails with the job's output
-    (and cancels it) when the job ends first or the time runs out."""
+    """Waits until rank 1 of the job's first launch has logged global step ``step``;
+    fails with the job's output and Slurm's logs on it when the job ends or is requeued
+    first, or the time runs out (then it is cancelled)."""
     path = rundir.log_path(run_dir, 1)
 
     def logged(info: dict) -> bool:
         if os.path.exists(path) and f'"global_step":{step},' in open(path).read():
             return True
-        assert info["JobState"] in ("PENDING", "RUNNING"), _output(info)[-3000:]
+        if info["Restarts"] != "0":
+            pytest.fail(f"job {job} was requeued before global step {step}\n{slurm.describe(job, info)}")
         return False
 
     slurm.wait_until(job, logged, timeout=timeout, poll=0.5, what=f"at global step {step}")
@@ -256,11 +296,11 @@ def test_a_killed_rank_fails_the_job_and_the_report_still_runs(slurm, tiny, tmp_
     report = slurm.wait(report_id, timeout=240)
     train = slurm.job(train_id)
     text = _output(train)
-    assert train["JobState"] == "FAILED" and train["ExitCode"] != "0:0", text[-3000:]
+    assert train["JobState"] == "FAILED" and train["ExitCode"] != "0:0", slurm.describe(train_id, train)
     assert train["Restarts"] == "0"
     assert "error: rank 1 (Killed) ended first; rank(s) 0 1 ended without an end record" in text \
         or "error: rank 1 (Killed) ended first; rank(s) 1 ended without an end record" in text, text[-3000:]
-    assert (report["JobState"], report["ExitCode"]) == ("COMPLETED", "0:0"), _output(report)
+    assert (report["JobState"], report["ExitCode"]) == ("COMPLETED", "0:0"), slurm.describe(report_id, report)
     with open(runs / "kill-report" / "report.json") as f:
         table = json.load(f)["tables"]["runs"]
     # The report names the failed run: rank 1 has no end record, rank 0 was ended by

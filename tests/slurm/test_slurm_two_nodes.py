@@ -46,7 +46,8 @@ def test_two_node_job_runs_one_rank_per_node_through_srun(slurm2, tiny, tmp_path
     info = slurm2.wait(job, timeout=75)
     after = _link_bytes(slurm2.links)
     text = open(info["StdOut"]).read() if os.path.exists(info["StdOut"]) else ""
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), text[-3000:]
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), (
+        slurm2.describe(job, info))
     assert info["NumNodes"] == "2" and info["NumTasks"] == "2", info
     assert "launcher: srun" in text and "2 node(s) x 1 rank(s)" in text, text[-3000:]
 
