@@ -168,7 +168,7 @@ def _run_points(run: RunData, n_train: int, spe: int, batch: int) -> list[Point]
     rows = tables.epoch_batches(run)
     steady = rows[~rows["warmup"].astype(bool)] if (~rows["warmup"].astype(bool)).any() else rows
     steady = steady.assign(per_rank=steady["per_rank"].astype(float).fillna(batch).round(6))
-    fixed = batch_plan(train_config(run)[0], run.ranks).fixed
+    fixed = batch_plan(train_config(run)[0], run.ranks).cut_global
     capped = spe < steps_per_epoch(n_train, run.ranks, batch, fixed)
     points, link = [], own_link(run)
     for per_rank, group in steady.groupby("per_rank", sort=False):
@@ -284,8 +284,8 @@ class EpochModel:
         except InputError as e:
             return Shape(None, 0, 0, math.nan, f"infeasible: {e}")
         n = self.train_samples
-        steps = steps_per_epoch(n, ranks, plan.per_rank, plan.fixed)
-        samples = epoch_samples(n, ranks, plan.per_rank, plan.fixed)
+        steps = steps_per_epoch(n, ranks, plan.per_rank, plan.cut_global)
+        samples = epoch_samples(n, ranks, plan.per_rank, plan.cut_global)
         if self.cap:
             steps = min(steps, self.cap)
             samples = min(samples, steps * plan.global_batch)

@@ -313,7 +313,7 @@ class BatchPlan:
     """Samples per rank per step."""
     global_batch: int
     """Samples per step, all ranks together."""
-    policy: str
+    kind: str
     """``global`` (a fixed global batch split over the ranks), ``grown`` (a fixed global
     batch smaller than the ranks could share, grown to ``per_rank * ranks``),
     ``per_rank`` (``batch_size`` per rank) or ``chosen`` (a per-rank batch the
@@ -329,9 +329,9 @@ class BatchPlan:
     (the gradient noise scale's gain is measured against it)."""
 
     @property
-    def fixed(self) -> int:
-        """The fixed global batch the shards are cut in (0: per-rank shards)."""
-        return self.global_batch if self.policy in ("global", "grown", "chosen") else 0
+    def cut_global(self) -> int:
+        """The global batch the ranks' batches are cut from (0: per-rank shards)."""
+        return self.global_batch if self.kind in ("global", "grown", "chosen") else 0
 
 
 def batch_plan(t: "TrainConfig", ranks: int, per_rank: int | None = None) -> BatchPlan:

@@ -39,11 +39,13 @@ class BatchPolicy:
         """One timed step at the batch in force."""
         self.times.add(self.per_rank, seconds)
 
-    def decide(self, g2: float | None, trace: float | None) -> goodput.Choice:
+    def decide(self, g2: float | None, trace: float | None, seconds=None) -> goodput.Choice:
         """The next epoch's per-rank batch from what this rank measured (rank 0's
-        decision is the one every rank takes)."""
+        decision is the one every rank takes); ``seconds`` (per-rank batch -> a step's
+        seconds) stands in for the measured step times where given (the benchmark's
+        emulation, which measures samples, not time)."""
         return goodput.choose(self.per_rank, self.options, self.ranks, self.base,
-                              self.times.seconds, g2, trace)
+                              seconds or self.times.seconds, g2, trace)
 
     def take(self, choice: goodput.Choice) -> bool:
         """Adopts ``choice`` (rank 0's, broadcast); returns whether the batch changed."""

@@ -22,20 +22,15 @@ import os
 import sys
 import time
 
-from distseg.core import tbscalars
+from distseg.core import rundir, tbscalars
 from distseg.parallel import distributed as dist
+from distseg.training.parts import Part
 
-#: ``RUN/tensorboard``: the TensorBoard run of a training run.
-DIR = "tensorboard"
 #: Seconds after which a step's scalars are flushed (epochs flush at their end).
 FLUSH_S = 10.0
 
 
-def board_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, DIR)
-
-
-class Board:
+class Board(Part):
     """One rank's part of the live scalars: every rank tallies its own step times for
     the epoch's balance; rank 0 alone holds the writer.
 
@@ -55,7 +50,7 @@ class Board:
         self._seconds, self._steps = 0.0, 0
         self._flushed = time.monotonic()
 
-    def step(self, record: dict) -> None:
+    def on_step(self, record: dict) -> None:
         """A ``step`` record of this rank, as the log has it."""
         seconds = tbscalars.number(record.get("step_time"))
         if seconds is not None:
@@ -66,7 +61,7 @@ class Board:
             self._write(tbscalars.step_scalars(record, self.size, self.start_time),
                         flush=time.monotonic() - self._flushed > FLUSH_S)
 
-    def epoch(self, record: dict) -> None:
+    def on_epoch_end(self, record: dict) -> None:
         """Collective: this rank's ``epoch`` record; rank 0 writes the epoch's scalars
         and its balance across ranks, and flushes."""
         mine = (self._seconds / self._steps if self._steps else math.nan,
@@ -90,7 +85,7 @@ class Board:
             self._give_up(e)
 
     def _give_up(self, error: BaseException) -> None:
-        where = getattr(self.writer, "logdir", DIR)
+        where = getattr(self.writer, "logdir", rundir.TENSORBOARD_DIR)
         sys.stderr.write(f"warning: {where}: TensorBoard scalars stopped "
                          f"({error.__class__.__name__}: {error}); the logs are complete\n")
         with contextlib.suppress(Exception):
@@ -118,10 +113,10 @@ def open_board(run_dir: str, ctx: dist.Context, global_step: int, start_time: fl
     writer = None
     if ctx.is_root():  # chief-only side effect: one TensorBoard run per training run
         try:
-            writer = tbscalars.ScalarWriter(board_dir(run_dir), purge_step=global_step,
+            writer = tbscalars.ScalarWriter(rundir.tensorboard_dir(run_dir), purge_step=global_step,
                                             suffix=f".{os.getpid()}")
         except Exception as e:  # noqa: BLE001 - the run goes on without its view
-            sys.stderr.write(f"warning: {board_dir(run_dir)}: no TensorBoard scalars "
+            sys.stderr.write(f"warning: {rundir.tensorboard_dir(run_dir)}: no TensorBoard scalars "
                              f"({e.__class__.__name__}: {e})\n")
     board = Board(writer, ctx.size, start_time)
     resources.callback(board.close)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from distseg.core import goodput
 from distseg.core.errors import RunError
 from distseg.parallel import distributed as dist
 
@@ -32,7 +33,7 @@ def gain_lr(base: float, gain: float, progress: float, warmup: float) -> float:
     applies it): ``base`` x sqrt(r), reached by a linear warm-up over ``warmup`` steps
     of the base batch, counted in gain-weighted ``progress`` (each step adds its gain),
     so the warm-up lasts as many one-process samples at any batch."""
-    return lr_at(progress, base, base * math.sqrt(max(gain, 1.0)), warmup)
+    return lr_at(progress, base, base * goodput.gain_lr_factor(gain), warmup)
 
 
 def _input_spec(spatial_shape: Sequence[int], batch: int | None = None):
@@ -420,3 +421,21 @@ def average_batchnorm(model, size: int) -> None:
     if stats and size > 1:
         for v, mean in zip(stats, dist.allreduce_many([v.numpy() for v in stats])):
             v.assign(mean)
+
+
+class TrainSteps:
+    """The train step traced for each per-rank batch a run trains (``make_train_step``;
+    the ``goodput`` policy may come back to a batch it left). ``None``: a step for any
+    batch size, traced once."""
+
+    def __init__(self, model, optimizer, spatial_shape: Sequence[int], num_classes: int,
+                 loss: str, ranks: int, compression: str):
+        self._args = (model, optimizer, spatial_shape, num_classes, loss)
+        self._ranks, self._compression = ranks, compression
+        self._steps: dict = {}
+
+    def for_batch(self, batch: int | None):
+        if batch not in self._steps:
+            self._steps[batch] = make_train_step(*self._args, ranks=self._ranks, batch=batch,
+                                                 compression=self._compression)
+        return self._steps[batch]

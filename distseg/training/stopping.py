@@ -186,3 +186,40 @@ def _last_type(path: str) -> str | None:
         except (ValueError, AttributeError):
             continue
     return None
+
+
+class HangReport:
+    """What a ``HangWatch`` does on expiry, on its own thread: say so in this rank's log,
+    give the other waiting ranks a moment to say so too, then name the ranks that did
+    not (they stopped answering), write the ``end`` record and exit with code 1 (the
+    main thread is blocked inside Horovod; only the launcher can end it).
+
+    Args:
+      log: this rank's ``RunLog``.
+      log_paths: every rank's log (``rundir.log_paths``).
+      rank: this rank.
+      t0: ``perf_counter`` at the launch's agreed start (log times count from here).
+      epochs_done: returns the epochs finished so far (read when it fires).
+    """
+
+    def __init__(self, log, log_paths: dict[int, str], rank: int, t0: float, epochs_done):
+        self.log, self.log_paths, self.rank, self.t0 = log, log_paths, rank, t0
+        self.epochs_done = epochs_done
+
+    def __call__(self, where: str, waited: float) -> None:
+        import sys
+        import time
+        try:
+            self.log.write("stalled", t=time.perf_counter() - self.t0, waited=waited, where=where)
+            time.sleep(min(15.0, max(3.0, waited / 10)))
+            silent = silent_ranks(self.log_paths, self.rank)
+            who = (f"rank(s) {', '.join(map(str, silent))} stopped answering" if silent
+                   else "no other rank's log shows which stopped")
+            reason = f"waited {waited:.0f} s in {where}: {who} (--hang-timeout)"
+            self.log.write("end", status="error", reason=reason, t=time.perf_counter() - self.t0,
+                           epochs_done=self.epochs_done())
+        except OSError as e:
+            reason = f"waited {waited:.0f} s in {where} ({e})"
+        sys.stderr.write(f"error: {reason}\n")
+        sys.stderr.flush()
+        os._exit(1)

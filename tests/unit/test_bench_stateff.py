@@ -268,7 +268,7 @@ def test_a_grown_batch_is_emulated_as_8_ranks_with_the_same_batches_and_lr():
 
     from distseg.core import config as config_lib
     from distseg.data import sharding
-    from distseg.training.loop import Schedule
+    from distseg.training.plan import EpochPlan
 
     cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn", 64, 0, 24, 0.85)
     assert (emulated.ranks, emulated.sim_ranks, emulated.fold, emulated.stop_at) == (64, 8, 8, 0.85)
@@ -278,12 +278,12 @@ def test_a_grown_batch_is_emulated_as_8_ranks_with_the_same_batches_and_lr():
         return dataclasses.replace(config_lib.demo().train, **over["train"])
 
     t = train(cfg_over)
-    real = {r: Schedule.of(train(study.run_config("small", "gbatch-gn", r, 0, 24, 2048)), 2048, r)
+    real = {r: EpochPlan.of(train(study.run_config("small", "gbatch-gn", r, 0, 24, 2048)), 2048, r)
             for r in (16, 64)}
     for r, sched in real.items():
-        folded = Schedule.of(t, 2048, 8, per_rank=r // 8)
-        assert (folded.steps, folded.plan.global_batch, folded.plan.base, folded.lr(0)) == \
-            (sched.steps, sched.plan.global_batch, sched.plan.base, sched.lr(0))
+        folded = EpochPlan.of(t, 2048, 8, per_rank=r // 8)
+        assert (folded.steps, folded.batch.global_batch, folded.batch.base, folded.lr(0)) == \
+            (sched.steps, sched.batch.global_batch, sched.batch.base, sched.lr(0))
         assert folded.steps * r == 512 and sched.lr(0) == pytest.approx(1e-3 * (r / 8) ** 0.5)
         # the same samples in every global batch at r ranks and at 8
         ids = np.arange(2048)
@@ -353,13 +353,15 @@ def test_the_gain_rule_against_the_best_fixed_multiplier_and_the_default_against
 
 
 def test_the_emulated_goodput_policy_switches_as_the_loop_does():
-    """``emulation.policy_step`` at 32 emulated ranks (8 sim ranks x 4 per-rank slices):
-    a noise scale far above the batch makes per-rank 2 worth its lower step cost, and
-    the schedule and noise-scale sizes follow; a small one keeps per-rank 1."""
+    """``emulation.policy_step`` at 32 emulated ranks (8 sim ranks x 4 per-rank slices),
+    through the loop's own ``Scaling``: a noise scale far above the batch makes per-rank
+    2 worth its lower step cost, and the plan and noise-scale sizes follow; a small one
+    keeps per-rank 1."""
     import dataclasses
 
     from distseg.core import config as config_lib
-    from distseg.training.noise import Average, NoiseScale
+    from distseg.training.noise import Average
+    from distseg.training.scaling import Scaling
 
     from benchlib.stateff import emulation
     cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn-goodput", 32, 0, 24, None)
@@ -367,16 +369,17 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
         config_lib.demo().train, **cfg_over["train"]))
     seconds = {1: 0.1, 2: 0.15, 4: 0.3, 8: 0.6}  # per sample: 2 is 1.33x faster than 1
     for phi, expect in ((1e4, 2), (8.0, 1)):
-        schedule = emulation.first_schedule(cfg, 2048, 8, emulated)
-        assert (schedule.plan.per_rank, schedule.plan.global_batch) == (4, 32)
-        noise = NoiseScale(4, 32, 8)
-        noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
-        schedule, choice = emulation.policy_step(cfg, schedule, noise, emulated, seconds, 2048)
+        scaling = Scaling.start(cfg.train, 2048, 8, fold=emulated.fold)
+        assert (scaling.plan.batch.per_rank, scaling.plan.batch.global_batch) == (4, 32)
+        assert (scaling.noise.small, scaling.noise.big, scaling.noise.base) == (4, 32, 8)
+        scaling.noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
+        choice = emulation.policy_step(scaling, seconds)
+        plan = scaling.plan
         assert choice.per_rank == expect
-        assert (schedule.plan.per_rank, schedule.plan.global_batch, schedule.steps) == \
+        assert (plan.batch.per_rank, plan.batch.global_batch, plan.steps) == \
             (4 * expect, 32 * expect, 512 // (32 * expect))
-        assert (noise.small, noise.big) == (4 * expect, 32 * expect)
-        assert schedule.lr(0) == pytest.approx(1e-3 * (4 * expect) ** 0.5)
+        assert (scaling.noise.small, scaling.noise.big) == (4 * expect, 32 * expect)
+        assert plan.lr(0) == pytest.approx(1e-3 * (4 * expect) ** 0.5)
 
 
 def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():

@@ -84,7 +84,7 @@ def test_the_batch_plan_of_each_policy():
     t = config_lib.demo().train  # a fixed global batch of 8 that may grow
     assert config_lib.batch_plan(t, 2) == config_lib.BatchPlan(4, 8, "global", 1.0, "none", 8)
     grown = config_lib.batch_plan(t, 16)
-    assert (grown.per_rank, grown.global_batch, grown.policy) == (1, 16, "grown")
+    assert (grown.per_rank, grown.global_batch, grown.kind) == (1, 16, "grown")
     assert grown.base == 8  # the lr was set for G, whatever the ranks' global batch
     assert grown.lr_scaling == "sqrt" and grown.lr_factor == pytest.approx(2 ** 0.5)
     gain = config_lib.batch_plan(dataclasses.replace(t, grown_lr_scaling="gain"), 16)

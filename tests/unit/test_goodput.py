@@ -129,7 +129,7 @@ def test_the_plan_of_a_chosen_batch():
     t = config_lib.default().train  # G = 8, grows, sqrt past it
     assert config_lib.batch_plan(t, 2, 4) == config_lib.batch_plan(t, 2)  # the config's own
     plan = config_lib.batch_plan(t, 2, 8)
-    assert (plan.per_rank, plan.global_batch, plan.policy, plan.fixed) == (8, 16, "chosen", 16)
+    assert (plan.per_rank, plan.global_batch, plan.kind, plan.cut_global) == (8, 16, "chosen", 16)
     assert plan.lr_factor == pytest.approx(math.sqrt(2)) and plan.lr_scaling == "sqrt"
     assert plan.base == 8
     per_rank = config_lib.TrainConfig(batch_size=2, lr_scaling="linear")

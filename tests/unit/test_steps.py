@@ -16,7 +16,7 @@ from distseg.core import rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
 from distseg.training import checkpoint, steps
-from distseg.training.loop import Schedule
+from distseg.training.plan import EpochPlan
 
 
 @pytest.mark.parametrize("scaling, size, want", [
@@ -34,7 +34,7 @@ def test_lr_warm_up_is_linear_then_flat():
 
 def test_schedule_from_the_config():
     t = dataclasses.replace(smoke().train, warmup_epochs=0.5)  # batch 4, linear scaling
-    sched = Schedule.of(t, train_samples=130, size=4)
+    sched = EpochPlan.of(t, train_samples=130, size=4)
     # 130 slices over 4 ranks: at most 33 per rank, in batches of 4 -> 9 steps;
     # half an epoch of warm-up rounds to 4 steps
     assert (sched.steps, sched.warmup_steps) == (9, 4)
@@ -44,11 +44,11 @@ def test_schedule_from_the_config():
 
 def test_a_chosen_batch_keeps_the_samples_of_an_epoch_and_its_shards_disjoint():
     t = dataclasses.replace(config_lib.default().train, max_steps_per_epoch=6)  # G = 8
-    at_config = Schedule.of(t, train_samples=200, size=2)
-    chosen = Schedule.of(t, train_samples=200, size=2, per_rank=8)
-    assert (at_config.plan.per_rank, at_config.steps) == (4, 6)
+    at_config = EpochPlan.of(t, train_samples=200, size=2)
+    chosen = EpochPlan.of(t, train_samples=200, size=2, per_rank=8)
+    assert (at_config.batch.per_rank, at_config.steps) == (4, 6)
     # 6 steps of 8 samples: 3 steps of 16 at the chosen batch
-    assert (chosen.plan.global_batch, chosen.steps) == (16, 3)
+    assert (chosen.batch.global_batch, chosen.steps) == (16, 3)
     assert chosen.static_batch(200, 2) == 8
     ids = np.arange(200)
     shards = [chosen.batches(ids, r, 2, 0, 0)[:chosen.steps] for r in (0, 1)]
@@ -61,7 +61,7 @@ def test_a_chosen_batch_keeps_the_samples_of_an_epoch_and_its_shards_disjoint():
     (100, 4, 4, 8)])
 def test_a_static_batch_is_claimed_only_when_every_batch_has_it(samples, size, batch, global_batch):
     t = dataclasses.replace(smoke().train, batch_size=batch, global_batch=global_batch)
-    sched = Schedule.of(t, train_samples=samples, size=size)
+    sched = EpochPlan.of(t, train_samples=samples, size=size)
     ids = np.arange(samples)
     sizes = {len(b) for r in range(size) for e in range(2)
              for b in sched.batches(ids, r, size, e, 0)[:sched.steps]}
@@ -219,10 +219,9 @@ def test_the_gain_rule_follows_the_measured_gain_and_warms_up_in_progress():
     import dataclasses
 
     from distseg.core import config as config_lib
-    from distseg.training import loop
     t = dataclasses.replace(config_lib.smoke().train, lr=1e-3, lr_scaling="gain",
                             warmup_epochs=1.0)
-    four = loop.Schedule.of(t, train_samples=64, size=4)  # b = 4, B = 16, base 4
+    four = EpochPlan.of(t, train_samples=64, size=4)  # b = 4, B = 16, base 4
     # One epoch of the base batch: 64 samples / 4 = 16 steps of progress.
     assert four.warmup_progress == 16.0 and four.lr_target == pytest.approx(2e-3)
     assert four.lr(0, gain=4.0, progress=0.0) == pytest.approx(1e-3)
@@ -230,7 +229,7 @@ def test_the_gain_rule_follows_the_measured_gain_and_warms_up_in_progress():
     assert four.lr(99, gain=4.0, progress=16.0) == pytest.approx(2e-3)  # x sqrt(4)
     assert four.lr(99, gain=2.25, progress=40.0) == pytest.approx(1.5e-3)  # x sqrt(2.25)
     # One rank: the batch the lr was set for, so no gain enters.
-    assert loop.Schedule.of(t, 64, 1).lr(5, gain=9.0, progress=100.0) == pytest.approx(1e-3)
+    assert EpochPlan.of(t, 64, 1).lr(5, gain=9.0, progress=100.0) == pytest.approx(1e-3)
     # The fixed rules ignore the gain.
-    linear = loop.Schedule.of(dataclasses.replace(t, lr_scaling="linear"), 64, 4)
+    linear = EpochPlan.of(dataclasses.replace(t, lr_scaling="linear"), 64, 4)
     assert linear.lr(99, gain=1.0, progress=0.0) == pytest.approx(4e-3)

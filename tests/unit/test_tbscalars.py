@@ -235,10 +235,10 @@ def test_a_board_that_cannot_write_warns_once_and_the_run_goes_on(monkeypatch, c
                         lambda obj: gathered.append(obj) or [obj, (0.5, 8, 2.0)])
     failing = _Failing()
     board = board_lib.Board(failing, size=2, start_time=START)
-    board.step({**STEP, "global_step": 0, "step_time": 0.25})
-    board.step({**STEP, "global_step": 1, "step_time": 0.75})
+    board.on_step({**STEP, "global_step": 0, "step_time": 0.25})
+    board.on_step({**STEP, "global_step": 1, "step_time": 0.75})
     assert board.writer is None and failing.closed
-    board.epoch({"epoch": 0, "t": 3.0, "samples": 8, "train_time": 1.5})
+    board.on_epoch_end({"epoch": 0, "t": 3.0, "samples": 8, "train_time": 1.5})
     # Still a part of the epoch's collective, with this rank's own step times.
     assert gathered == [(0.5, 8, 1.5)]
     err = capsys.readouterr().err

@@ -1,17 +1,18 @@
 """Back-end ``sim``: N data-parallel ranks emulated step for step in one process.
 
-Each rank's batch comes from the loop's own ``Schedule`` (parts of fixed global
+Each rank's batch comes from the loop's own epoch plan (``training.plan``: parts of fixed global
 batches, or ``distseg.data.sharding.shard_batches``), each rank has its own forward and
 backward pass and its own BatchNorm moving statistics, the gradients are averaged,
 the loop's Adam update applied (``steps.apply_adam``), the BatchNorm statistics
 averaged over ranks at each epoch end, and the learning rate is the loop's
-(``Schedule.lr``). It measures samples, not time, at a fraction of the cost of 8
+(``Scaling.lr``). It measures samples, not time, at a fraction of the cost of 8
 oversubscribed processes.
 
 A global batch grown past G can be emulated as fewer ranks of more slices each
 (``study.Emulated``: with GroupNorm and the global loss the same training up to float
 rounding), and under ``train.batch_policy`` goodput the per-rank batch is chosen at each
-epoch's end as the loop chooses it (``policy_step``), from given step times.
+epoch's end as the loop chooses it (``policy_step``), from given step times. The lr, the
+noise scale and the policy are the loop's own object (``training.scaling.Scaling``).
 
 A measuring copy is held to the real thing: ``tests/e2e/test_bench_stateff_parity.py``
 runs ``distseg-train`` at 1 and 2 ranks and this emulation on the same config, seed
@@ -141,26 +142,22 @@ class SimRanks:
         return dict(zip(self.cfg.model.class_names, dice))
 
 
-def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, clock: dict,
-              noise) -> list[dict]:
-    """One benchmark epoch of ``sim``, its gradient norms fed to ``noise`` (a
-    ``training.noise.NoiseScale``, as the loop feeds its own); ``clock`` holds the
-    global step and the gain-weighted progress, advanced as the loop advances its own
-    (the ``gain`` lr rule reads both); returns its ``step`` records, shaped like the
-    loop's."""
+def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[dict]:
+    """One benchmark epoch of ``sim`` under ``scaling`` (the loop's own
+    ``training.scaling.Scaling``: its plan's batches, its lr, fed each step's gradient
+    norms as the loop feeds it); ``clock`` holds the global step; returns its ``step``
+    records, shaped like the loop's."""
     t = sim.cfg.train
     images, masks, train_ids = loaded
+    plan = scaling.plan
     # The loop's own batches: parts of fixed global batches, or per-rank shards.
-    shards = [schedule.batches(train_ids, r, sim.ranks, epoch, t.seed) for r in range(sim.ranks)]
+    shards = [plan.batches(train_ids, r, sim.ranks, epoch, t.seed) for r in range(sim.ranks)]
     records = []
-    for k in range(schedule.steps):
+    for k in range(plan.steps):
         batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
-        big = schedule.plan.global_batch
-        lr = schedule.lr(clock["global_step"], noise.gain(big), clock["progress"])
+        lr = scaling.lr(clock["global_step"])
         loss, norms = sim.step(batches, lr)
-        noise.update(*norms)
-        if math.isfinite(loss):  # as the loop: an applied step adds its gain
-            clock["progress"] += noise.gain(big)
+        scaling.observe(norms, applied=math.isfinite(loss))  # as the loop: an applied step
         records.append({"type": "step", "epoch": epoch, "step": k,
                         "global_step": clock["global_step"], "loss": loss, "lr": lr,
                         "grad_sq": norms})
@@ -169,55 +166,25 @@ def sim_epoch(sim: SimRanks, schedule, loaded, epoch: int, clock: dict,
     return records
 
 
-def first_schedule(cfg, train_samples: int, ranks: int, emulated):
-    """The schedule the run starts with: the batch the config plans at ``emulated.ranks``
-    ranks (``study.Emulated``), each of the ``ranks`` sim ranks taking ``emulated.fold``
-    ranks' share (``Schedule.of``'s ``per_rank``, as the loop's goodput policy takes its
-    own; the config's own schedule where the fold is 1)."""
-    from distseg.core import config as config_lib
-    from distseg.training.loop import Schedule
-    per_rank = config_lib.batch_plan(cfg.train, emulated.ranks).per_rank * emulated.fold
-    return Schedule.of(cfg.train, train_samples, ranks, per_rank=per_rank)
+def policy_step(scaling, step_seconds: dict):
+    """The goodput policy at an epoch's end, as the loop takes it (``Scaling.decide`` and
+    ``take``) at the emulated ranks, the seconds of a step at each per-rank batch from
+    ``step_seconds`` (measured throughput, not this process's clock). Returns the
+    choice; on a switch ``scaling`` holds the new batch's plan and noise-scale sizes."""
+    choice = scaling.decide(step_seconds.get)
+    scaling.take(choice)
+    return choice
 
 
-def policy_step(cfg, schedule, noise, emulated, step_seconds: dict, train_samples: int):
-    """The goodput policy at an epoch's end, as ``loop.decide_batch`` / ``switch_batch``
-    take it at ``emulated.ranks`` ranks: ``goodput.choose`` over
-    ``goodput.candidates``, the seconds of a step at each per-rank batch from
-    ``step_seconds`` (measured throughput, not this process's clock), the noise scale's
-    preconditioned averages; on a switch the schedule of the new batch and the noise
-    scale resized to it. Returns (schedule, the choice). The warm-up is still counted
-    in steps, where the loop counts samples / B under the policy: right only for a
-    variant without warm-up, as ``gbatch-gn-goodput`` is."""
-    from distseg.core import goodput
-    from distseg.training.loop import Schedule
-    fold, plan = emulated.fold, schedule.plan
-    current = plan.per_rank // fold
-    avg = noise.averages["preconditioned"]
-    options = goodput.candidates(emulated.ranks, plan.base, cfg.train.max_batch_per_rank)
-    choice = goodput.choose(current, options, emulated.ranks, plan.base, step_seconds.get,
-                            avg.g2, avg.trace)
-    if choice.per_rank != current:
-        schedule = Schedule.of(cfg.train, train_samples, schedule_ranks(schedule),
-                               per_rank=choice.per_rank * fold)
-        noise.resize(schedule.plan.per_rank, schedule.plan.global_batch)
-    return schedule, choice
-
-
-def schedule_ranks(schedule) -> int:
-    """The sim ranks a schedule was made for (its global batch over its per-rank one)."""
-    return schedule.plan.global_batch // schedule.plan.per_rank
-
-
-def epoch_record(schedule, epoch: int, t: float, steps: list[dict], val_dice: dict, noise,
-                 fold: int) -> dict:
-    """The ``epoch`` record of one emulated epoch, shaped like the loop's, with the
-    per-rank batch of the ranks emulated (``per_rank``)."""
+def epoch_record(scaling, epoch: int, t: float, steps: list[dict], val_dice: dict,
+                 plan) -> dict:
+    """The ``epoch`` record of one emulated epoch of ``plan``, shaped like the loop's,
+    with the per-rank batch of the ranks emulated (``per_rank``)."""
     import numpy as np
     return {"type": "epoch", "epoch": epoch, "t": t,
-            "samples": schedule.steps * schedule.plan.per_rank,
+            "samples": plan.steps * plan.batch.per_rank,
             "train_loss": float(np.mean([s["loss"] for s in steps])), "val_dice": val_dice,
-            "noise_scale": noise.record(), "per_rank": schedule.plan.per_rank // fold}
+            "noise_scale": scaling.noise.record(), "per_rank": plan.batch.per_rank // scaling.fold}
 
 
 def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -> list[list[dict]]:
@@ -230,7 +197,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     import numpy as np
 
     from distseg.data import slices as data
-    from distseg.training.noise import NoiseScale
+    from distseg.training.scaling import Scaling
 
     from benchlib.stateff import curves
     from benchlib.stateff.study import Emulated
@@ -238,19 +205,17 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     info = data.examine(cfg.data.path)
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         images, masks = reader.read(np.arange(info.samples))
-    n_train, fold = len(info.train_indices), emulated.fold
-    schedule = first_schedule(cfg, n_train, ranks, emulated)
+    scaling = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
     sim, records, t0 = SimRanks(cfg, ranks), [], time.perf_counter()
-    clock = {"global_step": 0, "progress": 0.0}
+    clock = {"global_step": 0}
     val = (images[info.val_indices], masks[info.val_indices])
-    noise = NoiseScale(schedule.plan.per_rank, schedule.plan.global_batch, schedule.plan.base)
     for epoch in range(cfg.train.epochs):
-        steps = sim_epoch(sim, schedule, (images, masks, info.train_indices), epoch, clock,
-                          noise)
-        record = epoch_record(schedule, epoch, time.perf_counter() - t0, steps,
-                              sim.validate(*val), noise, fold)
-        if cfg.train.batch_policy == "goodput" and epoch + 1 < cfg.train.epochs:
-            schedule, choice = policy_step(cfg, schedule, noise, emulated, step_seconds, n_train)
+        plan = scaling.plan
+        steps = sim_epoch(sim, scaling, (images, masks, info.train_indices), epoch, clock)
+        record = epoch_record(scaling, epoch, time.perf_counter() - t0, steps,
+                              sim.validate(*val), plan)
+        if scaling.policy is not None and epoch + 1 < cfg.train.epochs:
+            choice = policy_step(scaling, step_seconds)
             record["batch_policy"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
                                       "goodput": {str(b): v for b, v in choice.goodput.items()}}
         records += steps + [record]

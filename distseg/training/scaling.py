@@ -1,0 +1,154 @@
+"""The training state that changes with progress: the epoch plan in force, the gradient
+noise scale's averages, the gain-weighted progress, the samples trained, the lr rule and
+the ``goodput`` batch policy.
+
+One object, ``Scaling``, that the loop asks for each step's lr and each epoch's batch,
+feeds with each step's gradient norms and time, and saves and restores with a checkpoint
+(``state()``/``restore()``). The benchmark's emulation drives the same object, so a
+change to the lr rule or the policy is made once. Plain Python: no TensorFlow, no
+Horovod; the loop does the collectives (rank 0 decides, every rank ``take``s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distseg.core import config as config_lib
+from distseg.core import goodput
+from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
+from distseg.training.noise import NoiseScale
+from distseg.training.plan import EpochPlan
+
+
+@dataclass
+class Scaling:
+    """The lr and batch of every step of one launch, and what they depend on.
+
+    Args:
+      train_cfg: the run's ``TrainConfig``.
+      train_samples: training samples in the data file.
+      ranks: ranks of this launch (the emulation's: processes it emulates).
+      fold: how many ranks each of ``ranks`` stands for (the benchmark's emulation of a
+        grown batch as fewer ranks of more slices; 1 in a real run). The policy chooses
+        per stood-for rank.
+    """
+
+    train_cfg: config_lib.TrainConfig
+    train_samples: int
+    ranks: int
+    plan: EpochPlan
+    noise: NoiseScale
+    policy: BatchPolicy | None = None
+    """The ``goodput`` batch policy (None: ``fixed``)."""
+    fold: int = 1
+    progress: float = 0.0
+    """Steps of the base batch trained, each step weighted by its gain: the ``gain``
+    rule's clock (AdaScale's scale-invariant iterations)."""
+    samples: int = 0
+    """Samples trained, all ranks: the warm-up's clock under the ``goodput`` policy."""
+    lr_now: float | None = None
+    """The lr of the latest step."""
+
+    @classmethod
+    def start(cls, train_cfg, train_samples: int, ranks: int, kept: dict | None = None,
+              fold: int = 1) -> "Scaling":
+        """The state a launch starts with, at the batch a checkpoint's ``kept``
+        ``state()`` was training under the policy (at the same number of ranks), else
+        at the config's; ``restore`` then continues the rest of ``kept``."""
+        per_rank = kept_per_rank(kept, ranks * fold)
+        if per_rank is None and fold > 1:
+            per_rank = config_lib.batch_plan(train_cfg, ranks * fold).per_rank
+        plan = EpochPlan.of(train_cfg, train_samples, ranks,
+                            None if per_rank is None else per_rank * fold)
+        batch = plan.batch
+        noise = NoiseScale(batch.per_rank, batch.global_batch, batch.base)
+        policy = None
+        if train_cfg.batch_policy == "goodput":
+            policy = BatchPolicy(ranks * fold, batch.base, train_cfg.max_batch_per_rank,
+                                 batch.per_rank // fold)
+        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold)
+
+    # --- each step -------------------------------------------------------------------
+
+    def lr(self, global_step: int) -> float:
+        """The lr of the step after ``global_step`` steps (kept as ``lr_now``)."""
+        # The warm-up's clock: steps of this batch, or, under the batch policy, samples
+        # in steps of this batch (the same warm-up in samples whatever batches came
+        # before).
+        big = self.plan.batch.global_batch
+        clock = global_step if self.policy is None else self.samples / big
+        self.lr_now = self.plan.lr(clock, self.noise.gain(big), self.progress)
+        return self.lr_now
+
+    def observe(self, grad_sq, applied: bool, seconds: float | None = None) -> None:
+        """One step: its squared gradient norms (``steps.StepResult.grad_sq``), whether
+        its update was applied (every rank skips a non-finite one), and its time for
+        the policy (None: not timed, e.g. a step that traced the train step)."""
+        big = self.plan.batch.global_batch
+        if applied:
+            self.noise.update(*grad_sq)
+            self.progress += self.noise.gain(big)
+        self.samples += big
+        if self.policy is not None and seconds is not None:
+            self.policy.observe(seconds)
+
+    # --- each epoch's end ------------------------------------------------------------
+
+    def decide(self, seconds=None) -> goodput.Choice | None:
+        """The policy's choice of the next epoch's per-rank batch from what this rank
+        measured (``seconds``: per-rank batch -> a step's seconds, instead of the
+        policy's own times); None without the policy. Rank 0's is the one every rank
+        takes."""
+        if self.policy is None:
+            return None
+        avg = self.noise.averages["preconditioned"]
+        return self.policy.decide(avg.g2, avg.trace, seconds)
+
+    def take(self, choice: goodput.Choice | None) -> bool:
+        """Adopts rank 0's ``choice``; on a new batch, the plan of that batch and the
+        noise scale resized to it. Returns whether the batch changed."""
+        if choice is None or not self.policy.take(choice):
+            return False
+        self.plan = EpochPlan.of(self.train_cfg, self.train_samples, self.ranks,
+                                 self.policy.per_rank * self.fold)
+        self.noise.resize(self.plan.batch.per_rank, self.plan.batch.global_batch)
+        return True
+
+    def epoch_fields(self, ran: int, choice: goodput.Choice | None) -> dict:
+        """What an ``epoch`` record holds of this state: the noise scale, the lr rule and,
+        under the policy, the per-rank batch the epoch ``ran`` and ``choice`` for the
+        next one."""
+        fields = {"noise_scale": self.noise.record(), "lr_rule": self.lr_rule()}
+        if self.policy is not None:
+            fields["batch_policy"] = self.policy.record(ran, choice)
+        return fields
+
+    def lr_rule(self) -> dict:
+        """The ``lr_rule`` field of an ``epoch`` record: the rule, the lr in force, the
+        gain of this run's global batch over the base batch, and the gain-weighted
+        progress."""
+        batch = self.plan.batch
+        return {"rule": batch.lr_scaling, "lr": self.lr_now,
+                "gain": self.noise.gain(batch.global_batch), "progress": self.progress,
+                "global_batch": batch.global_batch, "base_batch": batch.base}
+
+    # --- checkpoints -----------------------------------------------------------------
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (its ``scaling`` entry; ``restore`` reads it back)."""
+        return {"noise": self.noise.state(), "progress": self.progress,
+                "samples": self.samples, "global_batch": self.plan.batch.global_batch,
+                "policy": None if self.policy is None else self.policy.state()}
+
+    def restore(self, kept: dict | None, global_step: int = 0) -> None:
+        """Continues a checkpoint's ``state()``: the averages, progress and samples where
+        it trained the same global batch (a run of other ranks or batches: afresh), the
+        policy's state where the policy kept one. A checkpoint that kept no sample count
+        trained ``global_step`` steps of this batch."""
+        big = self.plan.batch.global_batch
+        if kept and kept.get("global_batch") == big:
+            self.noise.restore(kept.get("noise"))
+            self.progress = float(kept.get("progress", 0.0))
+            self.samples = int(kept.get("samples", global_step * big))
+        if kept and self.policy is not None:
+            self.policy.restore(kept.get("policy"))

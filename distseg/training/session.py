@@ -1,0 +1,97 @@
+"""What the epochs of one launch share (``Session``, built by ``loop.open_session``) and
+what one epoch measured on this rank (``EpochResult``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from distseg.core import config as config_lib
+from distseg.core.stopflag import StopFlag
+from distseg.data import feeds
+from distseg.parallel import distributed as dist
+from distseg.training import resume, stopping
+from distseg.training.parts import Console, Part
+from distseg.training.plan import PlannedBatches
+from distseg.training.runlog import RunLog
+from distseg.training.scaling import Scaling
+from distseg.training.steps import TrainSteps
+
+Failure = tuple[str, int]
+
+
+@dataclass
+class Session:
+    """The state the epochs of one launch share."""
+
+    cfg: config_lib.Config
+    ctx: dist.Context
+    feed: feeds.Feed
+    model: Any
+    optimizer: Any
+    synced: list
+    """What every rank holds identically: weights and optimizer state."""
+    reader: Any
+    """The feed's reader (``data.SliceReader`` or ``volumes.SlabReader``)."""
+    batches: PlannedBatches
+    train_steps: TrainSteps
+    eval_step: Any
+    predict: Any
+    """The compiled forward pass (sliding-window validation of volumes)."""
+    log: RunLog
+    t0: float
+    """``perf_counter`` at the agreed start; log times count from here."""
+    start_time: float
+    """Unix time of the agreed start on rank 0's clock, the same on every rank."""
+    stop: StopFlag
+    scaling: Scaling
+    """The lr, batch and noise scale: what changes with progress."""
+    console: Console
+    parts: tuple[Part, ...] = ()
+    """The observers, called in this order on every rank."""
+    watch: stopping.HangWatch | None = None
+    """Times this rank's collectives."""
+    resumed: resume.Resumed | None = None
+    start: tuple[int, int] = (0, 0)
+    """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
+    global_step: int = 0
+    epochs_done: int = 0
+    train_step: Any = None
+    """The train step traced for the batch in force."""
+    fresh: bool = True
+    """The next step traces the train step (not timed for the policy; longer watch)."""
+    elastic: Any | None = None
+    """An elastic run's state, committed after each epoch's checkpoint."""
+    link: dict | None = None
+    """The link between the ranks as measured at the start (``startup.measure_link``)."""
+
+    @property
+    def plan(self):
+        """The epoch plan in force (``scaling.plan``)."""
+        return self.scaling.plan
+
+    @property
+    def class_names(self) -> list[str]:
+        """The run's class names: the config's, which start-up filled from the data file
+        (``feeds.open_feed``), so the logs name the classes as config.json does."""
+        return list(self.cfg.model.class_names)
+
+
+@dataclass
+class EpochResult:
+    """What one epoch of training measured on this rank."""
+
+    epoch: int
+    start: float
+    seen: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    losses_local: list = field(default_factory=list)
+    failure: Failure | None = None
+    """This rank's first error, not yet raised: it rides on the next collective."""
+    skipped: int = 0
+    """Steps whose update every rank skipped (non-finite loss or gradient)."""
+    elapsed_before: float = 0.0
+    """Training seconds of this epoch spent by an earlier launch (resumed inside it)."""
+    weights: list = field(default_factory=list)
+    train_time: float = 0.0
+    epoch_time: float = 0.0
