@@ -60,12 +60,12 @@ def predict(inputs, run_dir, out, export_dir, **options):
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from distseg.inference import predict as predict_lib
-    from distseg.parallel import distributed
+    from distseg.parallel import agreement
     opts = predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), out=out or "", **options)
     if export_dir:
         from distseg.inference import export
-        lines = distributed.run_command(export.run, opts, export_dir)
+        lines = agreement.run_command(export.run, opts, export_dir)
     else:
-        lines = distributed.run_command(predict_lib.run, opts).lines
+        lines = agreement.run_command(predict_lib.run, opts).lines
     if lines:
         click.echo("\n".join(lines))

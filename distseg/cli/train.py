@@ -129,6 +129,6 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))
-    from distseg.parallel import distributed
+    from distseg.parallel import agreement
     from distseg.training import loop as train_lib
-    distributed.run_command(train_lib.run, cfg, resuming=resume)
+    agreement.run_command(train_lib.run, cfg, resuming=resume)

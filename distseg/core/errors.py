@@ -44,7 +44,7 @@ class InputError(DistsegError, ValueError):
 
 
 class RunError(DistsegError):
-    """A problem every rank of a run agreed on (``distributed.agree``): each rank raises
+    """A problem every rank of a run agreed on (``agreement.agree``): each rank raises
     the same message and exit code, so none waits alone in a collective."""
 
 

@@ -16,7 +16,8 @@ of the best, median and worst cases are drawn by the rank that predicted them
 
 Scans are dealt to ranks by voxel count (``sliding.shard_cases``, as 3D validation
 deals its volumes); Horovod is used only through ``distseg.parallel.distributed`` for
-rank, size and agreement, so a bad input stops every rank with the same line.
+rank and size, and the ranks agree through ``distseg.parallel.agreement``, so a bad input
+stops every rank with the same line.
 """
 
 from __future__ import annotations
@@ -444,13 +445,13 @@ def make_out_dir(opts: Options) -> None:
 def start(opts: Options):
     """Every check before the first prediction, agreed by all ranks: the run's config,
     the training data, the scans (and their voxel counts), the network."""
-    from distseg.parallel import distributed as dist
-    cfg = dist.agree(run_config, opts.run_dir)
-    known = dist.agree(training_data, cfg, opts)
-    scans = dist.agree(collect_scans, opts.inputs, known.cases, opts.subset, opts.labels)
-    sizes = dist.agree(lambda: [check_scan(s, known.prep, opts.run_dir) for s in scans])
-    dist.agree(make_out_dir, opts)
-    net = dist.agree(network, cfg, opts, known.path)
+    from distseg.parallel import agreement
+    cfg = agreement.agree(run_config, opts.run_dir)
+    known = agreement.agree(training_data, cfg, opts)
+    scans = agreement.agree(collect_scans, opts.inputs, known.cases, opts.subset, opts.labels)
+    sizes = agreement.agree(lambda: [check_scan(s, known.prep, opts.run_dir) for s in scans])
+    agreement.agree(make_out_dir, opts)
+    net = agreement.agree(network, cfg, opts, known.path)
     return cfg, known, scans, sizes, net
 
 
@@ -464,14 +465,14 @@ def predict_mine(scans: list[Scan], prep: Preprocessing, net: Network, cfg, opts
                  ctx) -> tuple[list, tuple | None]:
     """This rank's scans; stops at the first failure and returns it (message, code)
     instead of raising, so that every rank reaches the agreement after the loop."""
-    from distseg.parallel import distributed as dist
+    from distseg.parallel import agreement
     results, failure = [], None
     with _progress(len(scans), opts.progress and ctx.is_root()) as bar:
         for scan in scans:
             try:
                 result = predict_scan(scan, prep, net, opts, cfg.model.num_classes)
             except Exception as e:  # noqa: BLE001 - shared with every rank, then raised
-                failure = dist.failure_of(e)
+                failure = agreement.failure_of(e)
                 break
             result.rank = ctx.rank
             results.append(result)
@@ -485,8 +486,8 @@ def run(opts: Options) -> Outcome:
     Raises:
       RunError / InputError: one line, the same on every rank (exit 2 for bad input).
     """
+    from distseg.parallel import agreement, threads
     from distseg.parallel import distributed as dist
-    from distseg.parallel import threads
     ctx = dist.init()
     # Training's thread rule (OMP_NUM_THREADS, else this rank's cores), not the run's
     # flags: those were chosen for the machine it trained on.
@@ -494,10 +495,10 @@ def run(opts: Options) -> Outcome:
     cfg, known, scans, sizes, net = start(opts)
     results, failure = predict_mine(mine(scans, sizes, ctx.rank, ctx.size), known.prep, net,
                                     cfg, opts, ctx)
-    dist.raise_agreed(failure)
+    agreement.raise_agreed(failure)
     everyone = sorted((r for part in dist.allgather_object(results) for r in part),
                       key=lambda r: r.name)
-    drawn = dist.agree(_draw_mine, everyone, scans, known, opts, ctx)
+    drawn = agreement.agree(_draw_mine, everyone, scans, known, opts, ctx)
     overlays = sorted(p for part in dist.allgather_object(drawn) for p in part)
     outcome = Outcome(results=everyone, overlays=overlays)
     if ctx.is_root():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from distseg.core import config as config_lib
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import checkpoint, resume, startup
 
@@ -45,7 +46,7 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     ``train`` (``loop.launch``) with the learning rate and shards of the current number
     of ranks."""
     ctx = dist.context()
-    feed = dist.agree(startup.check_inputs, cfg, ctx)
+    feed = agreement.agree(startup.check_inputs, cfg, ctx)
     resumed = start(elastic, cfg, ctx, resuming, state)
     return train(cfg, ctx, feed, state, resumed, threads, elastic=elastic)
 

@@ -11,7 +11,7 @@ start-up (``startup``), ``open_session``, then per epoch ``train_epoch`` ->
 batch policy's switch -> ``close_epoch``. What changes with progress (the lr, the
 batch, the noise scale) is ``Session.scaling`` (``scaling.Scaling``); the batches
 come from the epoch plan (``plan``). Every piece that can fail on one rank alone goes
-through ``distributed.agree`` (or rides in a step's allreduce), so all ranks stop
+through ``agreement.agree`` (or rides in a step's allreduce), so all ranks stop
 together with the same message.
 """
 
@@ -30,6 +30,7 @@ from distseg.core import rundir
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import board as board_lib
@@ -82,8 +83,8 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
     model, optimizer, synced = state
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     scaling, done = start_scaling(cfg, ctx, feed, resumed, start)
-    reader = resources.enter_context(dist.agree(feed.open_reader))
-    log = resources.enter_context(dist.agree(RunLog, cfg.run_dir, ctx.rank))
+    reader = resources.enter_context(agreement.agree(feed.open_reader))
+    log = resources.enter_context(agreement.agree(RunLog, cfg.run_dir, ctx.rank))
     measured = startup.measure_link(ctx)
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
@@ -126,7 +127,7 @@ def _next_batch(s: Session, result: EpochResult):
     try:
         return s.batches.next()
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
-        result.failure = result.failure or dist.failure_of(e)
+        result.failure = result.failure or agreement.failure_of(e)
         shape = tuple(s.feed.input_shape)
         n = s.plan.batch.per_rank  # the size the step was traced for
         return (np.zeros(0, np.int64), np.zeros((n, *shape, 1), np.float32),
@@ -168,7 +169,7 @@ def log_step(s: Session, result: EpochResult, fields: dict) -> None:
     try:
         record = s.log.write("step", **fields)
     except OSError as e:
-        result.failure = result.failure or dist.failure_of(e)
+        result.failure = result.failure or agreement.failure_of(e)
         record = {"type": "step", **fields}
     for part in s.parts:
         part.on_step(record)
@@ -185,7 +186,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     s.fresh = False
     failed, stop, nonfinite = steps.Flags.of(out.flags)
     if failed:
-        dist.raise_agreed(result.failure)
+        agreement.raise_agreed(result.failure)
     loss_local, loss, grad_sq = float(out.loss_local), float(out.loss), [float(g) for g in out.grad_sq]
     now = time.perf_counter()
     s.scaling.observe(grad_sq, applied=not nonfinite, seconds=None if first else now - step_start)
@@ -270,7 +271,7 @@ def _shard_scores(s: Session) -> tuple[validation.Scores, Failure | None]:
         return validation.score(s.feed, s.reader, s.eval_step, s.predict, s.ctx.rank,
                                 s.ctx.size), None
     except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
-        return validation.Scores.empty(s.cfg.model.num_classes), dist.failure_of(e)
+        return validation.Scores.empty(s.cfg.model.num_classes), agreement.failure_of(e)
 
 
 def validate(s: Session) -> dict:
@@ -283,7 +284,7 @@ def validate(s: Session) -> dict:
     total = dist.allreduce(mine.packed(failure is not None), op="sum")
     totals = validation.Totals.unpack(total, s.cfg.model.num_classes)
     if totals.failed:
-        dist.raise_agreed(failure)
+        agreement.raise_agreed(failure)
     return validation.record(mine, totals, s.class_names, s.cfg.train.loss)
 
 
@@ -327,7 +328,7 @@ def train_epochs(s: Session) -> int:
         val = validate(s)
         result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
         choice = decide_batch(s) if epoch + 1 < epochs else None
-        record = dist.agree(records.epoch_record, s, result, val, choice)
+        record = agreement.agree(records.epoch_record, s, result, val, choice)
         s.epochs_done = epoch + 1
         for part in s.parts:  # TensorBoard's is a collective: every rank, in order
             part.on_epoch_end(record)
@@ -375,7 +376,7 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
         elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
         return dist.run_elastic(elastic_lib.launch, elastic, launch, cfg, resuming, state,
                                 threads)
-    feed = dist.agree(startup.check_inputs, cfg, ctx)
+    feed = agreement.agree(startup.check_inputs, cfg, ctx)
     cfg = feed.cfg  # with the data file's classes: what is built, trained and saved
     state, resumed = startup.start_state(cfg, ctx, feed, resuming)
     return launch(cfg, ctx, feed, state, resumed, threads)

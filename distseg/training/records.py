@@ -14,6 +14,7 @@ import numpy as np
 
 from distseg.core import rundir, schema
 from distseg.core.errors import Interrupted, RunError
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import steps, stopping
 from distseg.training.session import EpochResult, Session
@@ -25,7 +26,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
     run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if ctx.is_root() else None)
     versions = dist.versions()
     params = int(sum(int(np.prod(v.shape)) for v in s.model.trainable_variables))
-    dist.agree(
+    agreement.agree(
         s.log.write, "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size,
         local_rank=ctx.local_rank, local_size=ctx.local_size, host=versions["host"],
         pid=os.getpid(), run_id=run_id, start_time=s.start_time, versions=versions,
@@ -49,10 +50,10 @@ def write_resume_record(s: Session) -> None:
     """Collective: the ``resume`` record that opens a resumed launch's lines; rank 0 says
     where it resumes from."""
     r = s.resumed
-    dist.agree(s.log.write, "resume", from_epoch=s.start[0], from_step=s.start[1],
-               global_step=s.global_step, checkpoint=r.manifest, size_before=r.position.size,
-               size=s.ctx.size, warnings=r.warnings,
-               **({"elastic": r.elastic} if r.elastic else {}))
+    agreement.agree(s.log.write, "resume", from_epoch=s.start[0], from_step=s.start[1],
+                    global_step=s.global_step, checkpoint=r.manifest,
+                    size_before=r.position.size, size=s.ctx.size, warnings=r.warnings,
+                    **({"elastic": r.elastic} if r.elastic else {}))
     for w in r.warnings:
         s.console.say(f"warning: {w}")
     where = r.manifest or f"the elastic state ({r.elastic})"
@@ -62,8 +63,8 @@ def write_resume_record(s: Session) -> None:
 
 def epoch_record(s: Session, result: EpochResult, val: dict, choice=None) -> dict:
     """This rank's ``epoch`` record (with the batch policy's ``choice`` for the next
-    epoch), returned as written; run under ``dist.agree``: a full disk on one rank stops
-    every rank with the same message."""
+    epoch), returned as written; run under ``agreement.agree``: a full disk on one rank
+    stops every rank with the same message."""
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)

@@ -14,6 +14,7 @@ import numpy as np
 
 from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import checkpoint
 
@@ -38,9 +39,9 @@ def save(ctx, run_dir: str, position: checkpoint.Position, model, optimizer,
     rank with rank 0's line and exit 1."""
     everyone = dist.allgather_object(mine)
     if ctx.is_root():
-        dist.agree(checkpoint.save, run_dir, position, model, optimizer, everyone, keep)
+        agreement.agree(checkpoint.save, run_dir, position, model, optimizer, everyone, keep)
     else:
-        dist.agree(lambda: None)
+        agreement.agree(lambda: None)
 
 
 @dataclass
@@ -91,8 +92,8 @@ def _load_on_root(run_dir: str, size: int, model, optimizer):
 def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
     """Collective: loads the newest whole checkpoint on rank 0 (checksums verified,
     falling back past damaged ones) and gives it to every rank."""
-    loaded = dist.agree(_load_on_root, run_dir, ctx.size, model, optimizer) \
-        if ctx.is_root() else dist.agree(lambda: None)
+    loaded = agreement.agree(_load_on_root, run_dir, ctx.size, model, optimizer) \
+        if ctx.is_root() else agreement.agree(lambda: None)
     # Horovod (in distributed): every rank takes rank 0's weights and optimizer state.
     dist.broadcast_variables(synced, root=0)
     position, manifest, warnings, states = dist.broadcast_object(loaded)
@@ -100,7 +101,7 @@ def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
     if position.size == ctx.size:
         # The same ranks: each takes back its own statistics, seeds and partial epoch.
         carried = states[ctx.rank]
-        dist.agree(checkpoint.assign_local, manifest, local_variables(model), carried.local)
+        agreement.agree(checkpoint.assign_local, manifest, local_variables(model), carried.local)
     return Resumed(position=position, manifest=manifest, warnings=warnings, carried=carried)
 
 

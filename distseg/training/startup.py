@@ -2,8 +2,8 @@
 directory, then the model and optimizer every rank holds identically, and the link
 between the ranks as they measure it.
 
-Every piece that can fail on one rank alone is called through ``distributed.agree``,
-so all ranks stop together with the same message.
+Every piece that can fail on one rank alone is called through ``agreement.agree``, so
+all ranks stop together with the same message.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from distseg.core import config as config_lib
 from distseg.core import link, rundir
 from distseg.core.errors import RunError
 from distseg.data import feeds
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import checkpoint, resume
 
@@ -57,9 +58,9 @@ def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -
     rank may create logs/ before rank 0 has looked for a previous run there (a fast
     rank 1 once made rank 0 refuse a fresh directory)."""
     if not resuming:
-        dist.agree(_refuse_existing_run, cfg.run_dir, ctx)
-    dist.agree(_probe_writable, cfg.run_dir, ctx)
-    dist.agree(_write_config, cfg, ctx)
+        agreement.agree(_refuse_existing_run, cfg.run_dir, ctx)
+    agreement.agree(_probe_writable, cfg.run_dir, ctx)
+    agreement.agree(_write_config, cfg, ctx)
 
 
 def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcast: bool = True):

@@ -18,6 +18,7 @@ import numpy as np
 
 from distseg.core import goodput
 from distseg.core.errors import RunError
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 
 
@@ -402,7 +403,7 @@ def check_weights(where: str, variables) -> list[float]:
     """Collective: raises the same ``RunError`` on every rank if any rank's weights
     differ from rank 0's; returns this rank's checksum."""
     mine = weight_checksum(variables)
-    diverged = dist.find_divergence(mine)
+    diverged = agreement.find_divergence(mine)
     if diverged:
         r, other, ref, rel = diverged
         raise RunError(f"ranks diverged {where}: rank {r}'s weight checksum {other} differs "

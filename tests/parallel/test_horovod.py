@@ -16,6 +16,7 @@ from distseg.core import rundir, schema
 from distseg.core.errors import RunError
 from distseg.data import sharding, synth
 from distseg.data import slices as data
+from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import steps
 
@@ -36,10 +37,10 @@ def test_collectives(ctx):
 def test_an_error_on_one_rank_is_the_same_error_on_all(ctx):
     last = ctx.size - 1
     mine = "data.h5: missing dataset 'masks'" if ctx.rank == last else None
-    one = dist.first_error(mine, code=2)
-    none = dist.first_error(None)
+    one = agreement.first_error(mine, code=2)
+    none = agreement.first_error(None)
     # two ranks fail: the lowest rank's message, the highest exit code
-    two = dist.first_error(f"error on rank {ctx.rank}", code=1 + ctx.rank)
+    two = agreement.first_error(f"error on rank {ctx.rank}", code=1 + ctx.rank)
     everyone = dist.allgather_object((one, none, two))
     assert everyone == [(
         (f"data.h5: missing dataset 'masks' [rank {last}]", 2), None,
@@ -57,19 +58,19 @@ def test_any_exception_on_one_rank_fails_every_rank(ctx):
     """Not only the expected error types: a KeyError on one rank must not leave the
     others waiting in the next collective."""
     try:
-        dist.agree(_fails_on_last_rank, ctx.rank, ctx.size)
+        agreement.agree(_fails_on_last_rank, ctx.rank, ctx.size)
         raised = None
     except RunError as e:
         raised = (str(e), e.exit_code)
-    passed = dist.agree(lambda: ctx.rank)
+    passed = agreement.agree(lambda: ctx.rank)
     everyone = dist.allgather_object((raised, passed))
     assert everyone == [((f"KeyError: 'spacing' [rank {ctx.size - 1}]", 1), r)
                         for r in range(ctx.size)]
 
 
 def test_divergence_is_found_on_every_rank(ctx):
-    same = dist.find_divergence([1.0, 2.0])
-    found = dist.find_divergence([1.0, 2.0 + ctx.rank])
+    same = agreement.find_divergence([1.0, 2.0])
+    found = agreement.find_divergence([1.0, 2.0 + ctx.rank])
     everyone = dist.allgather_object((same, found[0] if found else None))
     assert everyone == [(None, 1)] * ctx.size
 
@@ -92,22 +93,22 @@ def test_broadcast_and_averaged_gradients_keep_ranks_identical(ctx):
     opt = keras.optimizers.SGD(learning_rate=0.5)
     opt.build(model.trainable_variables)
     trained = model.trainable_variables  # BatchNorm statistics stay local until epoch end
-    before = dist.find_divergence(steps.weight_checksum(trained))
+    before = agreement.find_divergence(steps.weight_checksum(trained))
 
     dist.broadcast_variables(model.weights + opt.variables)
-    after_broadcast = dist.find_divergence(steps.weight_checksum(model.weights))
+    after_broadcast = agreement.find_divergence(steps.weight_checksum(model.weights))
 
     images, masks = _different_rank_data(ctx)
     train_step = steps.make_train_step(model, opt, (16, 16), 3, "dice", ranks=ctx.size)
     results = [train_step(images, masks, np.zeros(2, np.float32)) for _ in range(4)]
-    after_training = dist.find_divergence(steps.weight_checksum(trained), rtol=1e-9)
+    after_training = agreement.find_divergence(steps.weight_checksum(trained), rtol=1e-9)
     local_losses = dist.allgather_object(float(results[0].loss_local))
     global_losses = dist.allgather_object(float(results[0].loss))
 
     # Control: one step on the local gradients alone makes the ranks drift apart, so
     # the check above can fail.
     local_step(model, opt, images, masks)
-    after_local = dist.find_divergence(steps.weight_checksum(trained))
+    after_local = agreement.find_divergence(steps.weight_checksum(trained))
 
     assert before is not None, "ranks should start different"
     assert after_broadcast is None and after_training is None
@@ -142,7 +143,7 @@ def test_fp16_compression_rounds_the_gradients_and_keeps_the_extras_exact(ctx):
                           want.astype(np.float32))
     assert np.array_equal(rounded_extra[0].numpy(), exact_extra[0].numpy())
     assert exact_extra[0].numpy()[2] == np.float32(1e6 + (ctx.size - 1) / 2)
-    assert dist.find_divergence([float(np.sum(got)), float(np.sum(got ** 2))], rtol=0) is None
+    assert agreement.find_divergence([float(np.sum(got)), float(np.sum(got ** 2))], rtol=0) is None
 
 
 def test_flags_and_a_non_finite_gradient_reach_every_rank(ctx):
