@@ -26,7 +26,7 @@ import pandas as pd
 from analysis.document import Note
 from analysis.logfile import RankLog, dict_field, number, read_rank_log
 from analysis.reduce import CurveSpec, RankCurve, reduce_curve, sample_runs, step_stats
-from distseg.core import commtrace
+from distseg.core import timeline
 
 
 def placed_steps(steps: pd.DataFrame, path: str) -> tuple[pd.DataFrame, list[Note]]:
@@ -101,8 +101,8 @@ def noise_columns(rec: dict) -> dict[str, Any]:
 
 
 #: The ``comm`` fields of an epoch record read into ``comm_*`` columns: the steps
-#: traced and ``distseg.core.commtrace.MEDIANS``.
-COMM_FIELDS = ("steps", *commtrace.MEDIANS)
+#: traced and ``distseg.core.timeline.MEDIANS``.
+COMM_FIELDS = ("steps", *timeline.MEDIANS)
 
 
 def comm_columns(rec: dict) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import tempfile
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from distseg.core import commtrace, link, rundir  # noqa: E402
+from distseg.core import link, rundir, timeline  # noqa: E402
 
 from benchlib import machine, netns  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
@@ -103,16 +103,17 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
         train = [sys.executable, "-m", "benchlib.train_variant", "--step", step, "--",
                  *train[1:]]
     ranks = 1 if variant == "1proc" else 2
-    trace = os.path.join(work, os.path.basename(run_dir) + "-timeline.json")
+    timeline_file = os.path.join(work, os.path.basename(run_dir) + "-timeline.json")
     if args.timeline:
-        settings = {**settings, "HOROVOD_TIMELINE": trace}
+        settings = {**settings, "HOROVOD_TIMELINE": timeline_file}
     cmd = (netns.on_host(hosts[0], train) if ranks == 1
            else netns.mpirun_command(hosts, agent, train, exports=("PYTHONPATH",),
                                      settings=settings))
     before = machine.cpu_counters()
     _run(cmd, args.timeout)
     steal = machine.steal_fraction(before, machine.cpu_counters())
-    parts = commtrace.breakdown(trace) if ranks > 1 and os.path.exists(trace) else {}
+    parts = (timeline.breakdown(timeline_file) if ranks > 1 and os.path.exists(timeline_file)
+             else {})
     with open(rundir.log_path(run_dir, 0)) as f:
         record = json.loads(f.readline())
     return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),

@@ -46,7 +46,7 @@ TEMPORARY = ".tmp."
 JOB_FILE = "job.txt"
 #: ``RUN/tensorboard``: rank 0's live TensorBoard scalars (``training.board``).
 TENSORBOARD_DIR = "tensorboard"
-#: A traced epoch's Horovod timeline (``training.parts.Timeline``), by epoch.
+#: An epoch's Horovod timeline (``training.parts.Timeline``), by epoch.
 TIMELINE_FILE = "comm-timeline-e{epoch}.json"
 #: What shows a directory already holds a run (``existing_run``).
 RUN_MARKERS = (CONFIG_FILE, LOG_DIR)

@@ -23,7 +23,7 @@ Tags (``TAGS`` lists them with what they hold):
 * per epoch, from rank 0's ``epoch`` record: ``epoch/epoch``, ``epoch/train_loss``,
   ``epoch/val_loss``, ``epoch/val_dice/CLASS``, ``epoch/epoch_time``,
   ``epoch/train_time``, ``noise/*``, ``lr_rule/*``, ``batch_policy/*``, ``comm/*`` (the
-  traced epoch's);
+  timeline's epoch);
 * per epoch, from every rank's step times and epoch record (``balance_scalars``):
   ``ranks/slowest_step_time``, ``ranks/slowest_rank``, ``ranks/imbalance_ratio``,
   ``epoch/samples_per_s``.
@@ -36,7 +36,7 @@ import os
 import re
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from distseg.core import commtrace, ranktime
+from distseg.core import ranktime, timeline
 
 #: What each tag holds (``CLASS`` and ``B`` stand for a class name and a per-rank batch).
 TAGS: dict[str, str] = {
@@ -72,10 +72,10 @@ TAGS: dict[str, str] = {
     "batch_policy/predicted_gain": "goodput policy: predicted goodput of the choice over "
                                    "the batch in force",
     "batch_policy/goodput/B": "goodput policy: predicted goodput of per-rank batch B",
-    "comm/gradient_s": "traced epoch: the gradients' allreduce per step (median)",
-    "comm/gradient_wait_s": "traced epoch: the wait for the last rank before it",
-    "comm/small_s": "traced epoch: the global loss's small allreduce per step (median)",
-    "comm/small_wait_s": "traced epoch: the wait before the global loss's allreduce",
+    "comm/gradient_s": "timeline's epoch: the gradients' allreduce per step (median)",
+    "comm/gradient_wait_s": "timeline's epoch: the wait for the last rank before it",
+    "comm/small_s": "timeline's epoch: the global loss's small allreduce per step (median)",
+    "comm/small_wait_s": "timeline's epoch: the wait before the global loss's allreduce",
 }
 
 _NOISE = ("b_simple", "b_simple_raw", "g2", "trace")
@@ -205,7 +205,7 @@ def epoch_scalars(record: Mapping[str, Any], step: int, start_time: float | None
              *((f"noise/{k}", noise.get(k)) for k in _NOISE),
              *((f"lr_rule/{k}", rule.get(k)) for k in _LR_RULE),
              *_policy_pairs(_dict(record, "batch_policy")),
-             *((f"comm/{k}", _dict(record, "comm").get(k)) for k in commtrace.MEDIANS)]
+             *((f"comm/{k}", _dict(record, "comm").get(k)) for k in timeline.MEDIANS)]
     return _scalars(pairs, step, wall_time(record, start_time))
 
 

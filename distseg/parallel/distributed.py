@@ -39,7 +39,7 @@ HOROVOD_DEFAULTS = {
     "HOROVOD_CACHE_CAPACITY": "1024",
     # Warn, not hang silently, when a rank falls behind.
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",
-    # A timeline that ``start_timeline`` can switch on for a few steps (the loop traces
+    # A timeline that ``start_timeline`` can switch on for a few steps (the loop records
     # each launch's second epoch); nothing is written while it is off.
     "HOROVOD_TIMELINE": "DYNAMIC",
 }

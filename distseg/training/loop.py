@@ -58,7 +58,7 @@ def start_scaling(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
 
 def open_parts(s: Session, resources: contextlib.ExitStack) -> tuple:
     """The observers, in the order every rank calls them: the timeline (it stops
-    Horovod's trace after a step), TensorBoard (its epoch end is a collective), the
+    Horovod's timeline after a step), TensorBoard (its epoch end is a collective), the
     console."""
     board = board_lib.open_board(s.cfg.run_dir, s.ctx, s.global_step, s.start_time,
                                  s.cfg.train.tensorboard, resources)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from distseg.core import commtrace, rundir
+from distseg.core import rundir, timeline
 from distseg.parallel import distributed as dist
 
 
@@ -43,7 +43,7 @@ class Part:
 
 
 class Timeline(Part):
-    """Horovod's timeline over the first ``commtrace.TRACE_STEPS`` steps of a launch's
+    """Horovod's timeline over the first ``timeline.TIMELINE_STEPS`` steps of a launch's
     second epoch (the first traces the step function) on 2 or more ranks: rank 0 reads
     it into the epoch's ``comm`` field (where the steps' time went). Nothing where
     ``HOROVOD_TIMELINE`` is not ``DYNAMIC`` (``dist.start_timeline``). The same
@@ -58,7 +58,7 @@ class Timeline(Part):
 
     def on_epoch_start(self, epoch: int, steps: int) -> None:
         self.path, self.comm, self.seen = None, None, 0
-        self.steps = min(commtrace.TRACE_STEPS, steps)
+        self.steps = min(timeline.TIMELINE_STEPS, steps)
         if self.ctx.size < 2 or epoch != self.epoch or self.steps <= 0:
             return
         path = rundir.timeline_path(self.run_dir, epoch)
@@ -74,7 +74,7 @@ class Timeline(Part):
     def on_epoch_trained(self) -> None:
         # After the epoch's training time is taken: parsing it is not training.
         if self.path is not None and self.ctx.is_root():
-            self.comm = commtrace.record(self.path, self.steps)
+            self.comm = timeline.record(self.path, self.steps)
 
     def epoch_fields(self) -> dict:
         return {} if self.comm is None else {"comm": self.comm}

@@ -169,15 +169,15 @@ def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
 
 
 
-def test_the_traced_epoch_logs_where_the_steps_time_went(hosts, tmp_path):
-    """Rank 0 traces the first steps of the second epoch (Horovod's dynamic timeline)
+def test_the_timeline_epoch_logs_where_the_steps_time_went(hosts, tmp_path):
+    """Rank 0 records the first steps of the second epoch in Horovod's dynamic timeline
     and logs ``comm``: one gradient allreduce and one small one (the global loss's Dice
     sums) per step, the gradients' taking about what the link measured at the start
     gives for the demo U-Net's 7.8 MB at 1 Gbit/s (0.8x here on 2026-11-26: TCP reaches
     more of the rate with 7.8 MB than the probe's fit of 4 KiB-16 MiB reads)."""
     data = str(tmp_path / "tiny.h5")
     synth.make_dataset(data, cases=4, size=32, seed=0, slices_per_case=16)
-    run_dir = tmp_path / "np2-traced"
+    run_dir = tmp_path / "np2-timeline"
     try:
         netns.shape(HOSTS, "1gbit")
         out = _mpirun(hosts, [f"{BIN}/distseg-train", "--preset", "demo", "--image-size", "32",
@@ -195,6 +195,6 @@ def test_the_traced_epoch_logs_where_the_steps_time_went(hosts, tmp_path):
     assert (run_dir / comm["file"]).is_file()
     link = logs[0][0]["link"]
     modelled = 2 * (2 - 1) / 2 * 4 * logs[0][0]["model"]["params"] * 8 / (link["bandwidth_gbps"] * 1e9)
-    print(f"\ntraced {comm}; modelled allreduce {modelled:.3f} s")
+    print(f"\ntimeline {comm}; modelled allreduce {modelled:.3f} s")
     assert 0.5 * modelled <= comm["gradient_s"] <= 2.0 * modelled, (comm, modelled)
     assert comm["gradient_wait_s"] >= 0 and comm["small_wait_s"] >= 0

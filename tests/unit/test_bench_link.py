@@ -1,5 +1,5 @@
 """The arithmetic of benchmarks/bench_link.py: the step breakdown (from the timeline
-medians ``distseg.core.commtrace`` reads, tests/unit/test_commtrace.py) and the CPU
+medians ``distseg.core.timeline`` reads, tests/unit/test_timeline.py) and the CPU
 steal read from ``/proc/stat`` (``benchlib.machine``)."""
 
 from __future__ import annotations

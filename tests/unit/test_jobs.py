@@ -159,7 +159,7 @@ def test_rendered_script_exports_the_horovod_defaults_of_distseg(tmp_path, parti
 
     assert exported(0) == EXPECTED_ENV
     assert EXPECTED_ENV["HOROVOD_FUSION_THRESHOLD"] == str(128 * 1024 * 1024)
-    # A value set by the submitting shell wins; --timeline adds the trace file.
+    # A value set by the submitting shell wins; --timeline adds the timeline file.
     assert exported(1, HOROVOD_CYCLE_TIME="5") == {
         **EXPECTED_ENV, "HOROVOD_CYCLE_TIME": "5", "HOROVOD_TIMELINE": "/runs/r/horovod-timeline.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "1"}

@@ -6,13 +6,13 @@ logs what this module reads from it in that epoch's record, ``comm``; the file s
 the run directory (``rundir.timeline_path``, ``comm-timeline-e<epoch>.json``: open it in
 Perfetto or chrome://tracing). ``benchmarks/bench_link.py`` reads whole-run timelines with it too.
 
-Rank 0, Horovod's coordinator, writes one Chrome-trace process per tensor: a
-``NEGOTIATE_ALLREDUCE`` span from the first rank's request for the tensor to the last
-rank's (for a grouped allreduce, whose tensors are all requested at once, the time the
-first rank waited for the other), then an ``ALLREDUCE`` span: the copies into and out of
-the fusion buffer and the wire time (``MPI_ALLREDUCE`` or ``GLOO_ALLREDUCE``) inside it.
-The tensors fused into one buffer share one such collective: their spans overlap, and
-``fused_ops`` merges them.
+Rank 0, Horovod's coordinator, writes one process per tensor, in Chrome's JSON event
+format: a ``NEGOTIATE_ALLREDUCE`` span from the first rank's request for the tensor to
+the last rank's (for a grouped allreduce, whose tensors are all requested at once, the
+time the first rank waited for the other), then an ``ALLREDUCE`` span: the copies into
+and out of the fusion buffer and the wire time (``MPI_ALLREDUCE`` or
+``GLOO_ALLREDUCE``) inside it. The tensors fused into one buffer share one such
+collective: their spans overlap, and ``fused_ops`` merges them.
 
 distseg's step makes two allreduces: the forward pass's Dice sums (a few floats) and the
 grouped gradients (every trainable variable, plus the flags and norms). ``breakdown``
@@ -31,8 +31,8 @@ OP = "ALLREDUCE"
 NEGOTIATE = "NEGOTIATE_ALLREDUCE"
 #: A fused allreduce of more tensors than this is the gradients'; fewer, a small one.
 GRADIENT_TENSORS = 8
-#: Steps of the traced epoch recorded (fewer where the epoch is shorter).
-TRACE_STEPS = 16
+#: Steps of the timeline's epoch recorded (fewer where the epoch is shorter).
+TIMELINE_STEPS = 16
 #: The medians, in seconds, that ``breakdown`` gives and an epoch record's ``comm``
 #: holds: the gradients' allreduce and the wait before it, the small allreduces' and
 #: the wait before them. Every reader of ``comm`` (the report, TensorBoard) takes them

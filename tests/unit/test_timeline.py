@@ -1,8 +1,8 @@
-"""``distseg.core.commtrace``: Horovod timelines read into fused collectives and the
-waits before them. The events are written in the format Horovod 0.28 writes (one trace
+"""``distseg.core.timeline``: Horovod timelines read into fused collectives and the
+waits before them. The events are written in the format Horovod 0.28 writes (one
 process per tensor, a negotiation span, then an ``ALLREDUCE`` span around the fusion
 copies and the wire); a real 2-rank run's timeline is read in
-tests/e2e/test_commtrace.py."""
+tests/e2e/test_netns.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import os
 
 import pytest
 
-from distseg.core import commtrace as timeline
-from distseg.core import rundir
+from distseg.core import rundir, timeline
 
 
 def _tensor(pid: int, name: str, negotiate: tuple[int, int], op: tuple[int, int]) -> list[dict]:
