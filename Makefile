@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff clean
+.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision clean
 
 install:
 	@bash scripts/install.sh
@@ -79,6 +79,13 @@ bench: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
 	$(BIN)/python benchmarks/bench_table.py --data data/liver117.h5
 	$(MAKE) bench-link
+
+# --precision auto against float32 and bfloat16 (docs/performance.md#precision): the demo at
+# 1 and 2 ranks (interleaved rounds), 1 x 8 against 2 x 4, the liver2d step and liver3d on
+# volumes; about 25 minutes here; results in bench/results/precision-*.json.
+bench-precision: install
+	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
+	$(BIN)/python benchmarks/bench_precision_auto.py --data data/liver117.h5
 
 # Two nodes (network namespaces, root) over a link shaped to 1 and 10 Gbit/s and
 # unshaped: 1 process vs 2 ranks, fp16, overlap and MultiWorkerMirroredStrategy, and the

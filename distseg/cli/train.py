@@ -42,7 +42,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
-    "precision": ("model.precision", click.Choice(config_lib.PRECISIONS), "float32, or bfloat16 activations (Keras mixed precision, float32 softmax): less memory, and faster where the CPU has AVX512_BF16 or AMX (measurements: docs/memory.md, docs/performance.md)."),
+    "precision": ("model.precision", click.Choice(config_lib.PRECISION_CHOICES), "auto (the presets' default): bfloat16 where the CPU reports AVX512_BF16 or AMX and a timed trial of the run's own step finds it at least 10 % faster on every rank, else float32; or float32, or bfloat16 activations (Keras mixed precision, float32 softmax: less memory). A resumed run keeps its choice (docs/training.md#precision)."),
 }
 
 

@@ -27,7 +27,12 @@ LOSSES = ("dice", "dice_ce")
 NORMS = ("batch", "group", "none")
 #: ``--model`` name -> ``model.spatial_dims``.
 MODELS = {"unet2d": 2, "unet3d": 3}
+#: What a network computes in (``model.precision`` once a run has decided).
 PRECISIONS = ("float32", "bfloat16")
+#: ``model.precision``: decided at a training run's start by a timed trial where the CPU
+#: reports bfloat16 (``distseg.training.precision``); float32 elsewhere.
+AUTO = "auto"
+PRECISION_CHOICES = (AUTO,) + PRECISIONS
 NONFINITE = ("stop", "skip")
 #: The liver labels 0, 1, 2 (LiTS' convention): what the phantom, the LiTS sample and
 #: LiTS-style pairs hold, and what a 3-class data file without ``class_names`` means.
@@ -87,8 +92,12 @@ class ModelConfig:
     recompute: bool = False
     """Gradient checkpointing of every convolution unit of every U-Net level: less
     memory, more time (docs/memory.md)."""
-    precision: str = "float32"
-    """``float32`` or ``bfloat16`` (Keras mixed precision; float32 softmax output)."""
+    precision: str = AUTO
+    """``float32``, ``bfloat16`` (Keras mixed precision; float32 softmax output) or
+    ``auto``: at the start of a training run, bfloat16 where the CPU reports it
+    (``avx512_bf16``, ``amx_bf16``) and a timed trial of the run's own step finds it at
+    least 10 % faster on every rank, else float32 (``distseg.training.precision``). A
+    run's config.json holds the precision decided."""
 
 
 @dataclass(frozen=True)
@@ -241,8 +250,8 @@ class Config:
             (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
             (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
             (m.spatial_dims in (2, 3), "model.spatial_dims", f"must be 2 or 3, got {m.spatial_dims}"),
-            (m.precision in PRECISIONS, "model.precision",
-             f"must be one of {PRECISIONS}, got {m.precision!r}"),
+            (m.precision in PRECISION_CHOICES, "model.precision",
+             f"must be one of {PRECISION_CHOICES}, got {m.precision!r}"),
             (m.spatial_dims == 3 or not self.data.slab, "data.slab",
              f"is for 3D models (--model unet3d), got {self.data.slab!r} with unet2d"),
             (m.spatial_dims == 2 or bool(self.data.slab), "data.slab",
@@ -402,8 +411,9 @@ def smoke() -> Config:
     base = default()
     return dataclasses.replace(
         base,
+        # float32, no precision trial: tests compare numbers across runs and ranks.
         model=dataclasses.replace(base.model, image_size=32, depth=2, base_filters=4,
-                                  norm="batch"),
+                                  norm="batch", precision="float32"),
         # Per-rank batches, the lr scaled with the ranks: what most tests exercise.
         train=dataclasses.replace(base.train, epochs=1, batch_size=4, lr=5e-3, warmup_epochs=0.0,
                                   global_batch=0, global_batch_grows=False),

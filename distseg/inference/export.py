@@ -109,6 +109,8 @@ def convention(cfg: config_lib.Config, known: predict.TrainingData, window, over
         "output": {"name": "probs", "shape": [None] + spatial + [n], "dtype": "float32",
                    "meaning": "softmax probabilities over the classes (last axis, in "
                               "class_names order); argmax gives the label"},
+        "precision": {"computes_in": "float32", "trained_in": cfg.model.precision,
+                      "weights": "float32 (mixed bfloat16 training keeps float32 weights)"},
         "preprocessing_from": prep.where,
         "run": os.path.abspath(run_dir), "epoch": epoch,
         "model": dataclasses.asdict(cfg.model),

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from distseg.core.config import NORMS, PRECISIONS, ModelConfig
+from distseg.core.config import AUTO, NORMS, PRECISIONS, ModelConfig
 from distseg.core.errors import InputError
 
 #: The name part of each norm's layers (``down0_bn1``, ``dec2_gn2``).
@@ -53,7 +53,9 @@ class UNetSpec:
     conv_bias: bool = False
     """A bias on convolutions followed by a norm (distseg drops it; the reference keeps it)."""
     recompute: bool = ModelConfig.recompute
-    precision: str = ModelConfig.precision
+    precision: str = PRECISIONS[0]
+    """What the network computes in (float32 unless given; a config's ``auto`` is decided
+    by a training run before a spec is made)."""
 
     def __post_init__(self):
         object.__setattr__(self, "spatial", tuple(int(s) for s in self.spatial))
@@ -130,8 +132,13 @@ def spec_of(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> UNetS
     (``unet.from_config``) takes.
 
     Raises:
-      InputError: extents that do not fit ``cfg.depth``, or a config no spec can hold.
+      InputError: extents that do not fit ``cfg.depth``, or a config no spec can hold
+        (``precision`` ``auto``, which only a training run's start decides).
     """
+    if cfg.precision == AUTO:
+        raise InputError(f"model.precision {cfg.precision!r} is decided when a training run "
+                         f"starts (distseg.training.precision); a network is built in one of "
+                         f"{PRECISIONS}")
     shape = spatial_shape(cfg.image_size, input_shape, cfg.spatial_dims, cfg.depth)
     return UNetSpec(shape, depth=cfg.depth, base_filters=cfg.base_filters,
                     num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,

@@ -366,8 +366,8 @@ class _Parts:
 
 def build_unet(image_size: int | None = None, *, input_shape: Sequence[int] | None = None,
                name: str = "unet", **fields) -> keras.Model:
-    """The U-Net of ``ModelConfig()`` with ``fields`` replaced (``num_classes`` 3 unless
-    given): the keyword form of ``from_config`` that tests and benchmarks use, with the
+    """The U-Net of ``ModelConfig()`` with ``fields`` replaced (``num_classes`` 3 and
+    ``precision`` float32 unless given): the keyword form of ``from_config`` that tests and benchmarks use, with the
     config's defaults (240x240 slices, depth 4, 64 base filters, BatchNorm).
 
     Args:
@@ -381,6 +381,7 @@ def build_unet(image_size: int | None = None, *, input_shape: Sequence[int] | No
       ValueError: a hyper-parameter that cannot build a valid network.
     """
     fields.setdefault("num_classes", len(LIVER_CLASSES))
+    fields.setdefault("precision", "float32")
     if image_size is not None:
         fields["image_size"] = image_size
     return from_config(dataclasses.replace(ModelConfig(), **fields), input_shape, name=name)

@@ -48,7 +48,7 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     ctx = dist.context()
     feed = agreement.agree(startup.check_inputs, cfg, ctx)
     resumed = start(elastic, cfg, ctx, resuming, state)
-    return train(cfg, ctx, feed, state, resumed, threads, elastic=elastic)
+    return train(startup.Start(cfg, state, resumed), ctx, feed, threads, elastic=elastic)
 
 
 def commit(elastic: Any, epochs_done: int, size: int) -> None:

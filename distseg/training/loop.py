@@ -34,7 +34,7 @@ from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import board as board_lib
-from distseg.training import checkpoint, records, resume, startup, steps, stopping, validation
+from distseg.training import checkpoint, precision, records, resume, startup, steps, stopping, validation
 from distseg.training import elastic as elastic_lib
 from distseg.training.parts import Console, Timeline
 from distseg.training.plan import PlannedBatches, start_step
@@ -76,11 +76,13 @@ def watch_collectives(s: Session, resources: contextlib.ExitStack) -> None:
     resources.callback(dist.watch_collectives, None)
 
 
-def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack) -> Session:
+def open_session(begin: startup.Start, ctx: dist.Context, feed: feeds.Feed,
+                 resources: contextlib.ExitStack) -> Session:
     """Opens the reader and the log, starts the clock on an agreed barrier, routes the
     stop signals to a flag and starts the prefetcher. Everything opened is closed by
     ``resources``."""
-    model, optimizer, synced = state
+    cfg, resumed = begin.cfg, begin.resumed
+    model, optimizer, synced = begin.state
     start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
     scaling, done = start_scaling(cfg, ctx, feed, resumed, start)
     reader = resources.enter_context(agreement.agree(feed.open_reader))
@@ -99,11 +101,12 @@ def open_session(cfg, ctx, feed, state, resumed, resources: contextlib.ExitStack
         batches=resources.enter_context(contextlib.closing(PlannedBatches(
             reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch))),
         train_steps=steps.TrainSteps(model, optimizer, shape, cfg.model.num_classes, t.loss,
-                                     ctx.size, t.compression),
+                                     ctx.size, t.compression, begin.traced),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
         predict=steps.make_predict_step(model, shape),
         console=Console.open(ctx, done + left, done, resources),
-        resumed=resumed, start=start, global_step=done, epochs_done=start[0], link=measured)
+        resumed=resumed, start=start, global_step=done, epochs_done=start[0], link=measured,
+        precision=begin.precision)
     use_plan(s, start)
     s.parts = open_parts(s, resources)
     watch_collectives(s, resources)
@@ -341,18 +344,17 @@ def train_epochs(s: Session) -> int:
 # --- the run ------------------------------------------------------------------------
 
 
-def launch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
-           resumed: resume.Resumed | None, threads: tuple[int, int],
+def launch(start: startup.Start, ctx: dist.Context, feed: feeds.Feed, threads: tuple[int, int],
            elastic: Any | None = None) -> int:
-    """Trains from ``resumed`` (None: from the start) with the ranks of ``ctx``;
-    returns 0. Writes the run's records and, whatever happens, its ``end``."""
+    """Trains from ``start`` (its checkpoint, or the beginning) with the ranks of
+    ``ctx``; returns 0. Writes the run's records and, whatever happens, its ``end``."""
     session, error = None, None
     # Closed in reverse order on the way out, whatever happens.
     with contextlib.ExitStack() as resources:
         try:
-            session = open_session(cfg, ctx, feed, state, resumed, resources)
+            session = open_session(start, ctx, feed, resources)
             session.elastic = elastic
-            if resumed:
+            if start.resumed:
                 records.write_resume_record(session)
             records.write_run_record(session, threads)
             train_epochs(session)
@@ -372,11 +374,11 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     if dist.is_elastic():
         # No collective before the elastic loop: a rank that joins later runs this alone.
         cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
+        cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
         state = startup.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
         elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
         return dist.run_elastic(elastic_lib.launch, elastic, launch, cfg, resuming, state,
                                 threads)
     feed = agreement.agree(startup.check_inputs, cfg, ctx)
     cfg = feed.cfg  # with the data file's classes: what is built, trained and saved
-    state, resumed = startup.start_state(cfg, ctx, feed, resuming)
-    return launch(cfg, ctx, feed, state, resumed, threads)
+    return launch(startup.start_state(cfg, ctx, feed, resuming), ctx, feed, threads)

@@ -64,6 +64,8 @@ class Session:
     """An elastic run's state, committed after each epoch's checkpoint."""
     link: dict | None = None
     """The link between the ranks as measured at the start (``startup.measure_link``)."""
+    precision: dict | None = None
+    """``--precision auto``'s decision at the run's start (``precision.decide``)."""
 
     @property
     def plan(self):

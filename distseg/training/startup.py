@@ -1,6 +1,6 @@
 """Start-up of a run on every rank: the checks that need no side effect, then the run
-directory, then the model and optimizer every rank holds identically, and the link
-between the ranks as they measure it.
+directory, then the precision and the model and optimizer every rank holds
+identically, and the link between the ranks as they measure it.
 
 Every piece that can fail on one rank alone is called through ``agreement.agree``, so
 all ranks stop together with the same message.
@@ -8,7 +8,9 @@ all ranks stop together with the same message.
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass, field
 
 from distseg.core import config as config_lib
 from distseg.core import link, rundir
@@ -16,7 +18,7 @@ from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, resume
+from distseg.training import checkpoint, precision, resume
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
@@ -52,14 +54,19 @@ def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
         os.makedirs(rundir.checkpoint_dir(cfg.run_dir), exist_ok=True)
 
 
-def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
-    """Refuses a directory that holds a run (unless ``resuming`` it), checks every
-    rank can write its log directory, then writes the config. Three agreed phases: no
-    rank may create logs/ before rank 0 has looked for a previous run there (a fast
-    rank 1 once made rank 0 refuse a fresh directory)."""
+def check_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
+    """Refuses a directory that holds a run (unless ``resuming`` it), then checks every
+    rank can write its log directory. Two agreed phases: no rank may create logs/
+    before rank 0 has looked for a previous run there (a fast rank 1 once made rank 0
+    refuse a fresh directory)."""
     if not resuming:
         agreement.agree(_refuse_existing_run, cfg.run_dir, ctx)
     agreement.agree(_probe_writable, cfg.run_dir, ctx)
+
+
+def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
+    """``check_run_dir``, then the config written (a third agreed phase)."""
+    check_run_dir(cfg, ctx, resuming)
     agreement.agree(_write_config, cfg, ctx)
 
 
@@ -85,18 +92,39 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcas
     return model, optimizer, synced
 
 
-def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, resuming: bool):
-    """(model, optimizer, synced) and, when ``resuming``, the ``resume.Resumed`` they
-    were restored from. A new run checks its directory before building anything; a
-    resumed one rewrites its config only once its checkpoint has loaded."""
+@dataclass
+class Start:
+    """Where a launch starts: its config (with the precision decided), the state every
+    rank holds, and what it was resumed from."""
+
+    cfg: config_lib.Config
+    state: tuple
+    """(model, optimizer, synced)."""
+    resumed: resume.Resumed | None = None
+    precision: dict | None = None
+    """The run record's ``precision`` field: ``--precision auto``'s decision."""
+    traced: dict = field(default_factory=dict)
+    """Train steps already traced for the model (static batch -> step)."""
+
+
+def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
+                resuming: bool) -> Start:
+    """The state of a new run, in the precision it decides (``precision.decide``), or of
+    a resumed one, restored from its checkpoint in the precision its config holds. A new
+    run checks its directory before building anything and writes its config once the
+    precision is decided; a resumed one rewrites its config only once its checkpoint
+    has loaded."""
     if not resuming:
-        prepare_run_dir(cfg, ctx, resuming=False)
-        return build_state(cfg, ctx, feed.input_shape), None
+        check_run_dir(cfg, ctx, resuming=False)
+        build = functools.partial(build_state, ctx=ctx, input_shape=feed.input_shape)
+        decided = precision.decide(cfg, ctx, feed, build)
+        agreement.agree(_write_config, decided.cfg, ctx)
+        return Start(decided.cfg, decided.state, None, decided.record, decided.traced)
     state = build_state(cfg, ctx, feed.input_shape)
     resumed = resume.restore(ctx, cfg.run_dir, *state)
     resume.check_extends(resumed, cfg.train.epochs)
     prepare_run_dir(cfg, ctx, resuming=True)
-    return state, resumed
+    return Start(cfg, state, resumed)
 
 
 def measure_link(ctx: dist.Context) -> dict | None:

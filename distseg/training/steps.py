@@ -211,6 +211,14 @@ class PreviousGradient:
             self.valid.assign(1.0)
         return tf.identity(out)
 
+    def forget(self) -> None:
+        """No last gradient: the next step estimates nothing (as a launch's first)."""
+        self.valid.assign(0.0)
+
+
+def _nothing() -> None:
+    pass
+
 
 def rank_norms(optimizer, grads, variables):
     """This rank's [|g|^2, preconditioned |g|^2] (they ride in the gradient allreduce)
@@ -295,7 +303,8 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
                     ranks: int = 1, batch: int | None = None, compression: str = "none"):
     """Compiles ``train_step(images, masks, flags) -> StepResult`` (this rank's loss, the
-    global batch's loss, any rank's flags, the gradient norms).
+    global batch's loss, any rank's flags, the gradient norms); ``train_step.forget()``
+    drops the one-rank step's memory of the last gradient.
 
     ``flags`` holds this rank's [failed, stop]: 1.0 on a rank that could not read its
     batch (it passes a blank one) or that was asked to stop. They ride in the step's
@@ -343,6 +352,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
             apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
         return StepResult(c.loss_local, c.loss, mean_flags, norms)
 
+    # What steps taken outside training (a timed trial) leave behind, forgotten.
+    train_step.forget = previous.forget if previous is not None else _nothing
     return train_step
 
 
@@ -427,13 +438,14 @@ def average_batchnorm(model, size: int) -> None:
 class TrainSteps:
     """The train step traced for each per-rank batch a run trains (``make_train_step``;
     the ``goodput`` policy may come back to a batch it left). ``None``: a step for any
-    batch size, traced once."""
+    batch size, traced once. ``traced``: steps already made for this model (the
+    precision trial's)."""
 
     def __init__(self, model, optimizer, spatial_shape: Sequence[int], num_classes: int,
-                 loss: str, ranks: int, compression: str):
+                 loss: str, ranks: int, compression: str, traced: dict | None = None):
         self._args = (model, optimizer, spatial_shape, num_classes, loss)
         self._ranks, self._compression = ranks, compression
-        self._steps: dict = {}
+        self._steps: dict = dict(traced or {})
 
     def for_batch(self, batch: int | None):
         if batch not in self._steps:

@@ -48,7 +48,7 @@ def test_batchnorm_statistics_follow_the_configured_momentum():
     import keras
 
     from distseg.core.config import ModelConfig
-    model = model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, bn_momentum=0.5,
+    model = model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, bn_momentum=0.5, precision="float32",
                                               num_classes=3))
     bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert bns and all(layer.momentum == 0.5 for layer in bns)
@@ -231,7 +231,7 @@ def test_from_config_reads_the_3d_fields():
     assert m.input_shape == (None, 8, 16, 32, 1)
     assert any(isinstance(l, model_lib.ConvUnit) for l in m.layers)
     assert m.get_layer("logits").compute_dtype == "bfloat16"
-    assert model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, num_classes=2)
+    assert model_lib.from_config(ModelConfig(image_size=16, depth=1, base_filters=2, num_classes=2, precision="float32")
                                  ).input_shape == (None, 16, 16, 1)
     # A config whose classes were not read from a data file yet builds nothing.
     with pytest.raises(ValueError, match="from the data file"):
