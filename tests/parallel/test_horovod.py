@@ -415,3 +415,17 @@ def test_a_slice_one_rank_cannot_read_stops_every_rank(ctx, shared_dir, where):
         import h5py
         with h5py.File(os.path.join(cfg.run_dir, "checkpoints", "epoch-0001.weights.h5"), "r"):
             pass  # the checkpoint written before the failure is whole
+
+
+def test_ranks_that_timed_the_precisions_differently_take_one_decision(ctx):
+    """``--precision auto``: each rank times its own steps; the slowest rank's seconds
+    of each precision decide, the same on every rank. Rank 0 finds bfloat16 2x faster,
+    the last rank barely faster: the last rank's numbers (1.05x) keep float32 for all."""
+    from distseg.training import precision
+    last = ctx.size - 1
+    mine = ({"float32": 0.4, "bfloat16": 0.2} if ctx.rank == 0 else
+            {"float32": 0.63, "bfloat16": 0.6} if ctx.rank == last else
+            {"float32": 0.3, "bfloat16": 0.25})
+    slowest = precision.slowest_rank(mine)
+    choices = dist.allgather_object((slowest, precision.choose(slowest)))
+    assert choices == [({"float32": 0.63, "bfloat16": 0.6}, "float32")] * ctx.size
