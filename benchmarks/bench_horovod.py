@@ -10,9 +10,11 @@ base filters, batch 8 per rank, 1 intra-op thread per rank) as:
   gloo         2 Horovod ranks (Gloo) with distseg's defaults;
   NAME+nopin   any of these without distseg's core pinning (DISTSEG_PIN=0);
 
-and prints samples/s and the ratio to the baseline. The first epoch (tracing, warm-up)
-is excluded. The machine is shared and noisy: compare ratios from the same run, and
-use ``--repeat`` to interleave the variants several times.
+and prints samples/s and the ratio to the baseline. Every run computes in one precision,
+``--precision`` (float32 by default): ``auto``'s trial at each run's start could choose
+differently at 1 and 2 ranks. The first epoch (tracing, warm-up) is excluded. The
+machine is shared and noisy: compare ratios from the same run, and use ``--repeat`` to
+interleave the variants several times.
 
     python benchmarks/bench_horovod.py --data data/liver117.h5 --epochs 4 --repeat 2
 """
@@ -28,6 +30,7 @@ import tempfile
 
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchlib.args import add_precision  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 
@@ -35,7 +38,7 @@ def train_args(args, run_dir):
     return [f"{BIN}/distseg-train", "--preset", args.preset, "--data", args.data,
             "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
             "--intra-op-threads", "1", "--inter-op-threads", "1", "--no-validate",
-            "--checkpoint-every", "0"]
+            "--checkpoint-every", "0", "--precision", args.precision]
 
 
 def run_variant(name, args, workdir):
@@ -78,7 +81,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--variants", default="1proc,indep,hvd-default,mpi,gloo")
-    args = p.parse_args()
+    args = add_precision(p).parse_args()
     names = args.variants.split(",")
     results: dict[str, list[float]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="bench-hvd-") as workdir:

@@ -6,7 +6,10 @@ The nodes are two network namespaces on this machine joined by a veth pair whose
 are shaped with ``tc ... tbf`` (``benchlib.netns``); one rank per node, one thread per
 rank. Variants are interleaved round by round (the machine is shared and noisy), the
 first epoch of every run (tracing) is not timed, and the medians are printed with the
-link each distseg run measured at its start (the ``run`` record's ``link``).
+link each distseg run measured at its start (the ``run`` record's ``link``). Every run,
+MWMS's included, computes in one precision, ``--precision`` (float32 by default, as the
+link results so far): ``auto``'s trial at each run's start could choose differently from
+run to run and variant to variant.
 
     python benchmarks/bench_link.py --rates 1gbit,10gbit,none --models demo,liver2d
 
@@ -30,6 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from distseg.core import link, rundir, timeline  # noqa: E402
 
 from benchlib import machine, netns  # noqa: E402
+from benchlib.args import add_precision  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 VARIANTS = ("1proc", "distseg", "fp16", "overlap", "mwms")
@@ -68,7 +72,7 @@ def train_command(args, model: str, run_dir: str, compression: str) -> list[str]
             "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size", "8",
             "--max-steps-per-epoch", str(args.steps), "--intra-op-threads", "1",
             "--inter-op-threads", "1", "--no-validate", "--checkpoint-every", "0",
-            "--compression", compression]
+            "--compression", compression, "--precision", args.precision]
 
 
 def _env() -> dict:
@@ -131,7 +135,7 @@ def mwms_run(args, hosts, model: str) -> dict:
     for i, host in enumerate(hosts):
         cmd = [sys.executable, "-m", "peers.mwms", "--worker", "--data", args.data,
                "--preset", preset, "--epochs", str(args.epochs), "--batch-size", "8",
-               "--threads", "1", "--max-steps", str(args.steps)]
+               "--threads", "1", "--max-steps", str(args.steps), "--precision", args.precision]
         env = dict(_env(), TF_CONFIG=json.dumps({"cluster": cluster,
                                                   "task": {"type": "worker", "index": i}}))
         procs.append(subprocess.Popen(netns.on_host(host, cmd), env=env, text=True,
@@ -331,7 +335,7 @@ def parse(argv=None):
                    help="no Horovod timeline for the 2-rank runs (on by default: it gives "
                         "the step breakdown, at the cost of a few writes per tensor)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
-    args = p.parse_args(argv)
+    args = add_precision(p).parse_args(argv)
     args.rates, args.models = args.rates.split(","), args.models.split(",")
     args.variants = args.variants.split(",")
     unknown = sorted(set(args.variants) - set(VARIANTS + EXTRA_VARIANTS))

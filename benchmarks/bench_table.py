@@ -1,7 +1,12 @@
 """``make bench``: one table of speed ratios, each goal beside what was measured.
 
 Every ratio is measured in this one run on this machine, the variants of a ratio
-interleaved (A B A B, ``--rounds`` times) so the load of a shared machine hits both:
+interleaved (``--rounds`` times, ``round_order``) so the load of a shared machine hits
+both, and like with like: distseg trains in its default precision (``auto``: decided by
+a timed trial at each run's start where the CPU has bfloat16), and each peer, A/B and
+strong-scaling run in the precision its distseg run of the same round chose
+(``precision.choice`` of that run's ``run`` record; ``PAIRED``). The results record what
+each run trained in, and the table says it:
 
 * distseg on 1 rank against Keras ``fit`` (``benchmarks/peers/keras_fit.py``);
 * distseg on 2 Horovod ranks against 1 rank;
@@ -21,7 +26,7 @@ plus the statistical-efficiency rows of the newest ``bench/results/stateff-*.jso
 (written by ``benchmarks/bench_stateff.py``). distseg runs through its own CLI
 (``distseg-train``, ``horovodrun -np 2 -H localhost:2 distseg-train``) on the demo
 configuration, one intra-op thread per rank; throughput counts the epochs after the
-first. Results, with the machine description, go to
+first (the precision trial runs before them). Results, with the machine description, go to
 ``bench/results/bench-<date>-<time>.json``.
 
 and issue 21's rows: one rank's samples/s at per-rank batches 1, 2 and 4 against 8 (what
@@ -62,7 +67,7 @@ BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
 from benchlib import machine, table  # noqa: E402
-from benchlib.runlogs import rank_records, run_throughput  # noqa: E402
+from benchlib.runlogs import rank_records, run_precision, run_throughput  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
 
 #: The runs every round trains, in this order.
@@ -72,6 +77,8 @@ BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")
 #: global loss and the noise scale (``localloss``) beside ``distseg-2``.
 PER_RANK_BATCHES = (1, 2, 4)
 STRONG_SCALING_TRAINERS = tuple(f"distseg-1+b{b}" for b in PER_RANK_BATCHES) + ("distseg-2+localloss",)
+#: Peer -> the distseg run of the same round whose precision it trains in.
+PAIRED = {"keras-fit": "distseg-1", "mwms-2": "distseg-2"}
 
 #: Changes ``--ab`` can add to a distseg run: (benchlib.train_variant arguments, env,
 #: distseg-train flags). ``cycleMS`` sets HOROVOD_CYCLE_TIME to MS.
@@ -152,6 +159,9 @@ def parse_args(argv=None) -> Settings:
     if not set(trainers) <= set(BASE_TRAINERS) or not skip <= set(MEASUREMENTS) | {"strong_scaling"}:
         p.error(f"--trainers takes {', '.join(BASE_TRAINERS)}; --skip takes "
                 f"{', '.join(MEASUREMENTS)}, strong_scaling")
+    for peer, lead in PAIRED.items():
+        if peer in trainers and lead not in trainers:
+            p.error(f"--trainers: {peer} trains in the precision {lead} chose; add {lead}")
     if "strong_scaling" not in skip:
         ab += [n for n in STRONG_SCALING_TRAINERS if n not in ab]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
@@ -207,8 +217,10 @@ def train_args(s: Settings, run_dir: str) -> list[str]:
             "--inter-op-threads", "1", "--no-validate", "--checkpoint-every", "0"]
 
 
-def distseg_command(name: str, s: Settings, run_dir: str) -> tuple[list[str], dict, int]:
-    """(command, extra env, ranks) of a distseg run ``distseg-N[+change...]``."""
+def distseg_command(name: str, s: Settings, run_dir: str,
+                    precision: str | None = None) -> tuple[list[str], dict, int]:
+    """(command, extra env, ranks) of a distseg run ``distseg-N[+change...]``, in
+    ``precision`` (None: distseg's default, ``auto``, or what a change names)."""
     base, *mods = name.split("+")
     ranks = int(base.split("-")[1])
     variant_args, env, flags = [], {}, []
@@ -225,7 +237,9 @@ def distseg_command(name: str, s: Settings, run_dir: str) -> tuple[list[str], di
     trainer = ([sys.executable, "-m", "benchlib.train_variant", *variant_args, "--"]
                if variant_args else [os.path.join(BIN, "distseg-train")])
     launcher = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}"]
-    return (launcher if ranks > 1 else []) + trainer + train_args(s, run_dir) + flags, env, ranks
+    paired = ["--precision", precision] if precision else []
+    return ((launcher if ranks > 1 else []) + trainer + train_args(s, run_dir) + paired + flags,
+            env, ranks)
 
 
 def data_wait_share(run_dir: str, ranks: int) -> float:
@@ -239,33 +253,53 @@ def data_wait_share(run_dir: str, ranks: int) -> float:
     return wait / total if total else float("nan")
 
 
-def run_distseg(name: str, s: Settings) -> dict:
+def run_distseg(name: str, s: Settings, precision: str | None = None) -> dict:
+    """One distseg run (``distseg_command``): its samples/s, data wait, and the precision
+    it trained in with its ``run`` record's account of it (``precision_decision``)."""
     run_dir = tempfile.mkdtemp(dir=s.workdir, prefix=name.replace("+", "_") + "-")
     os.rmdir(run_dir)  # distseg-train wants a new directory
-    cmd, env, ranks = distseg_command(name, s, run_dir)
+    cmd, env, ranks = distseg_command(name, s, run_dir, precision)
     code, _, err = run_command(cmd, s, env)
     if code:
         raise RuntimeError(f"{name} failed ({code}):\n{err[-2000:]}")
+    decision = run_precision(run_dir)
     return {"samples_per_s": run_throughput(run_dir, ranks),
-            "data_wait_share": data_wait_share(run_dir, ranks)}
+            "data_wait_share": data_wait_share(run_dir, ranks),
+            "precision": decision["choice"], "precision_decision": decision}
 
 
-def run_trainer(name: str, s: Settings) -> dict:
-    """One training run of ``name``; returns its samples/s (and more), timed."""
+def lead_of(name: str) -> str:
+    """The plain distseg run whose precision ``name`` trains in (itself for one)."""
+    return PAIRED.get(name, name.split("+")[0])
+
+
+def paired_precision(name: str, chosen: dict[str, str]) -> str | None:
+    """The precision ``name`` trains in, given what this round's distseg runs ``chosen``:
+    its distseg run's choice; None for a plain distseg run (it decides), one whose
+    distseg run did not run, or one whose change names its own (``bf16``)."""
+    if any("--precision" in MODIFIERS[m][2] for m in name.split("+")[1:] if m in MODIFIERS):
+        return None
+    return chosen.get(lead_of(name))
+
+
+def run_trainer(name: str, s: Settings, precision: str | None = None) -> dict:
+    """One training run of ``name`` in ``precision`` (None: distseg's ``auto``; a peer
+    always has one); returns its samples/s (and more), timed."""
     start, load = time.perf_counter(), machine.load_average()
     if name.startswith("distseg"):
-        result = run_distseg(name, s)
+        result = run_distseg(name, s, precision)
     else:
         peer = {"keras-fit": ["peers.keras_fit"], "mwms-2": ["peers.mwms", "--workers", "2"]}[name]
         result = run_json([sys.executable, "-m", *peer, "--data", s.data, "--preset", s.preset,
                            "--epochs", str(s.epochs), "--batch-size", str(s.batch_size),
-                           "--threads", str(s.threads)], s, timeout=900)
-    return {**result, "wall_s": time.perf_counter() - start, "load_before": load}
+                           "--threads", str(s.threads), "--precision", precision], s, timeout=900)
+    paired = {"precision_of": lead_of(name)} if precision else {}
+    return {**result, **paired, "wall_s": time.perf_counter() - start, "load_before": load}
 
 
-def measure_gemm(s: Settings) -> dict:
+def measure_gemm(s: Settings, precision: str) -> dict:
     return run_json([sys.executable, "-m", "benchlib.flops", "--preset", s.preset, "--data", s.data,
-                     "--threads", str(s.threads)], s)
+                     "--threads", str(s.threads), "--precision", precision], s)
 
 
 def measure_precision(s: Settings) -> dict:
@@ -304,19 +338,43 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The runs of round ``r`` (from 0), in groups: a plain distseg run first (it
+    decides the precision the rest of its group trains in, so it runs before them),
+    then its peer (right after it), then its A/B and strong-scaling runs. Every other
+    round the groups, and the A/B runs within each, go in reverse order, so a load
+    that grows or fades during the benchmark biases neither side of a ratio between
+    groups (2 ranks / 1 rank) or between A/B runs. A peer always follows its distseg
+    run, so such a load tilts that ratio slightly: the price of knowing the precision
+    before the peer starts."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(lead_of(name), []).append(name)
+    order = []
+    for lead, members in groups.items() if r % 2 == 0 else reversed(groups.items()):
+        head = [lead] * (lead in members) + [n for n in members if n in PAIRED]
+        rest = [n for n in members if n not in head]
+        order += head + (rest if r % 2 == 0 else rest[::-1])
+    return order
+
+
 def interleaved_training(s: Settings) -> dict:
-    """Every training run, ``s.rounds`` times, interleaved (every other round in
-    reverse order); and the GEMM rate once per round, so it sees the same machine as
-    the runs."""
+    """Every training run, ``s.rounds`` times, interleaved (``round_order``), each peer,
+    A/B and strong-scaling run in the precision its distseg run of the round chose; and
+    the GEMM rate once per round, so it sees the same machine as the runs."""
     names = list(s.trainers) + s.ab
     runs = {n: [] for n in names}
     gemm = []
     for r in range(s.rounds):
-        # A B C D, then D C B A: a load that grows or fades during the run biases no side.
-        for name in names if r % 2 == 0 else reversed(names):
-            runs[name].append(run_trainer(name, s))
-            log(f"round {r + 1}/{s.rounds} {name:24s} {runs[name][-1]['samples_per_s']:7.2f} samples/s")
-        gemm.append(measure_gemm(s))
+        chosen: dict[str, str] = {}
+        for name in round_order(names, r):
+            got = run_trainer(name, s, paired_precision(name, chosen))
+            runs[name].append(got)
+            if name == lead_of(name):
+                chosen[name] = got["precision"]
+            log(f"round {r + 1}/{s.rounds} {name:24s} {got['samples_per_s']:7.2f} samples/s "
+                f"({got['precision']})")
+        gemm.append(measure_gemm(s, chosen.get("distseg-1", "float32")))
         log(f"round {r + 1}/{s.rounds} {'fp32 GEMM':24s} {gemm[-1]['gemm_flops_per_s'] / 1e9:7.1f} GFLOP/s")
     return {"runs": runs, "gemm": gemm}
 
@@ -328,15 +386,26 @@ def median_of(runs: list[dict], key: str = "samples_per_s") -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def precision_text(runs: list[dict]) -> str | None:
+    """What ``runs`` trained in: one precision, or each round's in turn; None where a
+    run recorded none (results from before ``auto``)."""
+    got = [r.get("precision") for r in runs]
+    if not got or None in got:
+        return None
+    return got[0] if len(set(got)) == 1 else "/".join(got)
+
+
 def ratio(results: dict, a: str, b: str) -> tuple[float | None, str]:
-    """(median samples/s of ``a`` / of ``b``, the numbers behind it in words); None
-    when one of them was not run (``--trainers``)."""
+    """(median samples/s of ``a`` / of ``b``, the numbers behind it in words, with the
+    precision each trained in); None when one of them was not run (``--trainers``)."""
     runs = results["training"]["runs"]
     if a not in runs or b not in runs:
         return None, f"{b if a in runs else a} not run"
     x, y = median_of(runs[a]), median_of(runs[b])
     per_round = ", ".join(f"{p['samples_per_s'] / q['samples_per_s']:.2f}" for p, q in zip(runs[a], runs[b]))
-    return x / y, f"{x:.1f} vs {y:.1f} samples/s (rounds: {per_round})"
+    pa, pb = precision_text(runs[a]), precision_text(runs[b])
+    trained = f"; {pa} vs {pb}" if pa and pb else ""
+    return x / y, f"{x:.1f} vs {y:.1f} samples/s (rounds: {per_round}){trained}"
 
 
 def speed_rows(results: dict) -> list[table.Row]:
@@ -357,21 +426,32 @@ def gemm_peak(results: dict, bf16: bool = False) -> float:
     return max(g[key] for g in results["training"]["gemm"])
 
 
+def trained_bf16(run: dict, name: str) -> bool:
+    """Whether a run of ``name`` trained in bfloat16 (its recorded precision; in results
+    from before ``auto``, its ``+bf16`` change)."""
+    return run.get("precision", "bfloat16" if "+bf16" in name else "float32") == "bfloat16"
+
+
 def flops_row(results: dict, name: str = "distseg-1") -> table.Row:
-    """Training FLOP/s of the 1-rank run ``name`` over the GEMM peak of its precision."""
+    """Training FLOP/s of the 1-rank run ``name`` over the GEMM peak of the precision it
+    trained in: the median over rounds, each run against its own precision's peak."""
     gemm = results["training"]["gemm"][0]
-    bf16 = "+bf16" in name
-    measure = ("training FLOP/s / fp32 GEMM FLOP/s" if name == "distseg-1"
-               else f"A/B {name}: training FLOP/s / {'bf16' if bf16 else 'fp32'} GEMM FLOP/s")
-    if name not in results["training"]["runs"]:
+    runs = results["training"]["runs"].get(name, [])
+    kinds = sorted({trained_bf16(r, name) for r in runs} or {"+bf16" in name})
+    kind = " or ".join("bf16" if bf16 else "fp32" for bf16 in kinds)
+    measure = (f"training FLOP/s / {kind} GEMM FLOP/s" if name == "distseg-1"
+               else f"A/B {name}: training FLOP/s / {kind} GEMM FLOP/s")
+    if not runs:
         return table.measured_row(measure, GOALS["flops"], None, f"{name} not run")
     per_sample = gemm["train_flops_per_sample"]
-    train = per_sample * median_of(results["training"]["runs"][name])
-    peak = gemm_peak(results, bf16)
-    detail = (f"{train / 1e9:.1f} vs {peak / 1e9:.1f} GFLOP/s ({per_sample / 1e9:.2f} GFLOP per sample "
-              f"x samples/s; fastest {gemm['gemm_n']}^3 {'bf16' if bf16 else 'fp32'} matmul), "
+    train = per_sample * median_of(runs)
+    value = statistics.median(per_sample * r["samples_per_s"] / gemm_peak(results, trained_bf16(r, name))
+                              for r in runs)
+    peaks = " or ".join(f"{gemm_peak(results, bf16) / 1e9:.1f}" for bf16 in kinds)
+    detail = (f"{train / 1e9:.1f} vs {peaks} GFLOP/s ({per_sample / 1e9:.2f} GFLOP per sample "
+              f"x samples/s; fastest {gemm['gemm_n']}^3 {kind} matmul), "
               f"{gemm['threads']} thread")
-    return table.measured_row(measure, GOALS["flops"], train / peak, detail)
+    return table.measured_row(measure, GOALS["flops"], value, detail)
 
 
 #: How far bf16's validation Dice may be from fp32's for its speed to count.
@@ -477,6 +557,30 @@ def strong_scaling_rows(results: dict) -> list[table.Row]:
     return rows
 
 
+def how_chosen(runs: list[dict]) -> str:
+    """How the runs of one name came to their precision: the distseg run they took it
+    from, the ``auto`` trial of each round (the bfloat16 step's speed-up over float32's,
+    or why none ran), or the precision a change asked for."""
+    leads = sorted({r["precision_of"] for r in runs if r.get("precision_of")})
+    if leads:
+        return f"{', '.join(leads)}'s choice"
+    decisions = [r.get("precision_decision") or {} for r in runs]
+    asked = sorted({d.get("requested") for d in decisions} - {"auto"})
+    if asked:
+        return f"--precision {'/'.join(map(str, asked))}"
+    speedups = [d["speedup"] for d in decisions if d.get("speedup") is not None]
+    if speedups:
+        return f"auto: bfloat16 step {'/'.join(f'{x:.2f}' for x in speedups)}x float32's"
+    return f"auto: {decisions[0].get('reason', 'no trial')}"
+
+
+def precision_note(results: dict) -> str:
+    """The line under the table: what each run trained in, and how it came to it."""
+    parts = [f"{name} {precision_text(runs)} ({how_chosen(runs)})"
+             for name, runs in results["training"]["runs"].items() if precision_text(runs)]
+    return f"Precision: {'; '.join(parts)}." if parts else ""
+
+
 def all_rows(results: dict, results_dir: str) -> list[table.Row]:
     return (speed_rows(results) + [flops_row(results)] + precision_rows(results)
             + input_rows(results) + [bandwidth_row(results)] + strong_scaling_rows(results)
@@ -526,6 +630,7 @@ def main(argv=None) -> int:
                    date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
     path = write_results(s, results)
     print(table.format_table(rows))
+    print(f"\n{precision_note(results)}")
     print(f"\n{results['machine']['cpu_model']}, {results['machine']['physical_cores']} cores; "
           f"load average {load_start[0] if load_start else '?'} at the start, "
           f"{results['load_average_end'][0] if results['load_average_end'] else '?'} at the end; "

@@ -32,7 +32,9 @@ def gradient_shapes(preset: str, data: str | None = None) -> list[tuple]:
     from distseg.networks import unet as model_lib
 
     from benchlib.args import preset_config
-    model = model_lib.from_config(preset_config(preset, data).model)
+    # Built in float32 whatever the preset's precision (auto included): bfloat16 keeps
+    # float32 variables, so the gradients' shapes and bytes are the same in either.
+    model = model_lib.from_config(preset_config(preset, data, "float32").model)
     return [tuple(v.shape) for v in model.trainable_variables]
 
 

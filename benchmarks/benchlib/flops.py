@@ -19,7 +19,7 @@ times the forward FLOPs.
 the bf16 path) at the thread count TensorFlow was configured with: the
 dense-arithmetic rate the training rate is compared against.
 
-    python -m benchlib.flops --preset demo --data data/liver117.h5 --threads 1
+    python -m benchlib.flops --preset demo --data data/liver117.h5 --threads 1 --precision bfloat16
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import json
 import math
 import os
 import time
+
+from benchlib.args import add_precision, preset_config
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -104,16 +106,17 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (inter-op: 1)")
     p.add_argument("--gemm-n", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=10)
-    args = p.parse_args(argv)
+    args = add_precision(p).parse_args(argv)
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from distseg.networks import unet as model_lib
-
-    from benchlib.args import preset_config
-    # The classes only size the 1x1 head: a negligible share of the FLOPs.
-    counted = count_training_flops(model_lib.from_config(preset_config(args.preset, args.data).model))
-    print(json.dumps({"forward_flops_per_sample": counted["forward"],
+    # The classes only size the 1x1 head: a negligible share of the FLOPs. The count is
+    # the same in either precision (the same layers); the rate it is set against is the
+    # GEMM of the precision the run trained in (both are timed).
+    model_cfg = preset_config(args.preset, args.data, args.precision).model
+    counted = count_training_flops(model_lib.from_config(model_cfg))
+    print(json.dumps({"precision": args.precision, "forward_flops_per_sample": counted["forward"],
                       "train_flops_per_sample": counted["train"],
                       "gemm_n": args.gemm_n, "threads": args.threads,
                       "gemm_flops_per_s": gemm_flops_per_s(args.gemm_n, args.repeats),

@@ -1,6 +1,7 @@
-"""What the benchmarks read from a finished run's per-rank logs: every rank's records
-and the global training throughput. One formula for every benchmark that times
-``distseg-train`` (``bench_horovod``, ``bench_table``, ``bench_stateff``)."""
+"""What the benchmarks read from a finished run's per-rank logs: every rank's records,
+the global training throughput and the precision the run trained in. One formula for
+every benchmark that times ``distseg-train`` (``bench_horovod``, ``bench_table``,
+``bench_stateff``)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,14 @@ def throughput(records: list[list[dict]]) -> float | None:
 def run_throughput(run_dir: str, ranks: int) -> float | None:
     """``throughput`` of the run in ``run_dir`` on ``ranks`` ranks."""
     return throughput(rank_records(run_dir, ranks))
+
+
+def run_precision(run_dir: str) -> dict:
+    """The ``precision`` field of the ``run`` record (rank 0's first record) of the run
+    in ``run_dir``: what it was asked for (``requested``) and what it trained in
+    (``choice``), with ``--precision auto``'s trial where one ran (``seconds``,
+    ``speedup``, ``reason``). A log from before the field: its model's precision."""
+    first = schema.read_log(rundir.log_path(run_dir, 0))[0][0]
+    if "precision" in first:
+        return first["precision"]
+    return {"requested": first["model"]["precision"], "choice": first["model"]["precision"]}

@@ -7,7 +7,7 @@ wall and CPU milliseconds per step (median over rounds) and the ratio to distseg
 step; CPU time is the steadier figure on a busy machine (with one intra-op thread,
 CPU time per step barely moves with other processes' load).
 
-    python -m benchlib.step_ab --data data/liver117.h5 --rounds 8
+    python -m benchlib.step_ab --data data/liver117.h5 --rounds 8 --precision bfloat16
     horovodrun -np 2 -H localhost:2 python -m benchlib.step_ab --variants distseg,nocheck
 """
 
@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-from benchlib.args import workload_parser
+from benchlib.args import add_precision, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="also write the results here (rank 0)")
     p.add_argument("--config", default=None, help="a config file over the preset (as "
                    "distseg-train --config), e.g. bench_stateff's small model")
-    return p.parse_args(argv)
+    return add_precision(p).parse_args(argv)
 
 
 def keras_step(model, num_classes: int, loss: str, lr: float):
@@ -61,7 +61,8 @@ def build(args, ctx):
     from benchlib import model_variants
     from benchlib.step_variants import MANY_RANKS_ONLY, ONE_RANK_ONLY, VARIANTS
     cfg = config_lib.resolve(args.preset, args.config,
-                             overrides={"data.path": args.data, "run_dir": "-"})
+                             overrides={"data.path": args.data, "run_dir": "-",
+                                        "model.precision": args.precision})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:

@@ -47,10 +47,21 @@ def install(step: str = "distseg", model: str = "keras", reader: str = "distseg"
 
 def _uncompressed(build, *args, compression: str = "none", **kwargs):
     """A step variant built as the loop builds its step (``compression`` is the loop's
-    keyword; the variants allreduce exact float32 only)."""
+    keyword; the variants allreduce exact float32 only), with the ``forget()`` of
+    ``steps.make_train_step``, which ``--precision auto``'s trial calls after its timed
+    steps."""
     if compression != "none":
         raise SystemExit(f"step variants allreduce uncompressed, not --compression {compression}")
-    return build(*args, **kwargs)
+    step = build(*args, **kwargs)
+    if not hasattr(step, "forget"):
+        # Only distseg's own one-rank step keeps the last gradient (``original`` returns
+        # it, ``forget`` and all); the variants keep nothing across steps.
+        step.forget = _nothing
+    return step
+
+
+def _nothing() -> None:
+    pass
 
 
 def main(argv=None):

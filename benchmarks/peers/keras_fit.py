@@ -3,11 +3,12 @@
 What a Keras user would write for distseg's one-rank run: the model from
 ``distseg.networks.unet.from_config``, distseg's segmentation loss as a ``keras.losses.Loss``,
 Adam at the preset's learning rate, the training slices in memory as numpy arrays,
-``fit`` with shuffling and the same batch size and thread counts. Prints one JSON line:
+``fit`` with shuffling and the same batch size, thread counts and precision
+(``--precision``: ``make bench`` gives the one its distseg run chose). Prints one JSON line:
 samples/s over the epochs after the first (the first traces the step), and each
 epoch's seconds.
 
-    python -m peers.keras_fit --data data/liver117.h5 --epochs 4
+    python -m peers.keras_fit --data data/liver117.h5 --epochs 4 --precision bfloat16
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 
-from benchlib.args import workload_parser
+from benchlib.args import add_precision, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -82,7 +83,8 @@ def run(args) -> dict:
     set_threads(args.threads)
     from distseg.core import config as config_lib
     from distseg.data import feeds
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-"})
+    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-",
+                                                     "model.precision": args.precision})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     if args.policy:
         keras.mixed_precision.set_global_policy(args.policy)
@@ -96,13 +98,14 @@ def run(args) -> dict:
               verbose=0, callbacks=[timer])
     return {"peer": "keras_fit", "samples_per_s": samples_per_s(timer.seconds, len(images)),
             "epoch_seconds": timer.seconds, "samples_per_epoch": len(images),
-            "threads": args.threads, "policy": args.policy or "float32"}
+            "threads": args.threads, "precision": args.precision,
+            "policy": args.policy or "float32"}
 
 
 def main(argv=None):
     p = workload_parser(__doc__, epochs=4)
     p.add_argument("--policy", default=None, help="Keras dtype policy, e.g. mixed_bfloat16")
-    args = p.parse_args(argv)
+    args = add_precision(p).parse_args(argv)
     if args.epochs < 2:
         sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
     print(json.dumps(run(args)), flush=True)

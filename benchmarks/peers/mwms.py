@@ -7,12 +7,13 @@ the training slices held in memory, and runs the usual MWMS step: forward and
 backward in ``strategy.run``, the loss divided by the number of replicas, and the
 Keras optimizer, which all-reduces the gradients (TensorFlow's collective ops, one
 packed all-reduce) before applying them. The same model (``distseg.networks.unet``), loss,
-learning rate scaling (linear) and thread counts as distseg.
+learning rate scaling (linear), thread counts and precision (``--precision``: ``make
+bench`` gives the one its distseg run chose) as distseg.
 
 ``launch`` starts the workers and combines their results; a worker prints one JSON
 line with its epochs' seconds.
 
-    python -m peers.mwms --data data/liver117.h5 --workers 2 --epochs 4
+    python -m peers.mwms --data data/liver117.h5 --workers 2 --epochs 4 --precision bfloat16
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from benchlib.args import workload_parser
+from benchlib.args import add_precision, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -93,7 +94,8 @@ def worker(args) -> dict:
     size = strategy.num_replicas_in_sync
     # Per-worker batches, as make bench runs distseg (--batch-size: no fixed global batch).
     cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-",
-                                                     "train.global_batch": 0})
+                                                     "train.global_batch": 0,
+                                                     "model.precision": args.precision})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     keras.utils.set_random_seed(cfg.train.seed)
     info = data.examine(args.data)
@@ -116,8 +118,9 @@ def worker(args) -> dict:
         float(loss)
         seconds.append(time.perf_counter() - start)
         samples.append(sum(len(b) for b in batches))
-    return {"worker": index, "epoch_seconds": seconds, "samples": samples,
-            "last_loss": float(loss), "weight_checksum": steps.weight_checksum(model.trainable_weights)}
+    return {"worker": index, "precision": args.precision, "epoch_seconds": seconds,
+            "samples": samples, "last_loss": float(loss),
+            "weight_checksum": steps.weight_checksum(model.trainable_weights)}
 
 
 def combine(results: list[dict]) -> dict:
@@ -130,7 +133,7 @@ def combine(results: list[dict]) -> dict:
     samples = sum(r["samples"][e] for r in results for e in epochs)
     seconds = sum(max(r["epoch_seconds"][e] for r in results) for e in epochs)
     return {"peer": "mwms", "workers": len(results), "samples_per_s": samples / seconds,
-            "per_worker": results}
+            "precision": results[0]["precision"], "per_worker": results}
 
 
 def launch(args) -> dict:
@@ -138,7 +141,8 @@ def launch(args) -> dict:
     ports = free_ports(args.workers)
     cmd = [sys.executable, "-m", "peers.mwms", "--worker", "--data", args.data,
            "--preset", args.preset, "--epochs", str(args.epochs),
-           "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+           "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+           "--precision", args.precision]
     procs = [subprocess.Popen(cmd, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(args.workers)]
@@ -164,7 +168,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (0: all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = add_precision(p).parse_args(argv)
     if args.epochs < 2:
         sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
     print(json.dumps(worker(args) if args.worker else launch(args)), flush=True)

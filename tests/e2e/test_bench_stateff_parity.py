@@ -4,9 +4,10 @@ seed and data make the same per-step training losses, learning rates, gradient n
 and validation Dice.
 
 Each case is one of ``bench_stateff``'s own variants (``study.run_config``), shrunk to
-the ``tiny`` phantom (32x32, depth 2, 4 filters, 2 epochs x 3 steps), launched with the
-benchmark's own command (``real.hvd_command``) and read with its own log reader
-(``runlogs``). The emulation runs in a fresh process with one TensorFlow thread, as
+the ``tiny`` phantom (32x32, depth 2, 4 filters, 2 epochs x 3 steps), given the study's
+precision (``study.resolved``: float32, not the demo preset's ``auto``, whose timed
+trial only a real run has), launched with the benchmark's own command
+(``real.hvd_command``) and read with its own log reader (``runlogs``). The emulation runs in a fresh process with one TensorFlow thread, as
 each real rank does.
 
 Tolerance: measured on one machine, the losses were bit for bit the same at 1 and 2
@@ -89,6 +90,9 @@ def of_type(records: list[dict], kind: str, field: str) -> list:
 def test_the_emulation_makes_distseg_trains_steps(tiny, tmp_path, variant, ranks):
     cfg_over = shrunk_config(variant, ranks, tiny)
     real_records = real_run(cfg_over, ranks, tiny, str(tmp_path / "real"))
+    # The precision the study gives both, asked for and kept: no trial ran.
+    assert runlogs.run_precision(str(tmp_path / "real")) == {"requested": "float32",
+                                                             "choice": "float32"}
     sim = emulated_run(cfg_over, ranks, tiny, str(tmp_path / "sim"))
     sim_losses = of_type(sim, "step", "loss")
     assert len(sim_losses) == 6

@@ -114,6 +114,21 @@ def test_one_rank_runs_are_shared_by_variants_that_differ_only_in_scaling_or_war
     assert (c8["max_steps_per_epoch"], c8["warmup_epochs"]) == (8, 8.0)
 
 
+def test_every_run_real_or_emulated_is_given_float32(tiny, tmp_path):
+    """The demo preset asks for ``auto``, which a trial at a real run's start decides and
+    the emulation cannot: both get float32 in the config the study gives them (so the
+    parity test's losses stay bit for bit), unless a variant names a precision."""
+    over = study.run_config("small", "gbatch-gn", 2, 0, 2, study.train_samples(tiny))
+    assert "precision" not in over["model"]  # nor in the cache key: cached runs keep theirs
+    cfg, path = study.resolved(over, tiny, str(tmp_path / "run"))
+    with open(path) as f:
+        written = json.load(f)  # what distseg-train --config reads
+    assert cfg.model.precision == written["model"]["precision"] == study.PRECISION == "float32"
+    assert {k: v for k, v in written["model"].items() if k != "precision"} == over["model"]
+    named = {**over, "model": {**over["model"], "precision": "bfloat16"}}
+    assert study.resolved(named, tiny, str(tmp_path / "named"))[0].model.precision == "bfloat16"
+
+
 def run(variant, ranks, seed, samples, time, drop):
     return {"backend": "hvd", "scale": "small", "variant": variant, "ranks": ranks,
             "seed": seed, "samples_to_target": samples, "time_to_target": time,

@@ -30,6 +30,13 @@ DROP_LIMIT = 0.1
 """The goal: no fall of the validation Dice larger than this after the warm-up."""
 FOLD = 8
 """Sim ranks that emulate a global batch grown past ``BATCH`` (``emulated_as``)."""
+PRECISION = "float32"
+"""What every run computes in, real and emulated, unless its variant names one
+(``resolved``). Not the demo preset's ``auto``: a timed trial decides that at each real
+run's start, which the emulation has no counterpart of, and the emulation's per-step
+losses are held bit for bit to ``distseg-train``'s
+(tests/e2e/test_bench_stateff_parity.py). The runs cached before ``auto`` existed trained
+in float32 too, and keep their cache keys (the precision is not in ``run_config``)."""
 MULTIPLIERS = {f"x{math.sqrt(2 ** k):.2g}": math.sqrt(2 ** k) for k in range(5)}
 """The sweep's fixed lr multipliers past the base batch, name -> factor: x1, x1.4, x2,
 x2.8, x4, each sqrt(2) apart, computed as ``config.lr_factor("sqrt", B / 8)`` computes
@@ -199,11 +206,13 @@ def per_rank_speed(path: str = PER_RANK_SPEED) -> dict[int, float]:
 
 def resolved(cfg_over: dict, data_path: str, run_dir: str):
     """(the full ``distseg.core.config.Config`` that ``distseg-train --preset demo
-    --config FILE`` would use, FILE): ``cfg_over`` written beside ``run_dir``."""
+    --config FILE`` would use, FILE): ``cfg_over`` written beside ``run_dir``, with
+    ``model.precision`` ``PRECISION`` where it names none."""
     from distseg.data import feeds
     path = os.path.join(os.path.dirname(run_dir), os.path.basename(run_dir) + ".json")
+    model = {"precision": PRECISION, **cfg_over.get("model", {})}
     with open(path, "w") as f:
-        json.dump(cfg_over, f)
+        json.dump({**cfg_over, "model": model}, f)
     # the data file decides the class count, as distseg-train's start-up does
     cfg = config_lib.resolve("demo", path, {"data.path": data_path, "run_dir": run_dir})
     return feeds.with_classes(cfg), path
