@@ -1,7 +1,11 @@
 """Every relative link of the README and docs/ reaches a file, and its ``#anchor`` a
 heading of that file (GitHub's rule: lower case, punctuation dropped, spaces to
 hyphens, a repeated heading numbered). A renamed section otherwise leaves links that
-lead nowhere, which no other test would notice."""
+lead nowhere, which no other test would notice.
+
+docs/architecture.md names every module of ``distseg/`` and ``analysis/`` in backticks
+as `name.py` (a module in a subfolder such as ``data/convert/`` by its base name), so a
+new or renamed module cannot go unlisted."""
 
 from __future__ import annotations
 
@@ -59,3 +63,34 @@ def test_a_broken_anchor_is_found(tmp_path, monkeypatch):
                                    "[ok](#time-to-target-2-vs-1-1) [bad](#time-to-target) "
                                    "[file](b.md) [web](https://example.org/x#y)\n")
     assert broken_links("a.md") == ["#time-to-target: no such heading", "b.md: no such file"]
+
+
+ARCHITECTURE = os.path.join("docs", "architecture.md")
+MODULE_ROOTS = ("distseg", "analysis")
+
+
+def unnamed_modules(page: str = ARCHITECTURE) -> list[str]:
+    """The module files under ``MODULE_ROOTS`` (``__init__.py`` aside) whose name
+    ``page`` never gives in backticks, as ``name.py`` or a path ending in it."""
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        named = {os.path.basename(n) for n in re.findall(r"`([\w./-]+\.py)`", f.read())}
+    files = sorted(os.path.relpath(p, REPO) for root in MODULE_ROOTS
+                   for p in glob.glob(os.path.join(REPO, root, "**", "*.py"), recursive=True))
+    return [f for f in files
+            if os.path.basename(f) != "__init__.py" and os.path.basename(f) not in named]
+
+
+def test_every_module_is_named_in_architecture():
+    assert unnamed_modules() == []
+
+
+def test_an_unnamed_module_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr("test_docs.REPO", str(tmp_path))
+    for path in ("distseg/__init__.py", "distseg/core/config.py", "distseg/data/convert/splits.py",
+                 "distseg/training/loop.py", "analysis/links.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(
+        "| `config.py` | x |\n| `convert/splits.py` | y |\nloop.py, links (not in backticks)\n")
+    assert unnamed_modules() == ["analysis/links.py", "distseg/training/loop.py"]
