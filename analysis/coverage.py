@@ -63,7 +63,7 @@ class Expected:
         return self.basis in (Basis.BATCH_ONE, Basis.CAPPED)
 
 
-#: Run records' ``batch_policy`` (the kind of ``config.batch_plan``'s plan) under which
+#: Run records' ``batch_plan`` (the kind of ``config.batch_plan``'s plan) under which
 #: a launch cuts its ranks' batches from fixed global batches of ``global_batch_size``:
 #: ``global``, ``grown``, and ``chosen``, the per-rank batch the ``goodput`` policy
 #: chose, which a resumed launch goes on with.
@@ -72,7 +72,7 @@ CUT_GLOBAL = ("global", "grown", "chosen")
 
 def _fixed_global_batch(rec: dict) -> int:
     """The fixed global batch a launch's shards are cut in (0: per-rank shards)."""
-    if rec.get("batch_policy") in CUT_GLOBAL:
+    if rec.get("batch_plan") in CUT_GLOBAL:
         return int(rec.get("global_batch_size") or 0)
     return 0
 

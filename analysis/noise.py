@@ -44,6 +44,11 @@ from distseg.core import goodput
 
 SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours", "samples",
                   "b_simple", "g2", "trace", "small_batch", "big_batch", "method"]
+#: The columns of ``SERIES_COLUMNS`` taken from the epochs' ``noise_*`` columns
+#: (``summary.noise_columns``): column -> the ``noise_scale`` field it holds (the series
+#: calls tr(Sigma) ``trace``).
+SERIES_NOISE = {"b_simple": "b_simple", "g2": "g2", "trace": "tr_sigma",
+                "small_batch": "small_batch", "big_batch": "big_batch", "method": "method"}
 TABLE_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "small_batch", "big_batch",
                  "at", "metric", "target", "target_epoch", "epoch", "samples", "b_simple"]
 PREDICTION_COLUMNS = ["run", "ranks", "nodes", "metric", "target", "global_batch_size", "base",
@@ -70,8 +75,7 @@ def _run_series(run: RunData) -> pd.DataFrame:
         "global_batch_size": global_batch(run), "epoch": e["epoch"].to_numpy(),
         "hours": e["wall_s"].to_numpy() / 3600.0,
         "samples": e["epoch"].map(done).astype(float).to_numpy(),
-        **{c: e[f"noise_{c}"].to_numpy() for c in ("b_simple", "g2", "trace", "small_batch",
-                                                    "big_batch", "method")}})
+        **{c: e[f"noise_{f}"].to_numpy() for c, f in SERIES_NOISE.items()}})
 
 
 def series(runs: Sequence[RunData]) -> tuple[pd.DataFrame, list[Note]]:
@@ -149,7 +153,7 @@ class History:
       run: the run it was measured in.
       samples: samples of all ranks in each stretch (they add up to the point).
       batch: the global batch each stretch ran (``tables.epoch_batches``).
-      g2, trace: the noise scale over each stretch: the epoch record's moving averages
+      g2, tr_sigma: the noise scale over each stretch: the epoch record's moving averages
         at its end (an epoch without an estimate takes the next one's, else the last
         earlier one's).
     """
@@ -158,7 +162,7 @@ class History:
     samples: tuple[float, ...]
     batch: tuple[float, ...]
     g2: tuple[float, ...]
-    trace: tuple[float, ...]
+    tr_sigma: tuple[float, ...]
 
     @property
     def total(self) -> float:
@@ -167,7 +171,7 @@ class History:
     @property
     def phi(self) -> tuple[float, ...]:
         """The noise scale of each stretch, tr(Sigma) / |G|^2 in samples."""
-        return tuple(t / g if g else math.nan for g, t in zip(self.g2, self.trace))
+        return tuple(t / g if g else math.nan for g, t in zip(self.g2, self.tr_sigma))
 
     def text(self) -> str:
         """Where a prediction comes from, in words: ``np1's history of the noise scale:
@@ -183,7 +187,7 @@ class History:
         A batch below the one run is counted at the samples run (``goodput.efficiency``
         counts no gain below its base)."""
         return [goodput.samples_at(b, ran, [(n, g, t)]) for n, b, ran, g, t
-                in zip(self.samples, batches, self.batch, self.g2, self.trace)]
+                in zip(self.samples, batches, self.batch, self.g2, self.tr_sigma)]
 
     def samples_at(self, batch: float) -> float:
         """Predicted samples to the same point at one global batch ``batch``."""
@@ -202,7 +206,7 @@ def history(run: RunData, samples: float | None = None) -> History | None:
     rows = epoch_batches(run)
     if not len(rows) or not np.isfinite(rows["g2"].astype(float)).any():
         return None
-    rows = rows.assign(g2=_filled(rows["g2"]), trace=_filled(rows["trace"]),
+    rows = rows.assign(g2=_filled(rows["g2"]), tr_sigma=_filled(rows["tr_sigma"]),
                        global_batch=rows["global_batch"].fillna(global_batch(run)))
     ends = rows["end_samples"].to_numpy(float, copy=True)
     stop = ends[-1] if samples is None else float(samples)
@@ -211,7 +215,7 @@ def history(run: RunData, samples: float | None = None) -> History | None:
     keep = starts < stop
     rows, starts, ends = rows[keep], starts[keep], np.minimum(ends[keep], stop)
     return History(run.label, tuple(ends - starts), tuple(rows["global_batch"].astype(float)),
-                   tuple(rows["g2"]), tuple(rows["trace"]))
+                   tuple(rows["g2"]), tuple(rows["tr_sigma"]))
 
 
 def history_for(runs: Sequence[RunData], group: pd.DataFrame | None) -> tuple[History | None, str]:

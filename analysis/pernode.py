@@ -31,13 +31,13 @@ NODE_COLUMNS = ["kind", "run", "metric", "target", "nodes", "ranks", "batch_poli
                 "measured_train_hours", "note"]
 
 
-def lr_at(train: TrainConfig, plan: BatchPlan, g2: float | None, trace: float | None) -> float:
+def lr_at(train: TrainConfig, plan: BatchPlan, g2: float | None, tr_sigma: float | None) -> float:
     """The lr the rule sets after the warm-up: ``train.lr`` x the plan's factor; with
     the ``gain`` rule x ``goodput.gain_lr_factor`` of the gain of the global batch over
     the base at the noise scale (``goodput.gain``; 1 before any estimate)."""
     if plan.lr_scaling == "gain":
         return train.lr * goodput.gain_lr_factor(
-            goodput.gain(plan.global_batch, plan.base, g2, trace))
+            goodput.gain(plan.global_batch, plan.base, g2, tr_sigma))
     return train.lr * plan.lr_factor
 
 
@@ -54,9 +54,9 @@ def batch_path(model: EpochModel, ranks: int, hist: History | None) -> list[int]
         return path * len(hist.samples)
     options = goodput.candidates(ranks, plan.base, model.train.max_batch_per_rank)
     seconds = functools.partial(model.seconds, ranks)
-    for g2, trace in zip(hist.g2[:-1], hist.trace[:-1]):
+    for g2, tr_sigma in zip(hist.g2[:-1], hist.tr_sigma[:-1]):
         path.append(goodput.choose(path[-1], options, ranks, plan.base, seconds, g2,
-                                   trace).per_rank)
+                                   tr_sigma).per_rank)
     return path
 
 
@@ -81,9 +81,9 @@ def predict(model: EpochModel, ranks: int, hist: History | None, target: bool) -
                 "lr_rule": shape.plan.lr_scaling if shape.plan else "", "note": shape.why}
     path = batch_path(model, ranks, hist)
     plan = model.plan(ranks, path[-1])
-    g2, trace = (hist.g2[-1], hist.trace[-1]) if hist is not None else (None, None)
+    g2, tr_sigma = (hist.g2[-1], hist.tr_sigma[-1]) if hist is not None else (None, None)
     out = {"predicted_per_rank_batch": plan.per_rank, "predicted_global_batch": plan.global_batch,
-           "lr_rule": plan.lr_scaling, "predicted_lr": lr_at(model.train, plan, g2, trace),
+           "lr_rule": plan.lr_scaling, "predicted_lr": lr_at(model.train, plan, g2, tr_sigma),
            "predicted_step_s": model.step(ranks, path[-1]),
            "predicted_throughput": model.throughput(ranks, path[-1]), "note": ""}
     if len(set(path)) > 1:

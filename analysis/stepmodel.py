@@ -109,7 +109,7 @@ def train_config(run: RunData) -> tuple[TrainConfig, str]:
         except (TypeError, ValueError):
             pass
     rec = run.run_record
-    fixed = count(rec.get("global_batch_size")) if rec.get("batch_policy") == "global" else 0
+    fixed = count(rec.get("global_batch_size")) if rec.get("batch_plan") == "global" else 0
     lr = number(rec.get("lr_base"))
     return (TrainConfig(batch_size=count(rec.get("batch_size")) or 1, global_batch=fixed or 0,
                         lr=lr if math.isfinite(lr) else TrainConfig.lr,

@@ -94,7 +94,7 @@ def _steady(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 EPOCH_BATCH_COLUMNS = ["epoch", "warmup", "train_s", "steps", "samples", "end_samples",
-                       "global_batch", "per_rank", "g2", "trace"]
+                       "global_batch", "per_rank", "g2", "tr_sigma"]
 
 
 def _noise_at(run: RunData, epochs: pd.Series, field: str) -> np.ndarray:
@@ -114,7 +114,7 @@ def epoch_batches(run: RunData) -> pd.DataFrame:
     on by its end (``RunData.epoch_progress``, so a resumed run counts each step once);
     ``global_batch = samples / steps`` and ``per_rank = global_batch / ranks``, read
     from what the steps trained on, so epochs of the ``goodput`` batch policy (each its
-    own batch) and remainder batches count as they ran. ``g2`` and ``trace``: the
+    own batch) and remainder batches count as they ran. ``g2`` and ``tr_sigma``: the
     epoch record's ``noise_scale`` (Adam-preconditioned |G|^2 and tr(Sigma)), NaN where
     not logged. Without step records the run record's ``steps_per_epoch`` stands in.
     """
@@ -137,7 +137,7 @@ def epoch_batches(run: RunData) -> pd.DataFrame:
                         "global_batch": samples / steps})
     out["per_rank"] = out["global_batch"] / (run.ranks or math.nan)
     out["g2"] = _noise_at(run, out["epoch"], "g2")
-    out["trace"] = _noise_at(run, out["epoch"], "trace")
+    out["tr_sigma"] = _noise_at(run, out["epoch"], "tr_sigma")
     return out[EPOCH_BATCH_COLUMNS]
 
 

@@ -62,14 +62,16 @@ def launcher_free_env(**extra: str) -> dict:
 
 
 def log_records(run_dir: str, rank: int, running: bool = False) -> list[dict]:
-    """Rank ``rank``'s log records, each checked against the schema: the one log reader
-    of the tests. ``running``: the run may still be writing (or was killed), so only
-    whole lines count (a last line without its newline is not a record yet)."""
+    """Rank ``rank``'s log records by the schema's current names (``schema.upgrade``),
+    each checked against the schema: the one log reader of the tests. ``running``: the
+    run may still be writing (or was killed), so only whole lines count (a last line
+    without its newline is not a record yet)."""
     path = rundir.log_path(run_dir, rank)
     if running:
         import json
         with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+            return [schema.upgrade(json.loads(line)) for line in f
+                    if line.endswith("\n") and line.strip()]
     recs, problems = schema.read_log(path)
     assert not problems, problems
     for r in recs:

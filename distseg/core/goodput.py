@@ -27,12 +27,12 @@ from typing import Callable
 SWITCH_GAIN = 0.05
 
 
-def gain(batch: float, base: float, g2: float | None, trace: float | None) -> float:
+def gain(batch: float, base: float, g2: float | None, tr_sigma: float | None) -> float:
     """AdaScale's gain of a step of ``batch`` samples over one of ``base``: between 1 and
-    ``batch / base``; 1 before any estimate (``g2`` or ``trace`` None)."""
-    if g2 is None or trace is None or batch <= base:
+    ``batch / base``; 1 before any estimate (``g2`` or ``tr_sigma`` None)."""
+    if g2 is None or tr_sigma is None or batch <= base:
         return 1.0 if batch >= base else batch / base
-    return (trace / base + g2) / (trace / batch + g2)
+    return (tr_sigma / base + g2) / (tr_sigma / batch + g2)
 
 
 def gain_lr_factor(gain: float) -> float:
@@ -42,10 +42,10 @@ def gain_lr_factor(gain: float) -> float:
     return math.sqrt(max(gain, 1.0))
 
 
-def efficiency(batch: float, base: float, g2: float | None, trace: float | None) -> float:
+def efficiency(batch: float, base: float, g2: float | None, tr_sigma: float | None) -> float:
     """Progress per sample of a step of ``batch`` samples, relative to ``base``: 1 at
     ``base``, falling towards ``base / batch`` as the batch outgrows the noise scale."""
-    return gain(batch, base, g2, trace) * base / batch
+    return gain(batch, base, g2, tr_sigma) * base / batch
 
 
 @dataclass
@@ -128,21 +128,21 @@ class Choice:
 
 
 def goodput(per_rank: int, ranks: int, base: int, seconds: Callable[[int], float | None],
-            g2: float | None, trace: float | None) -> float | None:
+            g2: float | None, tr_sigma: float | None) -> float | None:
     """Predicted goodput at ``per_rank``: base-batch-equivalent samples per second."""
     t = seconds(per_rank)
     if not t or t <= 0:
         return None
     big = per_rank * ranks
-    return big / t * efficiency(big, base, g2, trace)
+    return big / t * efficiency(big, base, g2, tr_sigma)
 
 
 def choose(current: int, options: list[int], ranks: int, base: int,
-           seconds: Callable[[int], float | None], g2: float | None, trace: float | None,
+           seconds: Callable[[int], float | None], g2: float | None, tr_sigma: float | None,
            threshold: float = SWITCH_GAIN) -> Choice:
     """The per-rank batch of greatest predicted goodput among ``options``; ``current``
     unless the best one is predicted at least ``threshold`` better."""
-    table = {b: goodput(b, ranks, base, seconds, g2, trace) for b in sorted(set(options) | {current})}
+    table = {b: goodput(b, ranks, base, seconds, g2, tr_sigma) for b in sorted(set(options) | {current})}
     known = {b: v for b, v in table.items() if v is not None}
     if current not in known or g2 is None:
         return Choice(current, False, table, "no step time or noise scale measured yet")
@@ -162,4 +162,4 @@ def samples_at(batch: float, base: float, history: list[tuple[float, float | Non
     measured then (Pollux's average over training, not one snapshot: the noise scale
     grows as training goes on). A stretch with no estimate costs as at none: samples x
     batch / base."""
-    return sum(samples / efficiency(batch, base, g2, trace) for samples, g2, trace in history)
+    return sum(samples / efficiency(batch, base, g2, tr_sigma) for samples, g2, tr_sigma in history)

@@ -8,7 +8,9 @@ Horovod) so that ``analysis`` can import it to read logs.
 Record types and their fields (``FIELDS``); every record also carries ``type``,
 ``rank`` and ``time`` (Unix seconds on this rank's clock). Readers must ignore fields
 they do not know, and producers may add fields freely; only removing or renaming a
-field needs a new ``SCHEMA_VERSION``.
+field needs a new ``SCHEMA_VERSION``. Schema 3 renamed the fields whose names meant two
+things (``RENAMED``, ``RENAMED_NOISE_SCALE``); every reader sees schema 3's names,
+whatever the log's version (``upgrade``, applied by ``parse_line``).
 
 ``run``   once, at start (and again after each resume):
     schema_version, rank, size, local_rank, local_size, host, pid, run_id (shared by the
@@ -18,8 +20,10 @@ field needs a new ``SCHEMA_VERSION``.
     config_hash (sha256 of the resolved config without run_dir, first 16 hex digits), model {name,
     params, hyper-parameters}, dataset {path, samples, train_samples, val_samples,
     image_size, ...}, global_seed, steps_per_epoch, batch_size (per rank),
-    global_batch_size, batch_policy (``global``: a fixed global batch split over the
-    ranks; ``grown``: a fixed one grown past the ranks; ``per_rank``), loss_scope
+    global_batch_size, batch_plan (``config.BatchPlan.kind``: ``global``, a fixed global
+    batch split over the ranks; ``grown``, a fixed one grown past the ranks;
+    ``per_rank``; ``chosen``, a per-rank batch the ``goodput`` policy chose; schema 1-2:
+    batch_policy), loss_scope
     (``global_batch``: since schema 2 ``loss`` is the loss of the whole global batch),
     lr_base, lr_scaled (with lr_scaling ``gain``: the most it can reach), lr_scaling,
     warmup_steps, epochs, voxels_per_sample (a
@@ -43,13 +47,15 @@ field needs a new ``SCHEMA_VERSION``.
     over ranks), train_loss_local, val_loss, val_loss_local, val_dice {class: dice}
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
     val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares],
-    noise_scale {b_simple, g2, trace (Adam-preconditioned), b_simple_raw, g2_raw,
-    trace_raw, small_batch, big_batch, base_batch, method, ema, preconditioned}
-    (``distseg.training.noise``), lr_rule {rule, lr, gain, progress, global_batch,
+    noise_scale {b_simple, g2, tr_sigma (tr(Sigma), the per-sample gradient covariance's
+    trace; Adam-preconditioned), b_simple_raw, g2_raw, tr_sigma_raw, small_batch,
+    big_batch, base_batch, method, ema, preconditioned} (``distseg.training.noise``;
+    schema 1-2: trace, trace_raw), lr_rule {rule, lr, gain, progress, global_batch,
     base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy
-    goodput`` batch_policy {policy, per_rank (this epoch's), options, step_time_model
+    goodput`` goodput {policy, per_rank (this epoch's), options, step_time_model
     {alpha, beta}, measured_step_time {per-rank batch: s}, goodput {per-rank batch:
-    predicted}, next_per_rank, switched, reason} (``distseg.training.batchpolicy``);
+    predicted}, next_per_rank, switched, reason} (the goodput policy's measurements and
+    choice, ``distseg.training.batchpolicy``; schema 1-2: batch_policy);
     rank 0 of each launch's second epoch on 2 or more ranks comm {steps, file,
     gradient_s, gradient_wait_s, small_s, small_wait_s, gradient_ops, small_ops} or
     {steps, file, error}: medians from Horovod's timeline of its first steps
@@ -77,7 +83,8 @@ Also, when a step's update was skipped on every rank (``--on-nonfinite skip``): 
 
 Reading a line (``parse_line``: the one rule of every reader, ``read_log``, the report's
 ``analysis.logfile`` and ``distseg-jobs outcome``). A line holds a record when it parses
-as a JSON object whose ``type`` is a string; a blank line is skipped silently. A line
+as a JSON object whose ``type`` is a string; a blank line is skipped silently. Every
+record read is ``upgrade``d: a field schema 3 renamed is read by its new name. A line
 that does not parse is damaged, and what it was depends on where it is:
 
 * the last line of the file, without its newline: a truncated write (the job was killed
@@ -102,7 +109,7 @@ import numpy as np
 
 from distseg.core.errors import InputError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Values of a data file's ``split`` dataset (``distseg.data``).
 SPLITS = {"train": 0, "val": 1, "test": 2}
@@ -133,18 +140,28 @@ FIELDS: dict[str, tuple[str, ...]] = {
 #: present (older logs or other producers may lack them).
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
-            "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_policy",
+            "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_plan",
             "loss_scope", "lr_scaling", "link"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local", "noise_scale", "lr_rule", "batch_policy", "comm"),
+              "val_cases_local", "noise_scale", "lr_rule", "goodput", "comm"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),
 }
 
 END_STATUSES = ("ok", "error", "interrupted")
+
+#: Fields schema 3 renamed, by record type (old name -> new name): ``batch_policy`` was
+#: the batch plan's kind in a ``run`` record and the goodput policy's dict in an
+#: ``epoch`` record.
+RENAMED: dict[str, dict[str, str]] = {
+    "run": {"batch_policy": "batch_plan"},
+    "epoch": {"batch_policy": "goodput"},
+}
+#: Fields schema 3 renamed inside an ``epoch`` record's ``noise_scale``: tr(Sigma).
+RENAMED_NOISE_SCALE: dict[str, str] = {"trace": "tr_sigma", "trace_raw": "tr_sigma_raw"}
 
 _MASK64 = (1 << 64) - 1
 
@@ -275,6 +292,37 @@ class LogLine(NamedTuple):
                 DAMAGED: "not a log record (not a valid JSON object with a type)"}[self.damage]
 
 
+def _renamed(fields: dict, names: Mapping[str, str]) -> dict:
+    """``fields`` with each old name of ``names`` it holds renamed, in their order (an old
+    name whose new one is there too is left as it is); ``fields`` itself when none is."""
+    if not any(old in fields and new not in fields for old, new in names.items()):
+        return fields
+    return {(names[k] if k in names and names[k] not in fields else k): v
+            for k, v in fields.items()}
+
+
+def upgrade_noise_scale(noise: dict) -> dict:
+    """An ``epoch`` record's ``noise_scale`` by schema 3's names (``RENAMED_NOISE_SCALE``)."""
+    return _renamed(noise, RENAMED_NOISE_SCALE)
+
+
+def upgrade(record: dict) -> dict:
+    """``record`` by schema 3's names: the fields schema 1 and 2 named otherwise
+    (``RENAMED``, ``RENAMED_NOISE_SCALE``) renamed, nothing else changed.
+
+    Only a ``run`` record says its ``schema_version``, so the old names decide: schema 3
+    writes none of them. Returns a new dict when a field is renamed (``record`` itself
+    otherwise); upgrading twice changes nothing more.
+    """
+    out = _renamed(record, RENAMED.get(record.get("type"), {}))
+    noise = out.get("noise_scale") if out.get("type") == "epoch" else None
+    if isinstance(noise, dict):
+        renamed = upgrade_noise_scale(noise)
+        if renamed is not noise:
+            out = {**out, "noise_scale": renamed}
+    return out
+
+
 def _is_record(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("type"), str)
 
@@ -287,7 +335,7 @@ def _salvage(raw: bytes) -> dict | None:
         except ValueError:
             continue
         if _is_record(rec):
-            return rec
+            return upgrade(rec)
     return None
 
 
@@ -308,7 +356,9 @@ def parse_line(raw: bytes, terminated: bool = True) -> LogLine:
             return LogLine(None, TRUNCATED, len(raw))
         rec = _salvage(raw)
         return LogLine(rec, SALVAGED if rec is not None else DAMAGED, len(raw))
-    return LogLine(rec, "", len(raw)) if _is_record(rec) else LogLine(None, DAMAGED, len(raw))
+    if not _is_record(rec):
+        return LogLine(None, DAMAGED, len(raw))
+    return LogLine(upgrade(rec), "", len(raw))
 
 
 def parse_lines(data: bytes) -> Iterator[tuple[int, LogLine]]:

@@ -22,7 +22,7 @@ Tags (``TAGS`` lists them with what they hold):
   ``batch/global``; from every rank's (the export only): ``ranks/step_time/rank-NNNNN``;
 * per epoch, from rank 0's ``epoch`` record: ``epoch/epoch``, ``epoch/train_loss``,
   ``epoch/val_loss``, ``epoch/val_dice/CLASS``, ``epoch/epoch_time``,
-  ``epoch/train_time``, ``noise/*``, ``lr_rule/*``, ``batch_policy/*``, ``comm/*`` (the
+  ``epoch/train_time``, ``noise/*``, ``lr_rule/*``, ``goodput/*``, ``comm/*`` (the
   timeline's epoch);
 * per epoch, from every rank's step times and epoch record (``balance_scalars``):
   ``ranks/slowest_step_time``, ``ranks/slowest_rank``, ``ranks/imbalance_ratio``,
@@ -63,22 +63,22 @@ TAGS: dict[str, str] = {
     "noise/b_simple": "gradient noise scale B_simple, Adam-preconditioned",
     "noise/b_simple_raw": "B_simple of the raw gradients",
     "noise/g2": "|G|^2, preconditioned",
-    "noise/trace": "tr(Sigma), preconditioned",
+    "noise/tr_sigma": "tr(Sigma), preconditioned",
     "lr_rule/gain": "AdaScale's gain of the global batch over the base batch",
     "lr_rule/progress": "gain-weighted steps of the base batch trained",
-    "batch_policy/per_rank": "goodput policy: the per-rank batch the epoch ran",
-    "batch_policy/next_per_rank": "goodput policy: the next epoch's per-rank batch",
-    "batch_policy/switched": "goodput policy: 1 when the batch changes after the epoch",
-    "batch_policy/predicted_gain": "goodput policy: predicted goodput of the choice over "
-                                   "the batch in force",
-    "batch_policy/goodput/B": "goodput policy: predicted goodput of per-rank batch B",
+    "goodput/per_rank": "goodput policy: the per-rank batch the epoch ran",
+    "goodput/next_per_rank": "goodput policy: the next epoch's per-rank batch",
+    "goodput/switched": "goodput policy: 1 when the batch changes after the epoch",
+    "goodput/predicted_gain": "goodput policy: predicted goodput of the choice over "
+                              "the batch in force",
+    "goodput/goodput/B": "goodput policy: predicted goodput of per-rank batch B",
     "comm/gradient_s": "timeline's epoch: the gradients' allreduce per step (median)",
     "comm/gradient_wait_s": "timeline's epoch: the wait for the last rank before it",
     "comm/small_s": "timeline's epoch: the global loss's small allreduce per step (median)",
     "comm/small_wait_s": "timeline's epoch: the wait before the global loss's allreduce",
 }
 
-_NOISE = ("b_simple", "b_simple_raw", "g2", "trace")
+_NOISE = ("b_simple", "b_simple_raw", "g2", "tr_sigma")
 _LR_RULE = ("gain", "progress")
 _UNSAFE = re.compile(r"[^\w.\-/]")
 
@@ -187,10 +187,10 @@ def _policy_pairs(policy: Mapping[str, Any]) -> list[tuple[str, Any]]:
     goodput = _dict(policy, "goodput")
     ran, chosen = policy.get("per_rank"), policy.get("next_per_rank")
     now, then = number(goodput.get(str(ran))), number(goodput.get(str(chosen)))
-    pairs = [("batch_policy/per_rank", ran), ("batch_policy/next_per_rank", chosen),
-             ("batch_policy/switched", policy.get("switched")),
-             ("batch_policy/predicted_gain", then / now if now and then is not None else None)]
-    return pairs + [(f"batch_policy/goodput/{tag_part(b)}", v) for b, v in goodput.items()]
+    pairs = [("goodput/per_rank", ran), ("goodput/next_per_rank", chosen),
+             ("goodput/switched", policy.get("switched")),
+             ("goodput/predicted_gain", then / now if now and then is not None else None)]
+    return pairs + [(f"goodput/goodput/{tag_part(b)}", v) for b, v in goodput.items()]
 
 
 def epoch_scalars(record: Mapping[str, Any], step: int, start_time: float | None) -> list[Scalar]:
@@ -204,7 +204,7 @@ def epoch_scalars(record: Mapping[str, Any], step: int, start_time: float | None
              ("epoch/train_time", record.get("train_time")),
              *((f"noise/{k}", noise.get(k)) for k in _NOISE),
              *((f"lr_rule/{k}", rule.get(k)) for k in _LR_RULE),
-             *_policy_pairs(_dict(record, "batch_policy")),
+             *_policy_pairs(_dict(record, "goodput")),
              *((f"comm/{k}", _dict(record, "comm").get(k)) for k in timeline.MEDIANS)]
     return _scalars(pairs, step, wall_time(record, start_time))
 

@@ -39,13 +39,13 @@ class BatchPolicy:
         """One timed step at the batch in force."""
         self.times.add(self.per_rank, seconds)
 
-    def decide(self, g2: float | None, trace: float | None, seconds=None) -> goodput.Choice:
+    def decide(self, g2: float | None, tr_sigma: float | None, seconds=None) -> goodput.Choice:
         """The next epoch's per-rank batch from what this rank measured (rank 0's
         decision is the one every rank takes); ``seconds`` (per-rank batch -> a step's
         seconds) stands in for the measured step times where given (the benchmark's
         emulation, which measures samples, not time)."""
         return goodput.choose(self.per_rank, self.options, self.ranks, self.base,
-                              seconds or self.times.seconds, g2, trace)
+                              seconds or self.times.seconds, g2, tr_sigma)
 
     def take(self, choice: goodput.Choice) -> bool:
         """Adopts ``choice`` (rank 0's, broadcast); returns whether the batch changed."""
@@ -55,7 +55,7 @@ class BatchPolicy:
         return changed
 
     def record(self, ran: int, choice: goodput.Choice | None) -> dict:
-        """The ``batch_policy`` field of an ``epoch`` record: the per-rank batch the epoch
+        """The ``goodput`` field of an ``epoch`` record: the per-rank batch the epoch
         ``ran``, the step-time model, and ``choice`` for the next epoch (None after the
         last epoch): each option's predicted goodput and the batch chosen."""
         fit = self.times.fit()

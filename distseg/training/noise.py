@@ -20,7 +20,7 @@ Both are smoothed separately (the ratio of two noisy estimates is biased; the av
 are not) by a bias-corrected exponential moving average whose decay is tied to the
 samples a step covers: ``DECAY`` per ``base`` samples, so a step of B samples decays
 by DECAY^(B / base) (AdaptDL: 0.999 per initial batch). Read back, |G|^2 is clipped at
-0 and tr(Sigma) at ``TRACE_FLOOR``; a step whose norms are not finite is skipped.
+0 and tr(Sigma) at ``TR_SIGMA_FLOOR``; a step whose norms are not finite is skipped.
 
 The norms come twice: of the raw gradients, and of the gradients divided by Adam's
 bias-corrected sqrt(v) + epsilon (``preconditioned``; the identity in Adam's first
@@ -43,7 +43,7 @@ from distseg.core import goodput
 #: The moving averages' decay per ``NoiseScale.base`` samples (AdaptDL's smoothing).
 DECAY = 0.999
 #: The floor of tr(Sigma) when read back (AdaptDL's): the gain stays finite.
-TRACE_FLOOR = 1e-6
+TR_SIGMA_FLOOR = 1e-6
 #: Adam steps before the preconditioner is Adam's own (identity before; AdaptDL's 5).
 PRECONDITION_AFTER = 5
 #: What ``record()`` and ``state()`` name the two estimators.
@@ -55,13 +55,13 @@ class Average:
     """A bias-corrected exponential moving average of |G|^2 and tr(Sigma)."""
 
     g2_biased: float = 0.0
-    trace_biased: float = 0.0
+    tr_sigma_biased: float = 0.0
     weight: float = 0.0
     """1 - the product of every decay so far: what corrects the bias."""
 
-    def update(self, g2: float, trace: float, decay: float) -> None:
+    def update(self, g2: float, tr_sigma: float, decay: float) -> None:
         self.g2_biased = decay * self.g2_biased + (1 - decay) * g2
-        self.trace_biased = decay * self.trace_biased + (1 - decay) * trace
+        self.tr_sigma_biased = decay * self.tr_sigma_biased + (1 - decay) * tr_sigma
         self.weight = decay * self.weight + (1 - decay)
 
     @property
@@ -70,24 +70,24 @@ class Average:
         return max(self.g2_biased / self.weight, 0.0) if self.weight else None
 
     @property
-    def trace(self) -> float | None:
-        """tr(Sigma) per sample, at least ``TRACE_FLOOR``; None before any step."""
-        return max(self.trace_biased / self.weight, TRACE_FLOOR) if self.weight else None
+    def tr_sigma(self) -> float | None:
+        """tr(Sigma) per sample, at least ``TR_SIGMA_FLOOR``; None before any step."""
+        return max(self.tr_sigma_biased / self.weight, TR_SIGMA_FLOOR) if self.weight else None
 
     @property
     def b_simple(self) -> float | None:
         """tr(Sigma) / |G|^2 in samples; None before a step or while |G|^2 is 0."""
         if self.weight == 0 or self.g2 == 0:
             return None
-        return self.trace / self.g2
+        return self.tr_sigma / self.g2
 
 
 def estimates(small_sq: float, big_sq: float, small: int, count: int) -> tuple[float, float]:
     """(|G|^2, tr(Sigma)) of one step: ``count`` gradients of ``small`` samples whose
     squared norms average ``small_sq`` and whose average has squared norm ``big_sq``."""
     g2 = (count * big_sq - small_sq) / (count - 1)
-    trace = (small_sq - big_sq) * small * count / (count - 1)
-    return g2, trace
+    tr_sigma = (small_sq - big_sq) * small * count / (count - 1)
+    return g2, tr_sigma
 
 
 @dataclass
@@ -133,7 +133,7 @@ class NoiseScale:
         Between 1 and batch/base: the progress a step of ``batch`` samples makes, in
         steps of ``base``."""
         avg = self.averages["preconditioned"]
-        return goodput.gain(batch, self.base, avg.g2, avg.trace)
+        return goodput.gain(batch, self.base, avg.g2, avg.tr_sigma)
 
     def resize(self, small: int, big: int) -> None:
         """A new batch (the ``goodput`` policy's): the averages, per sample, carry on."""
@@ -141,16 +141,16 @@ class NoiseScale:
 
     def record(self) -> dict:
         """The ``noise_scale`` field of an ``epoch`` record: the preconditioned estimate
-        (``b_simple``, ``g2``, ``trace``) and the raw one (``*_raw``)."""
+        (``b_simple``, ``g2``, ``tr_sigma``) and the raw one (``*_raw``)."""
         pre, raw = self.averages["preconditioned"], self.averages["raw"]
-        return {"b_simple": pre.b_simple, "g2": pre.g2, "trace": pre.trace,
-                "b_simple_raw": raw.b_simple, "g2_raw": raw.g2, "trace_raw": raw.trace,
+        return {"b_simple": pre.b_simple, "g2": pre.g2, "tr_sigma": pre.tr_sigma,
+                "b_simple_raw": raw.b_simple, "g2_raw": raw.g2, "tr_sigma_raw": raw.tr_sigma,
                 "small_batch": self.small, "big_batch": self.big, "base_batch": self.base,
                 "method": self.method, "ema": DECAY, "preconditioned": True}
 
     def state(self) -> dict:
         """What a checkpoint keeps, so ``--resume`` continues the averages exactly."""
-        return {k: [a.g2_biased, a.trace_biased, a.weight] for k, a in self.averages.items()}
+        return {k: [a.g2_biased, a.tr_sigma_biased, a.weight] for k, a in self.averages.items()}
 
     def restore(self, state: dict | None) -> None:
         """Continues from ``state()`` (None or a state of other kinds: from scratch)."""

@@ -41,7 +41,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         voxels_per_sample=int(np.prod(s.feed.input_shape)), onednn=steps.onednn_enabled(),
         dataset=s.feed.summary(), global_seed=t.seed, steps_per_epoch=s.plan.steps,
         batch_size=batch.per_rank, global_batch_size=batch.global_batch,
-        batch_policy=batch.kind, loss_scope="global_batch", lr_scaling=batch.lr_scaling,
+        batch_plan=batch.kind, loss_scope="global_batch", lr_scaling=batch.lr_scaling,
         lr_base=t.lr, lr_scaled=s.plan.lr_target, warmup_steps=s.plan.warmup_steps,
         epochs=t.epochs, link=s.link)
 

@@ -102,7 +102,7 @@ class Scaling:
         if self.policy is None:
             return None
         avg = self.noise.averages["preconditioned"]
-        return self.policy.decide(avg.g2, avg.trace, seconds)
+        return self.policy.decide(avg.g2, avg.tr_sigma, seconds)
 
     def take(self, choice: goodput.Choice | None) -> bool:
         """Adopts rank 0's ``choice``; on a new batch, the plan of that batch and the
@@ -120,7 +120,7 @@ class Scaling:
         next one."""
         fields = {"noise_scale": self.noise.record(), "lr_rule": self.lr_rule()}
         if self.policy is not None:
-            fields["batch_policy"] = self.policy.record(ran, choice)
+            fields["goodput"] = self.policy.record(ran, choice)
         return fields
 
     def lr_rule(self) -> dict:

@@ -2,7 +2,8 @@
 
 A run is described by a ``RunSpec``; ``write_run`` produces ``config.json`` and one log
 per rank in the format of ``distseg.core.schema`` (and of ``distseg.training.runlog``: compact JSON,
-one record per line). Time is exact: step ``k`` of a launch ends at
+one record per line), by the names of its current version or of an older one
+(``RunSpec.schema_version``). Time is exact: step ``k`` of a launch ends at
 ``t = (k + 1) * step_time + (epochs finished in the launch) * val_time`` (with no
 ``warmup_step_time``), so tests can place a loss value at exactly 3.5 h.
 """
@@ -79,10 +80,13 @@ class RunSpec:
     noise_scale: Callable[[int], float | None] | None = None
     """B_simple at the end of each epoch (``None``: no ``noise_scale`` field, as older
     logs; a function returning ``None``: not estimable). With it, the run record gets
-    ``batch_policy`` and ``loss_scope``, each epoch record a ``noise_scale`` (method
+    ``batch_plan`` and ``loss_scope``, each epoch record a ``noise_scale`` (method
     ``none`` on 1 rank, with ``b_simple`` null) and each step record ``grad_sq``."""
-    batch_policy: str = "per_rank"
-    """The run record's ``batch_policy`` when ``noise_scale`` is given."""
+    batch_plan: str = "per_rank"
+    """The run record's ``batch_plan`` when ``noise_scale`` is given."""
+    goodput: Callable[[int], dict] | None = None
+    """The ``goodput`` field of epoch e's records (the goodput policy's measurements and
+    choice, ``distseg.training.batchpolicy``); ``None``: no such field (policy ``fixed``)."""
     consecutive: bool = False
     """With ``noise_scale``: a 1-rank run estimates it too, from consecutive gradients
     (method ``consecutive``, as logs since 2026-11-25), instead of logging ``none``."""
@@ -92,6 +96,18 @@ class RunSpec:
     link: dict | None = None
     """The run records' ``link`` (``measured_link``); ``None``: no such field, as in logs
     from before it (a 1-rank run logs ``null``: ``extra_run_fields={"link": None}``)."""
+    schema_version: int = schema.SCHEMA_VERSION
+    """The log schema the records are written in: the run records' ``schema_version``, and
+    the names of the fields schema 3 renamed (``names``)."""
+
+
+def names(version: int) -> dict[str, str]:
+    """How log schema ``version`` names the fields schema 3 renamed: the run record's
+    batch plan, the epoch record's goodput policy and ``noise_scale``'s tr(Sigma). Spelled
+    out here as each trainer wrote them, so that a test of ``schema.upgrade`` checks it."""
+    if version < 3:
+        return {"batch_plan": "batch_policy", "goodput": "batch_policy", "tr_sigma": "trace"}
+    return {"batch_plan": "batch_plan", "goodput": "goodput", "tr_sigma": "tr_sigma"}
 
 
 def measured_link(ranks: int, bandwidth_gbps: float, latency_us: float, local: bool,
@@ -133,20 +149,25 @@ def noise_record(spec: RunSpec, epoch: int) -> dict:
     alone = spec.size == 1
     b = spec.noise_scale(epoch) if not alone or spec.consecutive else None
     method = "ranks" if not alone else "consecutive" if spec.consecutive else "none"
-    return {"b_simple": b, "g2": None if b is None else 1.0, "trace": b,
+    tr_sigma = names(spec.schema_version)["tr_sigma"]
+    return {"b_simple": b, "g2": None if b is None else 1.0, tr_sigma: b,
             "small_batch": spec.batch_size, "big_batch": spec.batch_size * spec.size,
             "method": method, "ema": 0.95, "preconditioned": False}
 
 
 def noise_fields(spec: RunSpec, kind: str, epoch: int = 0) -> dict:
-    """What a run with ``spec.noise_scale`` adds to its ``kind`` records (none without)."""
+    """What a run with ``spec.noise_scale`` adds to its ``kind`` records (none without),
+    and each epoch record's ``spec.goodput``."""
+    named = names(spec.schema_version)
+    policy = ({named["goodput"]: spec.goodput(epoch)}
+              if kind == "epoch" and spec.goodput is not None else {})
     if spec.noise_scale is None:
-        return {}
+        return policy
     if kind == "run":
-        return {"batch_policy": spec.batch_policy, "loss_scope": "global_batch"}
+        return {named["batch_plan"]: spec.batch_plan, "loss_scope": "global_batch"}
     if kind == "step":
         return {"grad_sq": [2.0, 1.0]}
-    return {"noise_scale": noise_record(spec, epoch)}
+    return {"noise_scale": noise_record(spec, epoch), **policy}
 
 
 def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
@@ -165,7 +186,8 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                  **spec.extra_model_fields}
         if spec.params is not None:
             model["params"] = spec.params
-        out.append({"type": "run", "rank": rank, "time": start, "schema_version": 1,
+        out.append({"type": "run", "rank": rank, "time": start,
+                    "schema_version": spec.schema_version,
                     "size": size, "local_rank": hosts[:rank].count(hosts[rank]),
                     "local_size": hosts.count(hosts[rank]), "host": hosts[rank],
                     "pid": 100 + rank, "run_id": f"{spec.run_id}-{li}", "start_time": start,
@@ -250,7 +272,8 @@ def write_run(run_dir: str, spec: RunSpec | None = None, **changes) -> str:
 def run_record(rank: int, size: int, start_time: float = 1.7e9, run_id: str = "run0",
                **changes) -> dict:
     """A minimal valid ``run`` record, for logs written by hand (``changes`` override)."""
-    rec = {"type": "run", "rank": rank, "time": start_time, "schema_version": 1,
+    rec = {"type": "run", "rank": rank, "time": start_time,
+           "schema_version": schema.SCHEMA_VERSION,
            "size": size, "local_rank": rank, "local_size": size, "host": "node0",
            "run_id": run_id, "start_time": start_time, "versions": {}, "controller": "gloo",
            "threads": {}, "config_hash": "c0", "dataset": {"train_samples": 16},

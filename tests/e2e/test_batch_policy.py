@@ -73,7 +73,7 @@ def test_the_policy_switches_together_and_resumes_exactly(phantom64, tmp_path):
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
     _train(*RUN, "--data", phantom64, "--run-dir", full, "--epochs", str(EPOCHS))
     records = [_epochs(full, rank) for rank in (0, 1)]
-    policies = [[r["batch_policy"] for r in recs] for recs in records]
+    policies = [[r["goodput"] for r in recs] for recs in records]
     # Rank 0's choice, taken by every rank (each logs its own step times beside it).
     choice = ("per_rank", "next_per_rank", "goodput", "switched", "reason")
     assert [[{k: p[k] for k in choice} for p in ps] for ps in policies] == \
@@ -98,4 +98,4 @@ def test_the_policy_switches_together_and_resumes_exactly(phantom64, tmp_path):
     _train("--run-dir", cut, "--resume", "--epochs", str(EPOCHS))
     for rank in (0, 1):
         assert _steps(cut, rank, EPOCHS - 1, resumed=True) == _steps(full, rank, EPOCHS - 1)
-        assert _epochs(cut, rank)[-1]["batch_policy"]["per_rank"] == chosen[-1]
+        assert _epochs(cut, rank)[-1]["goodput"]["per_rank"] == chosen[-1]

@@ -33,6 +33,7 @@ DIRECT = {"train/loss": ("step", "loss"), "train/lr": ("step", "lr"),
           "batch/per_rank": ("step", "samples"), "epoch/train_loss": ("epoch", "train_loss"),
           "epoch/val_loss": ("epoch", "val_loss"), "epoch/train_time": ("epoch", "train_time"),
           "noise/b_simple": ("epoch", "noise_scale.b_simple"),
+          "noise/tr_sigma": ("epoch", "noise_scale.tr_sigma"),
           "lr_rule/gain": ("epoch", "lr_rule.gain")}
 
 

@@ -48,11 +48,11 @@ def _run(tmp_path, size=2, **record):
     (dict(dataset={"train_slabs": 16}, batch_size=2, steps_per_epoch=4), ALL16),
     # a fixed global batch, and a batch the goodput policy chose: whole global batches
     (dict(dataset={"train_samples": 15}, batch_size=4, global_batch_size=8,
-          batch_policy="global", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
+          batch_plan="global", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
     (dict(dataset={"train_samples": 15}, batch_size=4, global_batch_size=8,
-          batch_policy="chosen", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
+          batch_plan="chosen", steps_per_epoch=1), Expected(8.0, Basis.BATCH_ONE, CUT_8_OF_15)),
     (dict(dataset={"train_samples": 16}, batch_size=4, global_batch_size=8,
-          batch_policy="chosen", steps_per_epoch=2), ALL16),
+          batch_plan="chosen", steps_per_epoch=2), ALL16),
 ])
 def test_expected_samples(tmp_path, record, expected):
     got = coverage.expected_samples(_run(tmp_path, **record))
@@ -133,7 +133,7 @@ def test_a_launch_at_a_batch_the_policy_chose_is_checked_as_the_loop_cut_it(tmp_
     plan, n, size = config.batch_plan(train, 2, per_rank=4), 15, 2
     assert (plan.per_rank, plan.global_batch) == (4, 8)
     rec = dict(dataset={"train_samples": n}, batch_size=plan.per_rank,
-               global_batch_size=plan.global_batch, batch_policy="chosen",
+               global_batch_size=plan.global_batch, batch_plan="chosen",
                steps_per_epoch=schema.steps_per_epoch(n, size, plan.per_rank, plan.global_batch))
     run_dir = str(tmp_path / "chosen")
     for rank in range(size):

@@ -30,7 +30,7 @@ def _runs(tmp_path, **noise_or_not):
 # np2's history to the target -0.3 (28 samples, global batch 4): epoch 0 in full (16
 # samples at B_noise 4), then 12 samples of epoch 1 (B_noise 5).
 NP2_HISTORY = noise.History("np2", samples=(16.0, 12.0), batch=(4.0, 4.0), g2=(1.0, 1.0),
-                            trace=(4.0, 5.0))
+                            tr_sigma=(4.0, 5.0))
 
 
 def test_the_prediction_sums_mccandlish_over_the_history_by_hand():

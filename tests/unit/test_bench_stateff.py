@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from benchlib import runlogs  # noqa: E402
 from benchlib.stateff import curves, largebatch, study, summary  # noqa: E402
 from benchlib.stateff.goals import goal_rows, noise_predictions  # noqa: E402
-from benchlib.stateff.runs import cache_key, run_spec  # noqa: E402
+from benchlib.stateff.runs import _read_cached, cache_key, run_spec  # noqa: E402
 
 LIVER = [0.30, 0.90, 0.70, 0.95]
 """Rank 0's validation liver Dice per epoch in the hand-built 2-rank run."""
@@ -320,7 +320,7 @@ def test_the_prediction_is_samples_at_over_the_base_runs_epochs_up_to_the_target
     from distseg.core import goodput
 
     # The B = 8 run reached the target at its 2nd validation; the 3rd is not history.
-    noise = [{"g2": 1.0, "trace": 8.0}, {"g2": 2.0, "trace": 48.0}, {"g2": 1.0, "trace": 1e3}]
+    noise = [{"g2": 1.0, "tr_sigma": 8.0}, {"g2": 2.0, "tr_sigma": 48.0}, {"g2": 1.0, "tr_sigma": 1e3}]
     runs = [lb_run("gbatch-gn", 8, 0, 1024, [512, 1024, 1536], noise),
             lb_run("gbatch-gn", 16, 0, 1536), lb_run("gbatch-gn", 32, 0, 2048),
             lb_run("gbatch-gn", 64, 0, None, [512 * k for k in range(1, 25)])]
@@ -333,6 +333,17 @@ def test_the_prediction_is_samples_at_over_the_base_runs_epochs_up_to_the_target
     assert row["met"] is False  # B = 64 not reached: no ratio, so not within 25 %
     assert "seed 0 B=16: 1408 / 1536 = 0.92" in row["detail"]
     assert row["detail"].endswith(f"seed 0 B=64: {preds[2]['predicted']:.0f} / not reached in 12288")
+
+
+def test_a_run_cached_from_older_logs_is_read_by_schema_3_names(tmp_path):
+    path = tmp_path / "old.json"  # as cached before log schema 3
+    path.write_text(json.dumps({"key": "k", "noise": [None, {"g2": 1.0, "trace": 8.0, "trace_raw": 2.0}],
+                                "batch_policy": [None, {"next_per_rank": 2}]}))
+    rec = _read_cached(str(path))
+    assert rec["noise"] == [None, {"g2": 1.0, "tr_sigma": 8.0, "tr_sigma_raw": 2.0}]
+    assert rec["goodput"] == [None, {"next_per_rank": 2}] and "batch_policy" not in rec
+    assert largebatch.history({"cum_samples": [512], "samples_to_target": 512, "noise": rec["noise"][1:]}) \
+        == [(512, 1.0, 8.0)]
 
 
 def test_projected_time_adds_each_steps_seconds_at_its_per_rank_batch():

@@ -13,11 +13,11 @@ from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 
 
 def test_efficiency_is_the_noise_scale_ratio():
-    # phi = trace / g2 = 24: efficiency (phi + B0) / (phi + B)
-    g2, trace = 0.5, 12.0
-    assert goodput.efficiency(8, 8, g2, trace) == pytest.approx(1.0)
-    assert goodput.efficiency(32, 8, g2, trace) == pytest.approx((24 + 8) / (24 + 32))
-    assert goodput.gain(32, 8, g2, trace) == pytest.approx(4 * (24 + 8) / (24 + 32))
+    # phi = tr_sigma / g2 = 24: efficiency (phi + B0) / (phi + B)
+    g2, tr_sigma = 0.5, 12.0
+    assert goodput.efficiency(8, 8, g2, tr_sigma) == pytest.approx(1.0)
+    assert goodput.efficiency(32, 8, g2, tr_sigma) == pytest.approx((24 + 8) / (24 + 32))
+    assert goodput.gain(32, 8, g2, tr_sigma) == pytest.approx(4 * (24 + 8) / (24 + 32))
     # pure noise (|G|^2 clipped to 0): every sample counts, the gain is the growth
     assert goodput.efficiency(64, 8, 0.0, 3.0) == pytest.approx(1.0)
     # nothing measured: no gain assumed, the worst case
@@ -77,12 +77,12 @@ def test_the_choice_on_a_known_model():
     seconds = _table({1: 0.84, 2: 0.94, 4: 1.01, 8: 1.0})
     options = [1, 2, 4, 8]
     # A small noise scale (phi = 50): one slice per rank at 32 ranks is best.
-    early = goodput.choose(2, options, 32, 8, seconds, g2=1.0, trace=50.0)
+    early = goodput.choose(2, options, 32, 8, seconds, g2=1.0, tr_sigma=50.0)
     assert early.per_rank == 1 and early.switched
     expected = {b: 32 * b / seconds(b) * (50 + 8) / (50 + 32 * b) for b in options}
     assert early.goodput == pytest.approx(expected)
     # A large one (phi = 500): 2 slices per rank win.
-    late = goodput.choose(1, options, 32, 8, seconds, g2=1.0, trace=500.0)
+    late = goodput.choose(1, options, 32, 8, seconds, g2=1.0, tr_sigma=500.0)
     assert late.per_rank == 2 and late.switched
     assert max(late.goodput, key=late.goodput.get) == 2
 
@@ -90,19 +90,19 @@ def test_the_choice_on_a_known_model():
 def test_no_switch_under_the_threshold():
     seconds = _table({4: 1.0, 8: 1.0})
     # The same throughput per sample: a larger batch only loses efficiency (408 / 416).
-    small = goodput.choose(4, [4, 8], 2, 8, seconds, g2=1.0, trace=400.0)
+    small = goodput.choose(4, [4, 8], 2, 8, seconds, g2=1.0, tr_sigma=400.0)
     ratio = small.goodput[8] / small.goodput[4]
     assert ratio < 1.0 and not small.switched and small.per_rank == 4
     # A throughput gain of 4 % and no efficiency loss: under the 5 % to switch.
-    flat = goodput.choose(4, [4, 8], 2, 8, _table({4: 1.0, 8: 1.04}), g2=0.0, trace=1.0)
+    flat = goodput.choose(4, [4, 8], 2, 8, _table({4: 1.0, 8: 1.04}), g2=0.0, tr_sigma=1.0)
     assert flat.goodput[8] / flat.goodput[4] == pytest.approx(1.04)
     assert not flat.switched and "under" in flat.reason
     # The same at 6 %: it switches.
-    assert goodput.choose(4, [4, 8], 2, 8, _table({4: 1.0, 8: 1.06}), g2=0.0, trace=1.0).switched
+    assert goodput.choose(4, [4, 8], 2, 8, _table({4: 1.0, 8: 1.06}), g2=0.0, tr_sigma=1.0).switched
 
 
 def test_nothing_measured_keeps_the_batch():
-    choice = goodput.choose(4, [4, 8], 2, 8, goodput.StepTimes().seconds, g2=None, trace=None)
+    choice = goodput.choose(4, [4, 8], 2, 8, goodput.StepTimes().seconds, g2=None, tr_sigma=None)
     assert choice.per_rank == 4 and not choice.switched
 
 

@@ -83,12 +83,12 @@ def test_one_rank_differences_consecutive_gradients():
 def test_the_averages_are_bias_corrected_and_decay_per_base_samples():
     noise = NoiseScale(2, 8, base=8)
     noise.update(5.0, 2.0, 5.0, 2.0)
-    g2, trace = noise_lib.estimates(5.0, 2.0, 2, 4)
+    g2, tr_sigma = noise_lib.estimates(5.0, 2.0, 2, 4)
     # One step: the corrected average is that step's estimate, whatever the decay.
     assert noise.averages["raw"].g2 == pytest.approx(g2)
-    assert noise.averages["raw"].trace == pytest.approx(trace)
+    assert noise.averages["raw"].tr_sigma == pytest.approx(tr_sigma)
     noise.update(7.0, 3.0, 7.0, 3.0)
-    g2b, traceb = noise_lib.estimates(7.0, 3.0, 2, 4)
+    g2b, tr_sigma_b = noise_lib.estimates(7.0, 3.0, 2, 4)
     decay = noise_lib.DECAY ** (8 / 8)
     want = (decay * (1 - decay) * g2 + (1 - decay) * g2b) / (decay * (1 - decay) + (1 - decay))
     assert noise.averages["raw"].g2 == pytest.approx(want)

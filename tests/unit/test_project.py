@@ -169,7 +169,7 @@ def test_the_gain_rule_scales_the_lr_by_the_root_of_the_gain_at_the_target(tmp_p
 def test_a_history_stops_inside_an_epoch(tmp_path):
     run = logs.load_run(_per_rank_runs(tmp_path)[0])
     hist = noise.history(run, 24.0)  # a loss target met half way through epoch 1
-    assert (hist.samples, hist.batch, hist.trace) == ((16.0, 8.0), (2.0, 2.0), (2.0, 6.0))
+    assert (hist.samples, hist.batch, hist.tr_sigma) == ((16.0, 8.0), (2.0, 2.0), (2.0, 6.0))
     assert hist.samples_at(4.0) == pytest.approx(16 * 6 / 4 + 8 * 10 / 8)
     # goodput.samples_at, stretch by stretch: the same sum.
     assert hist.samples_at(4.0) == pytest.approx(goodput.samples_at(4.0, 2.0, [(16.0, 1.0, 2.0),
@@ -189,8 +189,8 @@ def test_each_epoch_counts_at_the_batch_it_ran(tmp_path):
         if k in (3, 5):
             lines.append(epoch_record(0, epoch, float(k + 1), samples=8, steps=4 if k == 3 else 2,
                                       noise_scale={"b_simple": noise_at[epoch], "g2": 1.0,
-                                                   "trace": noise_at[epoch], "method": "consecutive"},
-                                      batch_policy={"policy": "goodput", "per_rank": batch}))
+                                                   "tr_sigma": noise_at[epoch], "method": "consecutive"},
+                                      goodput={"policy": "goodput", "per_rank": batch}))
     write_log(str(tmp_path / "gp"), 0, lines)
     run = logs.load_run(str(tmp_path / "gp"))
     rows = tables.epoch_batches(run)

@@ -73,7 +73,7 @@ def test_the_policy_switches_to_a_larger_batch_when_the_noise_scale_pays_for_it(
                                                                  "chosen")
     assert s.plan.steps == SAMPLES // batch.global_batch
     assert (s.noise.small, s.noise.big) == (batch.per_rank, batch.global_batch)
-    record = s.epoch_fields(2, choice)["batch_policy"]
+    record = s.epoch_fields(2, choice)["goodput"]
     assert (record["per_rank"], record["next_per_rank"], record["switched"]) == (2, choice.per_rank, True)
 
 
@@ -89,7 +89,7 @@ def test_the_policy_keeps_its_batch_until_it_has_measured_and_never_goes_below_t
     assert (s.plan.batch.global_batch, s.noise.big) == (2, 2)
     assert not s.take(None)  # after the last epoch
     fixed = Scaling.start(_train(batch_size=2, global_batch=0), SAMPLES, 2)
-    assert fixed.decide() is None and "batch_policy" not in fixed.epoch_fields(2, None)
+    assert fixed.decide() is None and "goodput" not in fixed.epoch_fields(2, None)
 
 
 def test_a_restored_state_continues_the_batch_the_averages_and_the_clocks():

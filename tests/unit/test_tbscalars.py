@@ -77,11 +77,11 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
     rec = {"type": "epoch", "rank": 0, "time": 0.0, "epoch": 2, "t": 30.0, "epoch_time": 9.0,
            "train_time": 8.0, "samples": 32, "train_loss": -0.3, "val_loss": -0.4,
            "val_dice": {"background": 0.9, "liver tumour": None, "liver": 0.5},
-           "noise_scale": {"b_simple": 12.0, "b_simple_raw": 10.0, "g2": 1.5, "trace": 18.0,
+           "noise_scale": {"b_simple": 12.0, "b_simple_raw": 10.0, "g2": 1.5, "tr_sigma": 18.0,
                            "method": "ranks"},
            "lr_rule": {"rule": "gain", "lr": 1e-3, "gain": 1.4, "progress": 22.5},
-           "batch_policy": {"per_rank": 2, "next_per_rank": 4, "switched": True,
-                            "goodput": {"2": 10.0, "4": 12.5}},
+           "goodput": {"per_rank": 2, "next_per_rank": 4, "switched": True,
+                       "goodput": {"2": 10.0, "4": 12.5}},
            "comm": {"steps": 16, "gradient_s": 0.07, "gradient_wait_s": 0.01,
                     "small_s": 0.0001, "small_wait_s": 0.02}}
     got = by_tag(tb.epoch_scalars(rec, 47, START))
@@ -89,11 +89,11 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
         "epoch/epoch": 2.0, "epoch/train_loss": -0.3, "epoch/val_loss": -0.4,
         "epoch/val_dice/background": 0.9, "epoch/val_dice/liver": 0.5,
         "epoch/epoch_time": 9.0, "epoch/train_time": 8.0, "noise/b_simple": 12.0,
-        "noise/b_simple_raw": 10.0, "noise/g2": 1.5, "noise/trace": 18.0, "lr_rule/gain": 1.4,
-        "lr_rule/progress": 22.5, "batch_policy/per_rank": 2.0,
-        "batch_policy/next_per_rank": 4.0, "batch_policy/switched": 1.0,
-        "batch_policy/predicted_gain": 1.25, "batch_policy/goodput/2": 10.0,
-        "batch_policy/goodput/4": 12.5, "comm/gradient_s": 0.07, "comm/gradient_wait_s": 0.01,
+        "noise/b_simple_raw": 10.0, "noise/g2": 1.5, "noise/tr_sigma": 18.0, "lr_rule/gain": 1.4,
+        "lr_rule/progress": 22.5, "goodput/per_rank": 2.0,
+        "goodput/next_per_rank": 4.0, "goodput/switched": 1.0,
+        "goodput/predicted_gain": 1.25, "goodput/goodput/2": 10.0,
+        "goodput/goodput/4": 12.5, "comm/gradient_s": 0.07, "comm/gradient_wait_s": 0.01,
         "comm/small_s": 0.0001, "comm/small_wait_s": 0.02}
     assert {(s.step, s.wall_time) for s in got.values()} == {(47, START + 30.0)}
     assert tb.tag_part("liver tumour/2") == "liver_tumour_2"

@@ -216,8 +216,8 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
                               sim.validate(*val), plan)
         if scaling.policy is not None and epoch + 1 < cfg.train.epochs:
             choice = policy_step(scaling, step_seconds)
-            record["batch_policy"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
-                                      "goodput": {str(b): v for b, v in choice.goodput.items()}}
+            record["goodput"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
+                                 "goodput": {str(b): v for b, v in choice.goodput.items()}}
         records += steps + [record]
         if emulated.stop_at is not None and curves.dice_of(record["val_dice"]) >= emulated.stop_at:
             break

@@ -64,7 +64,7 @@ def history(run: dict) -> list[tuple[float, float | None, float | None]]:
     preconditioned |G|^2 and tr(Sigma) logged there."""
     cum = [s for s in run["cum_samples"] if s <= (run["samples_to_target"] or s)]
     noise = run["noise"][:len(cum)]
-    return [(s - prev, (n or {}).get("g2"), (n or {}).get("trace"))
+    return [(s - prev, (n or {}).get("g2"), (n or {}).get("tr_sigma"))
             for s, prev, n in zip(cum, [0, *cum], noise)]
 
 

@@ -51,7 +51,19 @@ def _read_cached(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        return _upgraded(json.load(f))
+
+
+def _upgraded(rec: dict) -> dict:
+    """A cached run by log schema 3's names: one cached from older logs holds its epochs'
+    ``noise_scale`` and the policy's ``goodput`` (then ``batch_policy``) by the old ones
+    (``schema.upgrade``)."""
+    if "batch_policy" in rec and "goodput" not in rec:
+        rec["goodput"] = rec.pop("batch_policy")
+    if rec.get("noise"):
+        rec["noise"] = [schema.upgrade_noise_scale(n) if isinstance(n, dict) else n
+                        for n in rec["noise"]]
+    return rec
 
 
 def _noise_series(records: list[dict]) -> tuple[list, list]:
@@ -76,7 +88,7 @@ def _noise_series(records: list[dict]) -> tuple[list, list]:
 def run_record(records: list[list[dict]], **fields) -> dict:
     """The cached record of one finished run from its per-rank ``records``: per
     validation the points, the Dice, B_simple, the whole ``noise_scale`` record (|G|^2
-    and tr(Sigma)), the per-rank batch and the batch policy's choice (emulation)."""
+    and tr(Sigma)), the per-rank batch and the goodput policy's choice (emulation)."""
     raw, adam = _noise_series(records[0])
     epochs = [r for r in records[0] if r.get("type") == "epoch"]
     return {**fields, "points": curves.eval_points(records, "liver"),
@@ -84,7 +96,7 @@ def run_record(records: list[list[dict]], **fields) -> dict:
             "b_simple": raw, "b_simple_adam": adam,
             "noise": [r.get("noise_scale") for r in epochs],
             "per_rank": [r.get("per_rank") for r in epochs],
-            "batch_policy": [r.get("batch_policy") for r in epochs],
+            "goodput": [r.get("goodput") for r in epochs],
             "throughput": runlogs.throughput(records) if fields["backend"] == "hvd" else None}
 
 
