@@ -1,2 +1,4 @@
-"""The training loop and its pieces: steps, checkpoints, resume, stopping, the per-rank
-run log, and ``distributed``, the only module of distseg that imports Horovod."""
+"""The training loop (``loop``) and its pieces: start-up and the precision trial, the
+epoch plan, the training state that changes with progress (``scaling``), the step,
+validation, the parts that observe the loop, records, checkpoints, resume and stopping.
+Horovod itself is reached only through ``distseg.parallel.distributed``."""
