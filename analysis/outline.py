@@ -24,7 +24,7 @@ NOISE_FIGURE = "noise_scale.png"
 # are shown only when some run logged them (older logs leave them empty).
 RUNS_COLS = ("run", "path", "ranks", "nodes", "hosts", "ranks_logged", "launches", "epochs",
              "train_samples", "batch_per_rank", "wall_h", "config_hash", "status", "model",
-             "input_shape", "onednn", "intra_op_threads")
+             "precision", "input_shape", "onednn", "intra_op_threads")
 TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
             "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
             "throughput_samples_s", "throughput_per_rank", "throughput_voxels_s",
@@ -35,7 +35,7 @@ SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_
 SIZE_COLS = ("run", "model", "input_shape", "voxels_per_sample", "ranks", "nodes",
              "batch_per_rank", "onednn", "intra_op_threads", "throughput_per_rank",
              "throughput_voxels_per_rank", "throughput_voxels_s")
-WHEN_LOGGED = frozenset({"model", "input_shape", "onednn", "intra_op_threads",
+WHEN_LOGGED = frozenset({"model", "precision", "input_shape", "onednn", "intra_op_threads",
                          "throughput_voxels_s", "throughput_voxels_per_rank"})
 HOURS_COLS = ("run", "ranks", "nodes", "metric", "target", "result", "epoch", "global_step",
               "steps", "samples")
@@ -78,7 +78,9 @@ def runs_section(t: Tables, unit: TimeUnit = HOURS) -> Section:
                    "the job (a resumed run has several); nodes: the most hosts any launch "
                    f"ran on; wall_{unit.name}: wall-clock {unit.word}, the launches' durations "
                    "added up; train_samples: per epoch (slabs for a 3D run). From the run "
-                   "record, where logged: model, input_shape (one sample), onednn "
+                   "record, where logged: model, precision (what it trained in; auto: "
+                   "decided by a timed trial, with bfloat16's speed-up), input_shape (one "
+                   "sample), onednn "
                    "(TensorFlow's oneDNN kernels on or off), intra_op_threads (TensorFlow "
                    "threads per rank; inter_op_threads and pinned are in report.json).",
                    frame=frame, columns=shown(frame, columns))

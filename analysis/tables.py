@@ -249,15 +249,33 @@ def _flag(value: object) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def precision_text(run_record: dict) -> str | None:
+    """The precision a run trained in, and how it was decided: ``bfloat16 (auto,
+    1.48x)`` where ``--precision auto``'s trial chose it, ``float32 (auto, no trial)``
+    where the CPU had no bfloat16, the bare precision where the config named it; None
+    where the run record does not say (older logs)."""
+    model = run_record.get("model") if isinstance(run_record.get("model"), dict) else {}
+    chosen = model.get("precision")
+    if not isinstance(chosen, str):
+        return None
+    decided = run_record.get("precision")
+    if not isinstance(decided, dict) or decided.get("requested") != "auto":
+        return chosen
+    speedup = decided.get("speedup")
+    return (f"{chosen} (auto, {speedup:.2f}x)" if isinstance(speedup, (int, float))
+            else f"{chosen} (auto, no trial)")
+
+
 def run_settings(run: RunData) -> dict[str, object]:
     """What a run ran as, from its run record: ``model`` (``unet2d``/``unet3d``),
-    ``input_shape`` (text), ``onednn`` (TensorFlow's oneDNN kernels on or off),
+    ``precision`` (``precision_text``), ``input_shape`` (text), ``onednn`` (TensorFlow's oneDNN kernels on or off),
     ``intra_op_threads`` and ``inter_op_threads`` (TensorFlow threads per rank) and
     ``pinned`` (whether distseg pinned the rank to its cores); ``None`` where the
     record does not say (older logs)."""
     threads = run.threads
     name = run.model.get("name")
     return {"model": name if isinstance(name, str) else None,
+            "precision": precision_text(run.run_record),
             "input_shape": shape_text(run.input_shape),
             "onednn": _flag(run.run_record.get("onednn")),
             "intra_op_threads": count(threads.get("intra_op")),

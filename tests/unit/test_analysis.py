@@ -519,3 +519,17 @@ def test_fast_and_line_by_line_parsers_agree(tmp_path):
     mixed = logfile.read_rank_log(_log(run, 1), 1)
     pd.testing.assert_frame_equal(fast.steps, mixed.steps)
     assert len(fast.epochs) == len(mixed.epochs) == 2 and not mixed.notes
+
+
+def test_the_runs_table_says_what_each_run_trained_in_and_how_it_was_decided():
+    from analysis.tables import precision_text
+    trial = {"requested": "auto", "choice": "bfloat16", "speedup": 1.4761}
+    assert precision_text({"model": {"precision": "bfloat16"}, "precision": trial}) == \
+        "bfloat16 (auto, 1.48x)"
+    no_flags = {"requested": "auto", "choice": "float32", "seconds": None}
+    assert precision_text({"model": {"precision": "float32"}, "precision": no_flags}) == \
+        "float32 (auto, no trial)"
+    named = {"requested": "bfloat16", "choice": "bfloat16"}
+    assert precision_text({"model": {"precision": "bfloat16"}, "precision": named}) == "bfloat16"
+    assert precision_text({"model": {"precision": "float32"}}) == "float32"  # schema 2
+    assert precision_text({"model": {}}) is None and precision_text({}) is None
