@@ -63,7 +63,7 @@ class Expected:
         return self.basis in (Basis.BATCH_ONE, Basis.CAPPED)
 
 
-#: Run records' ``batch_plan`` (the kind of ``config.batch_plan``'s plan) under which
+#: Run records' ``batch_plan`` (the kind of ``batchplan.batch_plan``'s plan) under which
 #: a launch cuts its ranks' batches from fixed global batches of ``global_batch_size``:
 #: ``global``, ``grown``, and ``chosen``, the per-rank batch the ``goodput`` policy
 #: chose, which a resumed launch goes on with.

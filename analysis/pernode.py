@@ -21,7 +21,8 @@ from analysis.logs import RunData
 from analysis.noise import History
 from analysis.stepmodel import EpochModel, Point, policy_of, rule_text
 from distseg.core import goodput
-from distseg.core.config import BatchPlan, TrainConfig
+from distseg.core.batchplan import BatchPlan
+from distseg.core.config import TrainConfig
 
 NODE_COLUMNS = ["kind", "run", "metric", "target", "nodes", "ranks", "batch_policy", "lr_rule",
                 "predicted_per_rank_batch", "measured_per_rank_batch", "predicted_global_batch",
@@ -230,7 +231,7 @@ def node_assumptions(model: EpochModel, per_node: pd.DataFrame, lines: Sequence[
     return [
         "PREDICTION from models, not a measurement: every predicted_* column; measured_* "
         "where a run ran at that count.",
-        f"Batch and lr at R ranks: distseg.core.config.batch_plan of {model.train_source} "
+        f"Batch and lr at R ranks: distseg.core.batchplan.batch_plan of {model.train_source} "
         f"({rule_text(model)}; train.lr = {t.lr:g}); the lr after the warm-up{gain}.",
         *(goodput_line if policy_of(t) == "goodput" else []),
         "predicted_step_s = t_compute(b) + t_allreduce(R) of the projection above at the "

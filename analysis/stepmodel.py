@@ -7,7 +7,7 @@ step at R ranks and b samples per rank, fitted to the measured runs::
     t_epoch(R) = steps(R) * t_step(R, b(R))
 
 with ``b(R)`` the per-rank batch the run's batch rule gives at ``R``
-(``distseg.core.config.batch_plan``: ``batch_size`` per rank, or a fixed global batch
+(``distseg.core.batchplan.batch_plan``: ``batch_size`` per rank, or a fixed global batch
 split G/R and grown to ceil(G/R) past G ranks), ``G`` gradient bytes (parameters x 4,
 float32), ``B`` the link bandwidth, ``latency`` per message and ``L(R) = 2 (R - 1)``
 message rounds for a ring (``--latency-term ring``) or ``2 log2 R`` for a
@@ -41,7 +41,8 @@ from analysis import tables
 from analysis.logfile import count, dict_field, number
 from analysis.logs import RunData
 from distseg.core import goodput, link
-from distseg.core.config import LR_SCALINGS, BatchPlan, TrainConfig, batch_plan
+from distseg.core.batchplan import BatchPlan, batch_plan
+from distseg.core.config import LR_SCALINGS, TrainConfig
 from distseg.core.errors import InputError
 from distseg.core.schema import epoch_samples, steps_per_epoch
 

@@ -84,6 +84,7 @@ def worker(args) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
+    from distseg.core import batchplan
     from distseg.core import config as config_lib
     from distseg.data import feeds, sharding
     from distseg.data import slices as data
@@ -104,7 +105,7 @@ def worker(args) -> dict:
     row = {int(i): k for k, i in enumerate(info.train_indices)}
     with strategy.scope():
         model = model_lib.from_config(cfg.model)
-        optimizer = keras.optimizers.Adam(cfg.train.lr * config_lib.batch_plan(cfg.train, size).lr_factor)
+        optimizer = keras.optimizers.Adam(cfg.train.lr * batchplan.batch_plan(cfg.train, size).lr_factor)
         step = MwmsStep(strategy, model, optimizer, cfg.model.num_classes, cfg.train.loss).step
     seconds, samples = [], []
     for epoch in range(args.epochs):

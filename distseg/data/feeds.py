@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from distseg.core import batchplan
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.data import h5format, volumes
@@ -69,9 +70,9 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
       DatasetError: one line naming the file and what would fix it (a volume file
         given to the 2D model, or the reverse, included).
         A class count or names in the config that differ from the file's included.
-      InputError: a ``--global-batch`` the ranks cannot share (``config.batch_plan``).
+      InputError: a ``--global-batch`` the ranks cannot share (``batchplan.batch_plan``).
     """
-    per_rank = config_lib.batch_plan(cfg.train, ranks).per_rank
+    per_rank = batchplan.batch_plan(cfg.train, ranks).per_rank
     if cfg.model.spatial_dims == 3:
         info = volumes.examine(cfg.data.path, check_labels=check_labels)
         cfg = _with_file_classes(cfg, info)

@@ -1,7 +1,7 @@
 """The epoch plan: which batches each rank trains in every epoch, how many steps an
 epoch has, and the learning rate those batches were planned with.
 
-``EpochPlan.of`` turns a config's batch (``config.batch_plan``: a fixed global batch
+``EpochPlan.of`` turns a config's batch (``batchplan.batch_plan``: a fixed global batch
 split over the ranks, a grown one, per-rank batches, or the ``goodput`` policy's
 choice) into steps per epoch, the warm-up and the lr target; ``EpochPlan.batches``
 cuts one rank's batches of an epoch. Plain Python: no TensorFlow, no Horovod.
@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distseg.core import config as config_lib
-from distseg.core import schema
+from distseg.core import batchplan, schema
 from distseg.data import prefetch, sharding
 from distseg.training import steps
 
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """The batches (``config.batch_plan``), steps per epoch and the learning rate of
+    """The batches (``batchplan.batch_plan``), steps per epoch and the learning rate of
     every step."""
 
     steps: int
@@ -27,7 +26,7 @@ class EpochPlan:
     lr_target: float
     """The lr after the warm-up (with the ``gain`` rule: the most it can reach)."""
     warmup_steps: int
-    batch: config_lib.BatchPlan
+    batch: batchplan.BatchPlan
     warmup_progress: float = 0.0
     """The ``gain`` rule's warm-up: steps of the base batch (``batch.base``)."""
 
@@ -37,10 +36,10 @@ class EpochPlan:
         """The plan of the config's batch, or of the ``goodput`` policy's ``per_rank``
         batch (``train.max_steps_per_epoch`` then caps the samples of an epoch as it
         caps them at the config's batch)."""
-        batch = config_lib.batch_plan(train_cfg, size, per_rank)
+        batch = batchplan.batch_plan(train_cfg, size, per_rank)
         n = schema.steps_per_epoch(train_samples, size, batch.per_rank, batch.cut_global)
         if train_cfg.max_steps_per_epoch:
-            samples = train_cfg.max_steps_per_epoch * config_lib.batch_plan(train_cfg, size).global_batch
+            samples = train_cfg.max_steps_per_epoch * batchplan.batch_plan(train_cfg, size).global_batch
             n = min(n, max(1, samples // batch.global_batch))
         return cls(steps=n, lr_base=train_cfg.lr, lr_target=train_cfg.lr * batch.lr_factor,
                    warmup_steps=int(round(train_cfg.warmup_epochs * n)), batch=batch,

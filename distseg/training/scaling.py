@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distseg.core import batchplan, goodput
 from distseg.core import config as config_lib
-from distseg.core import goodput
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 from distseg.training.noise import NoiseScale
 from distseg.training.plan import EpochPlan
@@ -57,7 +57,7 @@ class Scaling:
         at the config's; ``restore`` then continues the rest of ``kept``."""
         per_rank = kept_per_rank(kept, ranks * fold)
         if per_rank is None and fold > 1:
-            per_rank = config_lib.batch_plan(train_cfg, ranks * fold).per_rank
+            per_rank = batchplan.batch_plan(train_cfg, ranks * fold).per_rank
         plan = EpochPlan.of(train_cfg, train_samples, ranks,
                             None if per_rank is None else per_rank * fold)
         batch = plan.batch

@@ -2,7 +2,7 @@
 
 ``make_train_step`` and ``make_eval_step`` compile the ``tf.function`` steps of a
 model; ``lr_at`` gives the learning rate of every step (its target from
-``config.batch_plan``);
+``batchplan.batch_plan``);
 ``weight_checksum``, ``check_weights`` and ``average_batchnorm`` keep the ranks'
 copies of the model identical. TensorFlow is imported inside the functions, so the
 learning-rate arithmetic is importable without it.

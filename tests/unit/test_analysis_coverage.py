@@ -14,7 +14,7 @@ import pytest
 
 from analysis import coverage, logs
 from analysis.coverage import Basis, EpochShards, Expected
-from distseg.core import config, rundir, schema
+from distseg.core import batchplan, config, rundir, schema
 from distseg.core.errors import InputError
 from distseg.data import h5format, sharding
 from tests.analysis_fixtures.runs import RunSpec, epoch_record, run_record, write_log, write_run
@@ -126,11 +126,11 @@ def test_a_capped_run_is_partial_by_design(tmp_path):
 
 def test_a_launch_at_a_batch_the_policy_chose_is_checked_as_the_loop_cut_it(tmp_path):
     """A launch that resumes at a per-rank batch the ``goodput`` policy chose logs the
-    plan ``config.batch_plan`` gives it, ``chosen``, and cuts global batches of that
+    plan ``batchplan.batch_plan`` gives it, ``chosen``, and cuts global batches of that
     batch x the ranks (``sharding.global_batches``): of 15 samples, 2 ranks x 4 train
     on 8 in one step and leave 7 out; not an epoch capped at 1 of 2 steps."""
     train = config.TrainConfig(batch_size=2, batch_policy="goodput", max_batch_per_rank=8)
-    plan, n, size = config.batch_plan(train, 2, per_rank=4), 15, 2
+    plan, n, size = batchplan.batch_plan(train, 2, per_rank=4), 15, 2
     assert (plan.per_rank, plan.global_batch) == (4, 8)
     rec = dict(dataset={"train_samples": n}, batch_size=plan.per_rank,
                global_batch_size=plan.global_batch, batch_plan="chosen",

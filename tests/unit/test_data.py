@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
-from distseg.core import errors, schema
+from distseg.core import batchplan, errors, schema
 from distseg.data import h5format, prefetch, sharding, synth
 from distseg.data import slices as data
 
@@ -82,21 +82,21 @@ def test_the_batch_plan_of_each_policy():
     from distseg.core import config as config_lib
     from distseg.core.errors import InputError
     t = config_lib.demo().train  # a fixed global batch of 8 that may grow
-    assert config_lib.batch_plan(t, 2) == config_lib.BatchPlan(4, 8, "global", 1.0, "none", 8)
-    grown = config_lib.batch_plan(t, 16)
+    assert batchplan.batch_plan(t, 2) == batchplan.BatchPlan(4, 8, "global", 1.0, "none", 8)
+    grown = batchplan.batch_plan(t, 16)
     assert (grown.per_rank, grown.global_batch, grown.kind) == (1, 16, "grown")
     assert grown.base == 8  # the lr was set for G, whatever the ranks' global batch
     assert grown.lr_scaling == "sqrt" and grown.lr_factor == pytest.approx(2 ** 0.5)
-    gain = config_lib.batch_plan(dataclasses.replace(t, grown_lr_scaling="gain"), 16)
+    gain = batchplan.batch_plan(dataclasses.replace(t, grown_lr_scaling="gain"), 16)
     assert gain.lr_scaling == "gain" and gain.lr_factor == pytest.approx(2 ** 0.5)  # at most
-    assert config_lib.batch_plan(t, 3).global_batch == 9  # ceil(8/3) per rank, never fewer than 8
+    assert batchplan.batch_plan(t, 3).global_batch == 9  # ceil(8/3) per rank, never fewer than 8
     strict = config_lib.resolve("demo", overrides={"data.path": "d.h5", "run_dir": "r",
                                                    "train.global_batch": 8,
                                                    "train.global_batch_grows": False}).train
     with pytest.raises(InputError, match="--global-batch 8 cannot be shared by 3 ranks"):
-        config_lib.batch_plan(strict, 3)
+        batchplan.batch_plan(strict, 3)
     per_rank = config_lib.smoke().train
-    assert config_lib.batch_plan(per_rank, 4) == config_lib.BatchPlan(4, 16, "per_rank", 4.0, "linear", 4)
+    assert batchplan.batch_plan(per_rank, 4) == batchplan.BatchPlan(4, 16, "per_rank", 4.0, "linear", 4)
 
 
 def test_too_few_samples_for_ranks_times_batch():

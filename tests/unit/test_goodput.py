@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from distseg.core import batchplan, goodput
 from distseg.core import config as config_lib
-from distseg.core import goodput
 from distseg.core.errors import InputError
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 
@@ -127,13 +127,13 @@ def test_the_run_state_round_trips_and_stays_with_its_ranks():
 
 def test_the_plan_of_a_chosen_batch():
     t = config_lib.default().train  # G = 8, grows, sqrt past it
-    assert config_lib.batch_plan(t, 2, 4) == config_lib.batch_plan(t, 2)  # the config's own
-    plan = config_lib.batch_plan(t, 2, 8)
+    assert batchplan.batch_plan(t, 2, 4) == batchplan.batch_plan(t, 2)  # the config's own
+    plan = batchplan.batch_plan(t, 2, 8)
     assert (plan.per_rank, plan.global_batch, plan.kind, plan.cut_global) == (8, 16, "chosen", 16)
     assert plan.lr_factor == pytest.approx(math.sqrt(2)) and plan.lr_scaling == "sqrt"
     assert plan.base == 8
     per_rank = config_lib.TrainConfig(batch_size=2, lr_scaling="linear")
-    chosen = config_lib.batch_plan(per_rank, 4, 4)
+    chosen = batchplan.batch_plan(per_rank, 4, 4)
     assert chosen.global_batch == 16 and chosen.lr_factor == pytest.approx(8.0) and chosen.base == 2
 
 

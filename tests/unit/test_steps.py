@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 
+from distseg.core import batchplan, rundir
 from distseg.core import config as config_lib
-from distseg.core import rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
 from distseg.training import checkpoint, steps
@@ -23,7 +23,7 @@ from distseg.training.plan import EpochPlan
     ("linear", 1, 1e-3), ("linear", 16, 16e-3), ("sqrt", 16, 4e-3), ("none", 16, 1e-3),
 ])
 def test_scaled_lr(scaling, size, want):
-    assert 1e-3 * config_lib.lr_factor(scaling, size) == pytest.approx(want, rel=1e-12)
+    assert 1e-3 * batchplan.lr_factor(scaling, size) == pytest.approx(want, rel=1e-12)
 
 
 def test_lr_warm_up_is_linear_then_flat():

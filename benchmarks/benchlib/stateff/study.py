@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from distseg.core import batchplan
 from distseg.core import config as config_lib
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -39,7 +40,7 @@ losses are held bit for bit to ``distseg-train``'s
 in float32 too, and keep their cache keys (the precision is not in ``run_config``)."""
 MULTIPLIERS = {f"x{math.sqrt(2 ** k):.2g}": math.sqrt(2 ** k) for k in range(5)}
 """The sweep's fixed lr multipliers past the base batch, name -> factor: x1, x1.4, x2,
-x2.8, x4, each sqrt(2) apart, computed as ``config.lr_factor("sqrt", B / 8)`` computes
+x2.8, x4, each sqrt(2) apart, computed as ``batchplan.lr_factor("sqrt", B / 8)`` computes
 sqrt's (so at B = 16, 32, 64 the sqrt rule's factor is bit for bit one of them)."""
 PER_RANK_SPEED = os.path.join(ROOT, "bench", "results", "bench-2026-11-25-1527.json")
 """The ``make bench`` result whose 1-rank runs at per-rank batch 1, 2, 4 and 8
@@ -137,7 +138,7 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
     batch = max(1, over["global_batch"] // ranks) if "global_batch" in over else BATCH
     steps = max(1, SAMPLES_PER_EVAL // (batch * ranks))
     evals_per_pass = n_train / (steps * batch * ranks)
-    # A fixed global batch (config.batch_plan) where the variant keeps one; else
+    # A fixed global batch (batchplan.batch_plan) where the variant keeps one; else
     # per-rank batches, as the study ran before the demo preset kept one.
     fixed = {"global_batch": over.get("global_batch", 0), "global_batch_grows": "global_batch" in over}
     train = {"epochs": epochs, "batch_size": batch, "seed": seed, "max_steps_per_epoch": steps,
@@ -153,7 +154,7 @@ def same_run(variant: str, ranks: int) -> str:
     """The variant whose run is this one's: a sweep multiplier equal to the sqrt rule's
     factor at ``ranks`` (no warm-up in either) is ``gbatch-gn``'s run, not a second one."""
     m = VARIANTS[variant][1].get("lr_multiplier")
-    if m is not None and ranks > BATCH and m == config_lib.lr_factor("sqrt", ranks / BATCH):
+    if m is not None and ranks > BATCH and m == batchplan.lr_factor("sqrt", ranks / BATCH):
         return "gbatch-gn"
     return variant
 
