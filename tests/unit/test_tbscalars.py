@@ -99,13 +99,18 @@ def test_an_epoch_record_maps_at_the_epochs_last_step():
     assert tb.tag_part("liver tumour/2") == "liver_tumour_2"
 
 
-def test_the_balance_is_the_reports_per_epoch():
+def test_the_epoch_balance_takes_the_report_s_imbalance_and_throughput_rules():
+    """The balance scalars of an epoch: the slowest rank, and the imbalance and samples/s
+    by ``core.ranktime``'s rules, the ones the report's rank-balance and time-per-epoch
+    tables call."""
+    from distseg.core import ranktime
     ranks = [tb.RankEpoch(0, 0.2, 16, 4.0), tb.RankEpoch(1, 0.3, 16, 5.0),
              tb.RankEpoch(2, 0.25, 16, 4.5)]
     got = {s.tag: s.value for s in tb.balance_scalars(ranks, 7, START)}
     assert got == pytest.approx({"ranks/slowest_step_time": 0.3, "ranks/slowest_rank": 1.0,
-                                 "ranks/imbalance_ratio": 0.3 / 0.25,
-                                 "epoch/samples_per_s": 48 / 5.0})
+                                 "ranks/imbalance_ratio": ranktime.imbalance(0.3, 0.25),
+                                 "epoch/samples_per_s": ranktime.throughput(48, 5.0)})
+    assert got["ranks/imbalance_ratio"] == pytest.approx(0.3 / 0.25)
     # A rank without step times still counts its samples; without any, no balance.
     got = {s.tag for s in tb.balance_scalars([tb.RankEpoch(0, math.nan, 16, 4.0)], 7, START)}
     assert got == {"epoch/samples_per_s"}
