@@ -54,9 +54,12 @@ def keras_norm_layers():
 
 def inference_twin(model_cfg: config_lib.ModelConfig, input_shape):
     """distseg's U-Net of ``model_cfg`` for ``input_shape``, built of Keras layers only:
-    Keras' normalisation layers, no recomputation, float32."""
+    Keras' normalisation layers, no recomputation, float32, and no BatchNorm ghost
+    batches (a training-time rule: inference normalises with the moving statistics,
+    which Keras' BatchNormalization would refuse the option for)."""
     from distseg.networks import unet
-    plain = dataclasses.replace(model_cfg, recompute=False, precision="float32")
+    plain = dataclasses.replace(model_cfg, recompute=False, precision="float32",
+                                bn_ghost_batch=0)
     with keras_norm_layers():
         return unet.from_config(plain, input_shape)
 

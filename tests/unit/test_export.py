@@ -52,6 +52,18 @@ def test_the_twin_has_keras_layers_and_the_same_outputs(dims, norm, recompute, p
     np.testing.assert_allclose(got, expected, atol=2e-6 if precision == "float32" else 0.05)
 
 
+def test_a_model_trained_with_batchnorm_ghost_batches_exports():
+    """The demo preset's BatchNorm ghost batches are a training rule: the twin, which
+    infers with the moving statistics, is built without them and agrees."""
+    cfg = dataclasses.replace(config_lib.smoke().model, bn_ghost_batch=2, num_classes=3)
+    ours = _randomised(unet.from_config(cfg, (16, 16)))
+    twin = export.inference_twin(cfg, (16, 16))
+    export.copy_weights(ours, twin)
+    x = np.random.default_rng(1).random((4, 16, 16, 1), dtype=np.float32)
+    np.testing.assert_allclose(twin(x, training=False).numpy(), ours(x, training=False).numpy(),
+                               atol=2e-6)
+
+
 def test_weights_of_another_model_are_refused():
     cfg = config_lib.smoke().model
     small = unet.from_config(dataclasses.replace(cfg, num_classes=3), (16, 16))
