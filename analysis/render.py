@@ -13,6 +13,7 @@ import html
 import json
 import math
 import os
+import re
 from typing import Any, Iterable
 
 import numpy as np
@@ -54,14 +55,23 @@ def md_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
+#: A hexadecimal digest (a config hash): it may break after every 8 digits.
+_DIGEST_PART = re.compile(r"([0-9a-f]{8})(?=[0-9a-f]{8})")
+
+
+def _cell(value) -> str:
+    """A table cell that may break after a slash (run directories) or inside a long
+    hexadecimal digest, so wide tables fit a 1280-px window."""
+    return _DIGEST_PART.sub(r"\1<wbr>", html.escape(fmt(value)).replace("/", "/<wbr>"))
+
+
 def html_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     cols = [c for c in (columns or df.columns) if c in df.columns]
     if not len(df):
         return "<p><em>(no rows)</em></p>\n"
-    # Column names may break after an underscore, and cells (run directories) after a
-    # slash, so wide tables fit a 1280-px window.
+    # Column names may break after an underscore, cells as ``_cell`` says.
     head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v)).replace('/', '/<wbr>')}</td>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>"
                                     for v in row) + "</tr>\n"
                    for row in df[cols].itertuples(index=False, name=None))
     return (f"<div class=\"wide\"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}"
@@ -122,7 +132,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2e
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em;
   border-bottom: 1px solid #ddd; padding-bottom: .2em; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0; }
-th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: right; }
+th, td { border: 1px solid #ccc; padding: .25em .4em; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
 tbody tr:nth-child(even) { background: #fafafa; }
 img { max-width: 100%; border: 1px solid #eee; }
