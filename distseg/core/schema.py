@@ -62,7 +62,7 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     rank 0 of each launch's second epoch on 2 or more ranks comm {steps, file,
     gradient_s, gradient_wait_s, small_s, small_wait_s, gradient_ops, small_ops} or
     {steps, file, error}: medians from Horovod's timeline of its first steps
-    (``distseg.core.commtrace``);
+    (``distseg.core.timeline``);
     since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
