@@ -31,6 +31,7 @@ Tags (``TAGS`` lists them with what they hold):
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -255,12 +256,12 @@ class ScalarWriter:
                     status=event_pb2.SessionLog.START)))
 
     def write(self, scalars: Iterable[Scalar]) -> None:
-        """One event per (step, wall time) of ``scalars``, in their order."""
-        groups: dict[tuple[int, float], list] = {}
-        for s in scalars:
-            groups.setdefault((s.step, s.wall_time), []).append(
-                self._summary.Value(tag=s.tag, simple_value=s.value))
-        for (step, wall), values in groups.items():
+        """One event per run of consecutive ``scalars`` of one (step, wall time), in their
+        order. Only consecutive ones share an event: two ranks' records may land on the
+        same step and wall time (to the clock's last bit), and merging them would move a
+        later series' point ahead of its own earlier steps."""
+        for (step, wall), run in itertools.groupby(scalars, key=lambda s: (s.step, s.wall_time)):
+            values = [self._summary.Value(tag=s.tag, simple_value=s.value) for s in run]
             self._file.write_event(self._event(step=step, wall_time=wall,
                                                summary=self._summary(value=values)))
 

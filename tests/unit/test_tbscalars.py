@@ -249,3 +249,21 @@ def test_a_board_that_cannot_write_warns_once_and_the_run_goes_on(monkeypatch, c
     err = capsys.readouterr().err
     assert err.count("warning: RUN/tensorboard: TensorBoard scalars stopped") == 1
     assert "No space left on device" in err and "the logs are complete" in err
+
+
+def test_two_ranks_points_on_one_step_and_wall_time_keep_each_series_in_order(tmp_path):
+    """An export writes rank 0's step times, then rank 1's. Where a rank-1 record has the
+    same step and wall time as a rank-0 one (to the clock's last bit: it happened in a
+    resumed 2-rank run), its point must stay in rank 1's series order, not join rank 0's
+    earlier event (TensorBoard then read rank 1's series as [1, 0, 1, 2])."""
+    same = START + 1.5
+    scalars = [tb.Scalar(tb.rank_tag(0), 0.1, s, START + s) for s in (0, 2)]
+    scalars.insert(1, tb.Scalar(tb.rank_tag(0), 0.1, 1, same))
+    scalars += [tb.Scalar(tb.rank_tag(1), 0.2, s, same if s == 1 else START + s + 0.25)
+                for s in (0, 1, 2)]
+    writer = tb.ScalarWriter(str(tmp_path / "tb"))
+    writer.write(scalars)
+    writer.close()
+    got = read_events(str(tmp_path / "tb"))
+    assert [s for s, _, _ in got[tb.rank_tag(0)]] == [0, 1, 2]
+    assert [s for s, _, _ in got[tb.rank_tag(1)]] == [0, 1, 2]
