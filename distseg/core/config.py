@@ -33,6 +33,8 @@ PRECISIONS = ("float32", "bfloat16")
 AUTO = "auto"
 PRECISION_CHOICES = (AUTO,) + PRECISIONS
 NONFINITE = ("stop", "skip")
+#: ``data.augment``: on-the-fly augmentation of training samples (``distseg.data.augment``).
+AUGMENTS = ("none", "light", "default")
 #: The liver labels 0, 1, 2 (LiTS' convention): what the phantom, the LiTS sample and
 #: LiTS-style pairs hold, and what a 3-class data file without ``class_names`` means.
 #: Any other file's classes are read from the file (``with_data_classes``).
@@ -86,8 +88,23 @@ class ModelConfig:
     ``distseg-predict``). Empty (every preset): the data file's ``class_names``; names
     that differ from the file's are refused."""
     spatial_dims: int = 2
-    """2: a U-Net on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
-    whose input shape is ``data.slab`` (``image_size`` is then unused)."""
+    """2: a network on slices (``--model unet2d``); 3: on slabs of volumes (``unet3d``),
+    whose input shape is ``data.slab`` (``image_size`` is then unused). With ``fn``,
+    the data file's layout decides (``distseg-train`` sets it)."""
+    in_channels: int = 0
+    """Input channels (CT: 1; BraTS: 4). 0 (every preset): the data file's channel
+    count, filled in at start-up like ``num_classes``; any other value must equal it."""
+    fn: str = ""
+    """The researcher's own Keras model instead of distseg's U-Net: ``FILE.py:FUNCTION``
+    or ``package.module:FUNCTION`` (``--model-fn``; ``distseg.networks.userfn``). Empty:
+    distseg's U-Net of the fields above. ``depth``, ``base_filters``, ``norm``,
+    ``dropout``, ``bn_*`` and ``recompute`` are the U-Net's and unused with ``fn``."""
+    fn_sha256: str = ""
+    """The SHA-256 of ``fn``'s source file, recorded when the run starts (its copy is
+    ``RUN/model_fn.py``): resume, predict and export load only that source."""
+    args: dict = field(default_factory=dict)
+    """Keyword arguments for ``fn`` (a JSON object in ``--config``, or ``--model-arg
+    KEY=VALUE``); part of the config, so of its hash."""
     recompute: bool = False
     """Gradient checkpointing of every convolution unit of every U-Net level: less
     memory, more time (docs/memory.md)."""
@@ -190,6 +207,11 @@ class DataConfig:
     """3D only: share of slabs re-centred on a random foreground voxel of their case."""
     val_overlap: float = 0.5
     """3D only: overlap of the sliding windows that validate whole volumes."""
+    augment: str = "none"
+    """On-the-fly augmentation of the training samples (never of validation):
+    ``none``, ``light`` or ``default`` (``distseg.data.augment``). Each sample's draw
+    depends on the run's seed, the epoch and the sample's id only, so any rank count
+    makes the same update."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +232,7 @@ class Config:
         checks = [
             (m.image_size >= 8, "model.image_size", f"must be >= 8, got {m.image_size}"),
             (m.depth >= 1, "model.depth", f"must be >= 1, got {m.depth}"),
-            (pool is not None and m.image_size % pool == 0, "model.image_size",
+            (bool(m.fn) or (pool is not None and m.image_size % pool == 0), "model.image_size",
              f"{m.image_size} is not divisible by 2**depth = {pool or f'2**{m.depth}'}"),
             (m.base_filters >= 1, "model.base_filters", f"must be >= 1, got {m.base_filters}"),
             (0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}"),
@@ -248,6 +270,14 @@ class Config:
             (t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1"),
             (t.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", "must be >= 0"),
             (self.data.prefetch >= 1, "data.prefetch", "must be >= 1"),
+            (m.in_channels >= 0, "model.in_channels",
+             f"must be >= 1 (or 0: from the data file), got {m.in_channels}"),
+            (not m.fn or ":" in m.fn, "model.fn",
+             f"must be FILE.py:FUNCTION or package.module:FUNCTION, got {_shown(m.fn)}"),
+            (all(isinstance(k, str) for k in m.args), "model.args",
+             "must be a JSON object with string keys"),
+            (self.data.augment in AUGMENTS, "data.augment",
+             f"must be one of {AUGMENTS}, got {self.data.augment!r}"),
             (m.spatial_dims in (2, 3), "model.spatial_dims", f"must be 2 or 3, got {m.spatial_dims}"),
             (m.precision in PRECISION_CHOICES, "model.precision",
              f"must be one of {PRECISION_CHOICES}, got {m.precision!r}"),
@@ -279,9 +309,10 @@ def _names_ok(names: tuple[str, ...], num_classes: int) -> bool:
 
 
 def with_data_classes(cfg: Config, path: str, num_classes: int,
-                      class_names: tuple[str, ...]) -> Config:
+                      class_names: tuple[str, ...], channels: int = 1) -> Config:
     """``cfg`` with the classes of the data file at ``path`` (its ``num_classes`` and
-    ``class_names``) filled in where the config leaves them unset (0, empty).
+    ``class_names``) and its input ``channels`` filled in where the config leaves them
+    unset (0, empty).
 
     What the data file knows, the data file decides: a set value that differs is
     refused, naming both.
@@ -300,7 +331,12 @@ def with_data_classes(cfg: Config, path: str, num_classes: int,
                          f"class_names), but config field model.class_names is "
                          f"{_shown(list(m.class_names))}; leave the field out (the data "
                          "file decides)")
-    model = dataclasses.replace(m, num_classes=num_classes, class_names=tuple(class_names))
+    if m.in_channels and m.in_channels != channels:
+        raise InputError(f"{path}: holds images of {channels} channel(s), but config field "
+                         f"model.in_channels is {m.in_channels}; leave the field out (0: the "
+                         "data file decides)")
+    model = dataclasses.replace(m, num_classes=num_classes, class_names=tuple(class_names),
+                                in_channels=channels)
     return dataclasses.replace(cfg, model=model)
 
 

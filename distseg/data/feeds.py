@@ -101,7 +101,8 @@ def with_classes(cfg: config_lib.Config) -> config_lib.Config:
 
 def _with_file_classes(cfg: config_lib.Config, info) -> config_lib.Config:
     try:
-        return config_lib.with_data_classes(cfg, info.path, info.num_classes, info.class_names)
+        return config_lib.with_data_classes(cfg, info.path, info.num_classes, info.class_names,
+                                            info.channels)
     except InputError as e:  # a data error, as every other mismatch of file and run
         raise h5format.DatasetError(str(e)) from None
 

@@ -56,6 +56,8 @@ class DatasetInfo:
     splits: np.ndarray
     """(N,) each slice's split; ``case_ids`` (N,) its case."""
     case_ids: np.ndarray
+    channels: int = 1
+    """Input channels per slice (the last axis of ``images``)."""
 
     def summary(self) -> dict:
         """What ``distseg-data info`` prints and a run logs as ``dataset``: the keys of

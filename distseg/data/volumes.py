@@ -154,6 +154,8 @@ class VolumeInfo:
     spacing: np.ndarray
     """(K, 3) float: each case's (z, y, x) spacing in mm, NaN where unknown."""
     attrs: dict
+    channels: int = 1
+    """Input channels per voxel."""
 
     @property
     def cases(self) -> int:

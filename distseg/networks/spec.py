@@ -141,5 +141,5 @@ def spec_of(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> UNetS
                          f"{PRECISIONS}")
     shape = spatial_shape(cfg.image_size, input_shape, cfg.spatial_dims, cfg.depth)
     return UNetSpec(shape, depth=cfg.depth, base_filters=cfg.base_filters,
-                    num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,
+                    in_channels=cfg.in_channels or 1, num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,
                     precision=cfg.precision)
