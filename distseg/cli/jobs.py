@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from distseg.cli.train import TRAIN_FLAGS, batch_overrides
+from distseg.cli.train import TRAIN_FLAGS, batch_overrides, model_overrides
 from distseg.cluster import jobs as jobs_lib
 from distseg.cluster import outcome as outcome_lib
 from distseg.core import config as config_lib
@@ -64,6 +64,10 @@ def _job_options(fn):
         click.option("--validate/--no-validate", default=None, help="distseg-train --validate."),
         click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
                      help="distseg-train --model (unet3d needs a volume file, e.g. --preset liver3d)."),
+        click.option("--model-fn", default=None, metavar="FILE.py:FUNCTION",
+                     help="distseg-train --model-fn (your own Keras model; the path is made absolute)."),
+        click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+                     help="distseg-train --model-arg (repeatable)."),
         click.option("--recompute/--no-recompute", default=None, help="distseg-train --recompute."),
     ]
     for name, (_, kind, text) in _PASSED_ON.items():
@@ -80,9 +84,10 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
     # The run directory itself is checked by jobs.resolve; any non-empty value passes here.
     overrides.update({"data.path": p["data_path"], "run_dir": run_dir or p["runs_dir"] or ".",
                       "data.resize": p["resize"], "train.validate": p["validate"],
-                      "model.recompute": p["recompute"],
-                      "model.spatial_dims": config_lib.MODELS.get(p["model_name"])})
+                      "model.recompute": p["recompute"]})
     try:
+        overrides.update(model_overrides(p["model_name"], p["model_fn"], p["model_args"],
+                                         p["data_path"]))
         overrides.update(batch_overrides(p["batch_size"], p["global_batch"]))
         cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
     except ValueError as e:
@@ -92,6 +97,9 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
         args += ["--config", os.path.abspath(p["config_file"])]
     if p["model_name"]:
         args += ["--model", p["model_name"]]
+    if p["model_fn"]:
+        args += ["--model-fn", cfg.model.fn]
+        args += [a for arg in p["model_args"] for a in ("--model-arg", arg)]
     for flag in ("resize", "validate", "recompute"):
         if p[flag] is not None:
             args.append(f"--{'' if p[flag] else 'no-'}{flag}")

@@ -5,6 +5,7 @@ TensorFlow and Horovod are imported inside the command, so ``--help`` is instant
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
@@ -42,6 +43,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
+    "augment": ("data.augment", click.Choice(config_lib.AUGMENTS), "On-the-fly augmentation of training samples (never validation): none, light (mirroring, small rotation and scaling, brightness, contrast) or default (nnU-Net's set: rotation, scaling, elastic, mirroring, brightness, contrast, gamma, noise, blur). Each sample's draw depends on the seed, epoch and sample id only: any rank count makes the same update (docs/augmentation.md)."),
     "precision": ("model.precision", click.Choice(config_lib.PRECISION_CHOICES), "auto (the presets' default): bfloat16 where the CPU reports AVX512_BF16 or AMX and a timed trial of the run's own step finds it at least 10 % faster on every rank, else float32; or float32, or bfloat16 activations (Keras mixed precision, float32 softmax: less memory). A resumed run keeps its choice (docs/training.md#precision)."),
 }
 
@@ -56,6 +58,42 @@ def batch_overrides(batch_size, global_batch) -> dict:
     if global_batch:
         return {"train.global_batch_grows": False}
     return {}
+
+
+def model_overrides(model_name, model_fn, model_args, data_path) -> dict:
+    """The config fields of ``--model``, ``--model-fn`` and ``--model-arg``. With
+    ``--model-fn`` the data file's layout says 2D or 3D (left to the config when the
+    file cannot be read: the run's start-up names what is wrong with it)."""
+    if model_name and model_fn:
+        raise ValueError("pass --model (distseg's U-Net) or --model-fn (your own), not both")
+    if model_args and not model_fn:
+        raise ValueError("--model-arg is for --model-fn (the U-Net takes its own flags)")
+    out = {"model.spatial_dims": config_lib.MODELS.get(model_name)}
+    if model_fn:
+        from distseg.networks import userfn
+        out["model.fn"] = userfn.absolute(model_fn)
+        out["model.args"] = dict(parse_model_arg(a) for a in model_args)
+        out["model.spatial_dims"] = _file_dims(data_path)
+    return out
+
+
+def parse_model_arg(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` as (key, VALUE read as JSON, else the string itself)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise ValueError(f"--model-arg {text!r}: expected KEY=VALUE, KEY a Python name")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _file_dims(data_path) -> int | None:
+    from distseg.data import h5format
+    try:
+        return 3 if data_path and h5format.file_layout(data_path) == "volumes" else 2
+    except h5format.DatasetError:
+        return None
 
 
 def _train_config(resume: bool, preset, config_file, overrides) -> config_lib.Config:
@@ -97,11 +135,20 @@ def _train_options(fn):
 @click.option("--model", "model_name", default=None, type=click.Choice(sorted(config_lib.MODELS)),
               help="unet2d on slices (default), or unet3d on slabs of volumes (--slab; "
                    "data from distseg-data ... --ndim 3).")
+@click.option("--model-fn", default=None, metavar="FILE.py:FUNCTION",
+              help="Your own Keras model instead of distseg's U-Net: FUNCTION(input_shape, "
+                   "num_classes, **args) returns a keras.Model with one softmax output of the "
+                   "input's spatial shape (or package.module:FUNCTION). 2D or 3D follows the "
+                   "data file. The file is copied into the run directory and its hash recorded "
+                   "(docs/own-model.md).")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="A keyword argument for --model-fn's function (VALUE read as JSON, else a "
+                   "string); repeatable. Kept in config.json as model.args.")
 @click.option("--recompute/--no-recompute", default=None,
               help="Gradient checkpointing of every convolution unit of every U-Net level: less memory, more time (docs/memory.md).")
 @_train_options
 def train(data_path, run_dir, resume, preset, config_file, resize, validate, tensorboard,
-          model_name, recompute, **flags):
+          model_name, model_fn, model_args, recompute, **flags):
     """Train a 2D U-Net on slices, or a 3D U-Net on slabs of volumes, data-parallel over
     Horovod ranks.
 
@@ -122,9 +169,9 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
                       "train.validate": validate, "train.tensorboard": tensorboard,
-                      "model.recompute": recompute,
-                      "model.spatial_dims": config_lib.MODELS.get(model_name)})
+                      "model.recompute": recompute})
     try:
+        overrides.update(model_overrides(model_name, model_fn, model_args, data_path))
         overrides.update(batch_overrides(flags["batch_size"], flags["global_batch"]))
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:

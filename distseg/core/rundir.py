@@ -13,6 +13,7 @@ too. Every module that reads or writes a run directory takes its paths from here
         epoch-0003-step-000012.*    a checkpoint 12 steps into epoch index 3
         latest.json                 the newest manifest's name
       job.txt                       a Slurm job's command line (``jobs/common.sh.in``)
+      model_fn.py                   a --model-fn run's model source (``networks.userfn``)
 
 What the checkpoint files hold is ``distseg.training.checkpoint``'s business; only
 their names are here. The Slurm scripts (``jobs/*.sh.in``, ``jobs/report.sbatch``)
@@ -48,6 +49,8 @@ JOB_FILE = "job.txt"
 TENSORBOARD_DIR = "tensorboard"
 #: An epoch's Horovod timeline (``training.parts.Timeline``), by epoch.
 TIMELINE_FILE = "comm-timeline-e{epoch}.json"
+#: A ``--model-fn`` run's copy of its model's source file.
+MODEL_FN_FILE = "model_fn.py"
 #: What shows a directory already holds a run (``existing_run``).
 RUN_MARKERS = (CONFIG_FILE, LOG_DIR)
 
@@ -55,6 +58,11 @@ RUN_MARKERS = (CONFIG_FILE, LOG_DIR)
 def config_path(run_dir: str) -> str:
     """``RUN/config.json``."""
     return os.path.join(run_dir, CONFIG_FILE)
+
+
+def model_fn_path(run_dir: str) -> str:
+    """``RUN/model_fn.py``."""
+    return os.path.join(run_dir, MODEL_FN_FILE)
 
 
 def tensorboard_dir(run_dir: str) -> str:

@@ -21,11 +21,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 
 import numpy as np
 
 from distseg import sliding
 from distseg.core import config as config_lib
+from distseg.core import rundir
 from distseg.core.errors import InputError
 from distseg.data.convert import geometry
 from distseg.inference import predict
@@ -52,16 +54,19 @@ def keras_norm_layers():
         unet.NORM_LAYERS.update(original)
 
 
-def inference_twin(model_cfg: config_lib.ModelConfig, input_shape):
-    """distseg's U-Net of ``model_cfg`` for ``input_shape``, built of Keras layers only:
-    Keras' normalisation layers, no recomputation, float32, and no BatchNorm ghost
-    batches (a training-time rule: inference normalises with the moving statistics,
-    which Keras' BatchNormalization would refuse the option for)."""
-    from distseg.networks import unet
+def inference_twin(model_cfg: config_lib.ModelConfig, input_shape, run_dir: str = ""):
+    """The network of ``model_cfg`` for ``input_shape`` in float32. distseg's U-Net is
+    built of Keras layers only: Keras' normalisation layers, no recomputation, and no
+    BatchNorm ghost batches (a training-time rule: inference normalises with the moving
+    statistics, which Keras' BatchNormalization would refuse the option for). A
+    ``--model-fn`` model is the researcher's own layers, from the run's source."""
+    from distseg.networks import models
     plain = dataclasses.replace(model_cfg, recompute=False, precision="float32",
                                 bn_ghost_batch=0)
+    if model_cfg.fn:
+        return models.build(plain, input_shape, run_dir=run_dir)
     with keras_norm_layers():
-        return unet.from_config(plain, input_shape)
+        return models.build(plain, input_shape)
 
 
 def copy_weights(source, twin) -> None:
@@ -94,7 +99,8 @@ def convention(cfg: config_lib.Config, known: predict.TrainingData, window, over
         "format": FORMAT, "format_version": FORMAT_VERSION, "model_file": MODEL_FILE,
         "spatial_dims": dims,
         "layout": "channels_last",
-        "input": {"name": "image", "shape": [None] + spatial + [1], "dtype": "float32",
+        "input": {"name": "image", "shape": [None] + spatial + [cfg.model.in_channels or 1],
+                  "dtype": "float32",
                   "range": [0.0, 1.0],
                   "axes": ("(batch, rows, columns, channel): one axial slice" if dims == 2 else
                            "(batch, slices, rows, columns, channel): a window of axial slices")},
@@ -154,7 +160,7 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
     known = predict.training_data(cfg, opts)
     window = predict.model_window(cfg, known.path, opts.run_dir)
     model = predict.build_model(cfg, opts.run_dir, predict.input_shape(cfg, window))
-    twin = inference_twin(cfg.model, predict.input_shape(cfg, window))
+    twin = inference_twin(cfg.model, predict.input_shape(cfg, window), opts.run_dir)
     copy_weights(model, twin)
     epoch = int(predict.checkpoint.latest(opts.run_dir)["epoch"])
     overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
@@ -164,10 +170,22 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
     json_path = os.path.join(out_dir, CONVENTION_FILE)
     _save(twin.save, model_path)
     _save(lambda path: _write_json(path, info), json_path)
-    return [f"preprocessing: {known.prep.describe()}",
-            f"wrote {model_path} ({cfg.model.spatial_dims}D U-Net, input "
-            f"{tuple(twin.input_shape)}, float32; loads with keras.models.load_model) "
-            f"and {json_path} (its input convention)"]
+    lines = [f"preprocessing: {known.prep.describe()}",
+             f"wrote {model_path} ({_network_words(cfg.model)}, input "
+             f"{tuple(twin.input_shape)}, float32; loads with keras.models.load_model) "
+             f"and {json_path} (its input convention)"]
+    if cfg.model.fn:
+        source = os.path.join(out_dir, rundir.MODEL_FN_FILE)
+        from distseg.networks import userfn
+        shutil.copyfile(userfn.source_with_hash(cfg.model.fn, cfg.model.fn_sha256, opts.run_dir),
+                        source)
+        lines.append(f"wrote {source} (the model's source: a model with layers of its own "
+                     "loads with keras.models.load_model(..., custom_objects=...) from it)")
+    return lines
+
+
+def _network_words(m: config_lib.ModelConfig) -> str:
+    return f"the model of --model-fn {m.fn}" if m.fn else f"{m.spatial_dims}D U-Net"
 
 
 def _write_json(path: str, info: dict) -> None:

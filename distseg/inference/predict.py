@@ -170,23 +170,27 @@ def build_model(cfg: config_lib.Config, run_dir: str, input_shape=None):
     Raises:
       InputError: no checkpoint, or one of another model or class count.
     """
-    from distseg.networks import unet as model_lib
+    from distseg.networks import models
     entry = checkpoint.latest(run_dir)
     if entry is None:
         raise InputError(f"{run_dir}: no checkpoint to predict with "
                          f"({rundir.CHECKPOINT_DIR}/{rundir.LATEST_CHECKPOINT})")
-    net = model_lib.from_config(cfg.model, input_shape)
-    m = cfg.model
+    net = models.build(cfg.model, input_shape, run_dir=run_dir)
     try:
         with warnings.catch_warnings():
             # Keras warns once per layer it cannot fill before it raises: one line is ours.
             warnings.simplefilter("ignore")
             checkpoint.load(entry, net)
     except InputError as e:
-        raise InputError(f"{e}; {run_dir}/{rundir.CONFIG_FILE} describes a {m.spatial_dims}D U-Net of "
-                         f"{m.num_classes} classes, image size {m.image_size}, depth {m.depth}, "
-                         f"base filters {m.base_filters}") from None
+        raise InputError(f"{e}; {run_dir}/{rundir.CONFIG_FILE} describes {_described(cfg.model)}") from None
     return net
+
+
+def _described(m: config_lib.ModelConfig) -> str:
+    if m.fn:
+        return f"the model of --model-fn {m.fn} for {m.num_classes} classes"
+    return (f"a {m.spatial_dims}D U-Net of {m.num_classes} classes, image size {m.image_size}, "
+            f"depth {m.depth}, base filters {m.base_filters}")
 
 
 def predictor(net, spatial_dims: int) -> Callable[[np.ndarray], np.ndarray]:

@@ -13,6 +13,7 @@ import uuid
 import numpy as np
 
 from distseg.core import rundir, schema
+from distseg.networks import models
 from distseg.core.errors import Interrupted, RunError
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
@@ -36,7 +37,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         horovod_env={k: v for k, v in os.environ.items()
                      if k.startswith("HOROVOD_") or k in dist.OMPI_DEFAULTS},
         config_hash=schema.config_hash(cfg.to_dict()),
-        model={"name": f"unet{cfg.model.spatial_dims}d", "params": params,
+        model={"name": models.describe(cfg.model), "params": params,
                "input_shape": list(s.feed.input_shape), **cfg.model.__dict__},
         voxels_per_sample=int(np.prod(s.feed.input_shape)), onednn=steps.onednn_enabled(),
         dataset=s.feed.summary(), global_seed=t.seed, steps_per_epoch=s.plan.steps,

@@ -22,10 +22,26 @@ from distseg.training import checkpoint, precision, resume
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
-    """Everything that can be wrong with the data before training starts; the feed
-    (slices or slabs) the run reads."""
+    """Everything that can be wrong with the data, or a ``--model-fn`` model, before
+    training starts; the feed (slices or slabs) the run reads, whose ``cfg`` records
+    the model's source (``userfn.recorded``)."""
     # Rank 0 reads every mask once to check the labels; the others trust its verdict.
-    return feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
+    feed = feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
+    if cfg.model.fn:
+        feed.cfg = check_model_fn(feed.cfg, feed.input_shape)
+    return feed
+
+
+def check_model_fn(cfg: config_lib.Config, input_shape) -> config_lib.Config:
+    """``cfg`` with its model's source recorded, after one build of the model in
+    float32 whose output is checked (``userfn.build``)."""
+    import dataclasses
+
+    from distseg.networks import userfn
+    model_cfg = userfn.recorded(cfg.model)
+    userfn.build(dataclasses.replace(model_cfg, precision="float32"), input_shape,
+                 run_dir=cfg.run_dir)
+    return dataclasses.replace(cfg, model=model_cfg)
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
@@ -50,6 +66,8 @@ def _probe_writable(run_dir: str, ctx: dist.Context) -> None:
 def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
     # Chief-only side effect: one config per run, written before any rank logs.
     if ctx.is_root():
+        from distseg.networks import userfn
+        userfn.keep_copy(cfg.model, cfg.run_dir)
         checkpoint.write_json_atomic(rundir.config_path(cfg.run_dir), cfg.to_dict())
         os.makedirs(rundir.checkpoint_dir(cfg.run_dir), exist_ok=True)
 
@@ -75,10 +93,10 @@ def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcas
     False: each rank's own initial values, for an elastic run's state to sync)."""
     import keras
 
-    from distseg.networks import unet as model_lib
+    from distseg.networks import models
 
     keras.utils.set_random_seed(cfg.train.seed + ctx.rank)
-    model = model_lib.from_config(cfg.model, input_shape)
+    model = models.build(cfg.model, input_shape, run_dir=cfg.run_dir)
     optimizer = keras.optimizers.Adam(learning_rate=cfg.train.lr)
     optimizer.build(model.trainable_variables)
     # What every rank must hold identically: weights (BatchNorm statistics included)
