@@ -32,7 +32,8 @@ def _shape(extents) -> str:
 def describe(spec: spec_lib.UNetSpec, batch: int) -> list[str]:
     """The first lines: the model, its input and its parameter count."""
     params, trainable = memory.count_params(spec)
-    return [f"{spec.spatial_dims}D U-Net, input {_shape(spec.spatial)}, batch {batch}, "
+    channels = f" x {spec.in_channels} channels" if spec.in_channels > 1 else ""
+    return [f"{spec.spatial_dims}D U-Net, input {_shape(spec.spatial)}{channels}, batch {batch}, "
             f"{spec.base_filters} base filters, depth {spec.depth}, {spec.norm} norm, "
             f"{spec.precision}, recompute {'on' if spec.recompute else 'off'}",
             f"parameters: {params:,} ({trainable:,} trainable)"]
@@ -112,6 +113,8 @@ def _available_memory() -> int:
               help="Filters of the first level (default: 64 for unet2d, 16 for unet3d).")
 @click.option("--depth", default=4, show_default=True, type=click.IntRange(1), help="Poolings.")
 @click.option("--classes", default=3, show_default=True, type=click.IntRange(2), help="Output classes.")
+@click.option("--channels", default=1, show_default=True, type=click.IntRange(1),
+              help="Input channels (CT: 1; BraTS: 4).")
 @click.option("--norm", default="batch", show_default=True, type=click.Choice(["batch", "group", "none"]))
 @click.option("--recompute/--no-recompute", default=False, help="Gradient checkpointing of every convolution unit.")
 @click.option("--precision", default=config_lib.AUTO, show_default=True,
@@ -120,17 +123,19 @@ def _available_memory() -> int:
 @click.option("--measure", is_flag=True, help="Also run real train steps in a fresh process and print the measured peak RSS.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(2), help="Steps --measure runs (the first traces).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1), help="TensorFlow intra-op threads for --measure.")
-def main(kind, input_text, batch, budget_text, base_filters, depth, classes, norm, recompute,
-         precision, measure, steps, threads):
+def main(kind, input_text, batch, budget_text, base_filters, depth, classes, channels, norm,
+         recompute, precision, measure, steps, threads):
     """Estimate the peak memory of training a distseg U-Net: parameters, gradients, Adam's
     state, activations kept for the backward pass, workspace. Prints the parameter count,
     a per-level breakdown, whether it fits --budget, and the largest batch and input that do.
-    It plans distseg's own U-Nets only (a model of your own: measure it)."""
+    It plans distseg's own U-Nets only: for a model of your own (--model-fn), run a few
+    steps of it and read the rank's peak memory instead."""
     try:
         dims = 3 if kind == "unet3d" else 2
         built = config_lib.PRECISIONS[0] if precision == config_lib.AUTO else precision
         spec = spec_lib.UNetSpec(memory.parse_input(input_text, dims), depth=depth,
                                base_filters=base_filters or DEFAULT_FILTERS[kind], num_classes=classes,
+                               in_channels=channels,
                                norm=norm, recompute=recompute, precision=built)
         budget = memory.parse_bytes(budget_text)
         est = memory.estimate(spec, batch)

@@ -265,6 +265,21 @@ def test_render_passes_the_3d_model_and_recompute_on_and_checks_the_file(tiny, t
     assert _err(refused).startswith("error: ") and len(refused.stderr.strip().splitlines()) == 1
 
 
+def test_render_passes_an_own_model_on_with_an_absolute_path(tiny, tmp_path, monkeypatch):
+    (tmp_path / "net.py").write_text("def build(input_shape, num_classes):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    out = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
+              "--model-fn", "net.py:build", "--model-arg", "filters=8", "--augment", "light",
+              "--runs-dir", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    train_args = next(l for l in out.stdout.splitlines() if l.startswith("TRAIN_ARGS="))
+    assert f"--model-fn {tmp_path}/net.py:build --model-arg filters=8" in train_args, train_args
+    assert "--augment light" in train_args, train_args
+    both = cli("render", "--partition", "generic", "--nodes", "1", "--data", tiny, "--preset", "smoke",
+               "--model", "unet2d", "--model-fn", "net.py:build", "--runs-dir", str(tmp_path / "x"))
+    assert both.exit_code == 2 and "not both" in _err(both), both.output
+
+
 def test_render_passes_the_global_batch_on_and_refuses_one_the_ranks_cannot_share(tiny, tmp_path):
     out = cli("render", "--partition", "generic", "--nodes", "1", "--ranks-per-node", "2", "--data", tiny,
               "--preset", "smoke", "--global-batch", "8", "--runs-dir", str(tmp_path))
