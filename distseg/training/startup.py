@@ -32,16 +32,25 @@ def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
     return feed
 
 
+def with_model_source(cfg: config_lib.Config) -> config_lib.Config:
+    """``cfg`` with a ``--model-fn``'s source recorded (``userfn.recorded``), on this
+    rank alone (no collective: an elastic run's start)."""
+    import dataclasses
+
+    from distseg.networks import userfn
+    return dataclasses.replace(cfg, model=userfn.recorded(cfg.model))
+
+
 def check_model_fn(cfg: config_lib.Config, input_shape) -> config_lib.Config:
     """``cfg`` with its model's source recorded, after one build of the model in
     float32 whose output is checked (``userfn.build``)."""
     import dataclasses
 
     from distseg.networks import userfn
-    model_cfg = userfn.recorded(cfg.model)
-    userfn.build(dataclasses.replace(model_cfg, precision="float32"), input_shape,
+    cfg = with_model_source(cfg)
+    userfn.build(dataclasses.replace(cfg.model, precision="float32"), input_shape,
                  run_dir=cfg.run_dir)
-    return dataclasses.replace(cfg, model=model_cfg)
+    return cfg
 
 
 def _refuse_existing_run(run_dir: str, ctx: dist.Context) -> None:
