@@ -20,7 +20,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_CHROMIUM := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision clean
+.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean
 
 install:
 	@bash scripts/install.sh
@@ -86,6 +86,15 @@ bench: install
 bench-precision: install
 	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
 	$(BIN)/python benchmarks/bench_precision_auto.py --data data/liver117.h5
+
+# data.augment none, light and default on one rank held to one core (taskset; the reader
+# thread that augments shares it with the step), interleaved rounds: the demo and liver3d's
+# median step, data_wait and the augmenter alone against 10 % of a step
+# (docs/augmentation.md#what-it-costs); about 15 minutes here; results in
+# bench/results/augment-*.json.
+bench-augment: install
+	@test -f data/liver117.h5 || $(BIN)/distseg-data lits-sample --out data/liver117.h5
+	$(BIN)/python benchmarks/bench_augment.py --data data/liver117.h5
 
 # Two nodes (network namespaces, root) over a link shaped to 1 and 10 Gbit/s and
 # unshaped: 1 process vs 2 ranks, fp16, overlap and MultiWorkerMirroredStrategy, and the

@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -32,17 +32,24 @@ class Prefetcher:
     Each item of ``batches`` is an array of ids, read with ``reader.read(ids)``, or an
     ``EpochBatch``, read with ``reader.read(ids, epoch)``; either way the consumer gets
     ``(ids, images, masks)``.
+
+    ``transform(ids, epoch, images, masks) -> (images, masks)`` (the training
+    augmentation, ``distseg.data.augment``), when given, runs in this thread on each
+    ``EpochBatch`` right after its read, so it overlaps the step as the read does. Plain
+    id arrays have no epoch and are passed on as read.
     """
 
     _DONE = object()
 
-    def __init__(self, reader, batches: Iterable, depth: int = 2):
+    def __init__(self, reader, batches: Iterable, depth: int = 2,
+                 transform: Callable | None = None):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._work, args=(reader, batches), daemon=True)
+        self._thread = threading.Thread(target=self._work, args=(reader, batches, transform),
+                                        daemon=True)
         self._stop = threading.Event()
         self._thread.start()
 
-    def _work(self, reader, batches):
+    def _work(self, reader, batches, transform):
         try:
             for item in batches:
                 if self._stop.is_set():
@@ -50,6 +57,8 @@ class Prefetcher:
                 if isinstance(item, EpochBatch):
                     ids = item.ids
                     images, masks = reader.read(ids, item.epoch)
+                    if transform is not None:
+                        images, masks = transform(ids, item.epoch, images, masks)
                 else:
                     ids = item
                     images, masks = reader.read(ids)

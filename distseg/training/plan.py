@@ -90,18 +90,23 @@ def start_step(kept_global_step: int, plan: EpochPlan, start: tuple[int, int]) -
 class PlannedBatches:
     """This rank's batches under the plan in force, read ahead by one prefetcher (which
     reads the next epoch's first batches while an epoch ends); ``use`` a new plan from
-    an (epoch, step) on. Close it when done."""
+    an (epoch, step) on. Close it when done.
 
-    def __init__(self, reader, ids, rank: int, size: int, train_cfg, depth: int):
+    ``transform`` (the training augmentation, ``data.augment.for_training``; None: none)
+    runs in the prefetcher's thread on every batch as it is read."""
+
+    def __init__(self, reader, ids, rank: int, size: int, train_cfg, depth: int,
+                 transform=None):
         self.reader, self.ids, self.rank, self.size = reader, ids, rank, size
-        self.train_cfg, self.depth = train_cfg, depth
+        self.train_cfg, self.depth, self.transform = train_cfg, depth, transform
         self._prefetcher = None
         self._batches = iter(())
 
     def use(self, plan: EpochPlan, start: tuple[int, int]) -> None:
         self.close()
         batches = epoch_batches(plan, self.ids, self.rank, self.size, self.train_cfg, start)
-        self._prefetcher = prefetch.Prefetcher(self.reader, batches, depth=self.depth)
+        self._prefetcher = prefetch.Prefetcher(self.reader, batches, depth=self.depth,
+                                               transform=self.transform)
         self._batches = iter(self._prefetcher)
 
     def next(self):
