@@ -29,7 +29,7 @@ from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
-from distseg.data import feeds
+from distseg.data import augment, feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
@@ -99,7 +99,8 @@ def open_session(begin: startup.Start, ctx: dist.Context, feed: feeds.Feed,
         cfg=cfg, ctx=ctx, feed=feed, model=model, optimizer=optimizer, synced=synced,
         reader=reader, log=log, t0=t0, start_time=start_time, stop=stop, scaling=scaling,
         batches=resources.enter_context(contextlib.closing(PlannedBatches(
-            reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch))),
+            reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch,
+            augment.for_training(cfg.data.augment, t.seed, cfg.model.spatial_dims)))),
         train_steps=steps.TrainSteps(model, optimizer, shape, cfg.model.num_classes, t.loss,
                                      ctx.size, t.compression, begin.traced),
         eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
