@@ -375,6 +375,7 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     if dist.is_elastic():
         # No collective before the elastic loop: a rank that joins later runs this alone.
         cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
+        cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
         cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
         state = startup.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
         elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)

@@ -13,8 +13,8 @@ import uuid
 import numpy as np
 
 from distseg.core import rundir, schema
-from distseg.networks import models
 from distseg.core.errors import Interrupted, RunError
+from distseg.networks import models
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import steps, stopping
