@@ -1,6 +1,7 @@
 """Sliding-window inference over whole volumes, and the split of cases over ranks: the
 one inferer of 3D validation and of ``distseg-predict`` (2D and 3D). Plain numpy: the
-model comes in as a ``predict`` callable.
+model comes in as a ``predict`` callable. Volumes are channels last, (D, H, W, C) for
+C input channels (a (D, H, W) volume is one channel), and every window carries all C.
 
 A 3D U-Net is run on windows of its training slab shape; a 2D U-Net on windows of one
 slice, (1, H, W), through ``slicewise``, which drops the depth axis for it. One window
@@ -64,10 +65,11 @@ def gaussian_weights(window: Sequence[int], sigma_scale: float = SIGMA_SCALE) ->
 
 
 def _check_args(volume: np.ndarray, window: Sequence[int], overlap: float, batch: int) -> np.ndarray:
-    if volume.ndim == 4 and volume.shape[-1] == 1:
-        volume = volume[..., 0]
-    if volume.ndim != 3:
-        raise ValueError(f"volume has shape {volume.shape}, expected (D, H, W) or (D, H, W, 1)")
+    """``volume`` as (D, H, W, C), after the arguments' checks."""
+    if volume.ndim == 3:
+        volume = volume[..., None]
+    if volume.ndim != 4 or volume.shape[-1] < 1:
+        raise ValueError(f"volume has shape {volume.shape}, expected (D, H, W) or (D, H, W, C)")
     if len(window) != 3 or min(window) < 1:
         raise ValueError(f"window {tuple(window)}: expected three positive sizes (d, h, w)")
     if not 0.0 <= overlap < 1.0:
@@ -78,9 +80,11 @@ def _check_args(volume: np.ndarray, window: Sequence[int], overlap: float, batch
 
 
 def padded_to(volume: np.ndarray, window: Sequence[int]) -> np.ndarray:
-    """``volume`` padded at the high end of each axis shorter than ``window`` with
-    ``PAD_IMAGE``, as ``volumes.SlabReader`` pads training slabs."""
+    """``volume`` ((D, H, W) or (D, H, W, C)) padded at the high end of each spatial
+    axis shorter than ``window`` with ``PAD_IMAGE``, as ``volumes.SlabReader`` pads
+    training slabs."""
     pad = [(0, max(0, w - n)) for n, w in zip(volume.shape, window)]
+    pad += [(0, 0)] * (volume.ndim - len(pad))
     if not any(p for _, p in pad):
         return volume
     return np.pad(volume, pad, constant_values=PAD_IMAGE)
@@ -106,10 +110,10 @@ def sliding_window(predict: Callable[[np.ndarray], np.ndarray], volume: np.ndarr
     """Class probabilities (D, H, W, C) float32 of a whole volume, window by window.
 
     Args:
-      predict: (B, d, h, w, 1) float32 -> (B, d, h, w, C) probabilities (a Keras
+      predict: (B, d, h, w, C_in) float32 -> (B, d, h, w, C) probabilities (a Keras
         model's ``predict_on_batch``, or any array-returning callable).
-      volume: (D, H, W) or (D, H, W, 1) image; padded (``padded_to``) where shorter
-        than ``window``, and the result cropped back.
+      volume: (D, H, W) (one channel) or (D, H, W, C_in) image, channels last; padded
+        (``padded_to``) where shorter than ``window``, and the result cropped back.
       window: (d, h, w), the training slab shape.
       overlap: share of a window shared with its neighbour along each axis (0..1).
       sigma_scale: the Gaussian's sigma as a share of the window's edge.
@@ -122,26 +126,26 @@ def sliding_window(predict: Callable[[np.ndarray], np.ndarray], volume: np.ndarr
     window = tuple(int(w) for w in window)
     padded = padded_to(volume, window)
     weights = gaussian_weights(window, sigma_scale)
-    origins = window_origins(padded.shape, window, overlap)
-    total, norm = None, np.zeros(padded.shape, dtype=np.float64)
+    origins = window_origins(padded.shape[:3], window, overlap)
+    total, norm = None, np.zeros(padded.shape[:3], dtype=np.float64)
     for i in range(0, len(origins), batch):
         boxes = [tuple(slice(o, o + w) for o, w in zip(origin, window))
                  for origin in origins[i:i + batch]]
-        x = np.stack([padded[box] for box in boxes]).astype(np.float32)[..., None]
+        x = np.stack([padded[box] for box in boxes]).astype(np.float32)
         probs = _predicted(predict, x, window)
         if total is None:
-            total = np.zeros(padded.shape + probs.shape[-1:], dtype=np.float64)
+            total = np.zeros(padded.shape[:3] + probs.shape[-1:], dtype=np.float64)
         for box, p in zip(boxes, probs):
             total[box] += p * weights[..., None]
             norm[box] += weights
     total /= norm[..., None]  # in place: no second float64 volume
-    d, h, w = volume.shape
+    d, h, w = volume.shape[:3]
     return total[:d, :h, :w].astype(np.float32)
 
 
 def slicewise(predict2d: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """A 2D model as a 3D ``predict`` for windows of depth 1: (B, 1, H, W, 1) windows
-    go to ``predict2d`` as (B, H, W, 1) slices, and its (B, H, W, C) probabilities come
+    """A 2D model as a 3D ``predict`` for windows of depth 1: (B, 1, H, W, C_in) windows
+    go to ``predict2d`` as (B, H, W, C_in) slices, and its (B, H, W, C) probabilities come
     back as (B, 1, H, W, C).
 
     Raises (when called):

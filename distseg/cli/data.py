@@ -118,9 +118,16 @@ def parse_window(ctx, param, value):
 @click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
               help="CT window in HU (default -150,250, the window of every distseg dataset).")
 @click.option("--modality", default="auto", show_default=True, type=click.Choice(["auto", "ct", "mr"]),
-              help="auto: from dataset.json (pairs: CT); ct: HU window; mr: per-volume percentiles.")
+              help="auto: each channel's from dataset.json (pairs: CT); ct: HU window; mr: "
+                   "per-case normalisation (--mr-norm), for every channel.")
+@click.option("--mr-norm", default="auto", show_default=True,
+              type=click.Choice(["auto", "percentile", "zscore"]),
+              help="MR (non-CT) channels: percentile (0.5-99.5 to [0, 1]) or zscore (per case "
+                   "and channel, as nnU-Net); auto: zscore for several channels or an nnU-Net "
+                   "dataset, else percentile.")
 @click.option("--channel", default=None, type=click.IntRange(0),
-              help="Channel of 4-D multi-channel MSD images (required for them).")
+              help="Keep only this channel of multi-channel images [default: every channel, "
+                   "one input channel each].")
 @click.option("--roi-margin", default=None, type=click.IntRange(0),
               help="Keep only slices within the labelled region plus this many on each side (default: all).")
 @click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1),
@@ -138,12 +145,14 @@ def parse_window(ctx, param, value):
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def convert(source, out, **options):
-    """Convert an MSD task folder or LiTS-style NIfTI/NRRD pairs into a distseg HDF5 file.
+    """Convert an MSD task folder, an nnU-Net v2 raw dataset or LiTS-style NIfTI/NRRD
+    pairs into a distseg HDF5 file.
 
-    Volumes are reoriented to RAS, windowed (CT) or normalised (MR), resampled in-plane
-    to --size and split by case; what prediction needs to go back to each scan is
-    recorded. With --ndim 3 each case is kept as one volume on its own grid (no
-    resampling). The file is written as OUT.partial and renamed only when complete.
+    Volumes are reoriented to RAS, windowed (CT) or normalised (MR) channel by channel,
+    resampled in-plane to --size and split by case; what prediction needs to go back
+    to each scan is recorded. With --ndim 3 each case is kept as one volume on its own
+    grid (no resampling). The file is written as OUT.partial and renamed only when
+    complete.
     """
     from distseg.data.convert import pipeline
     try:

@@ -3,9 +3,10 @@ layout, and the rules every reader applies to it.
 
 One HDF5 file per dataset (``FORMAT_VERSION`` 1). File attributes: ``format_version``,
 ``source``, ``num_classes``, ``class_names``, ``hu_window`` (low, high), ``spacing``
-(z, y, x in mm; NaN where unknown). Readers refuse a file whose ``format_version`` is
-newer than ``FORMAT_VERSION`` (it may hold renamed fields they would misread); a file
-without the attribute is read as version 1.
+(z, y, x in mm; NaN where unknown) and, optionally, ``channel_names`` (one name per
+input channel: ``FLAIR``, ``T1w``, ...; ``channel_names_of``). Readers refuse a file
+whose ``format_version`` is newer than ``FORMAT_VERSION`` (it may hold renamed fields
+they would misread); a file without the attribute is read as version 1.
 
 The attribute ``layout`` tells the two kinds of distseg file apart: absent or
 ``"slices"`` for the 2D format (``distseg.data.slices``), ``"volumes"`` for whole 3D
@@ -65,10 +66,12 @@ SAMPLE_WORDS = {"slices": "slice", "volumes": "slab"}
 
 def summary_of(path: str, layout: str, attrs: dict, dtype: str, num_classes: int,
                class_names: Sequence[str], case_ids: np.ndarray, case_splits: np.ndarray,
-               sample_splits: np.ndarray, sample: str | None = None) -> dict:
+               sample_splits: np.ndarray, sample: str | None = None, channels: int = 1,
+               channel_names: Sequence[str] = ()) -> dict:
     """The keys every data summary has, whatever the layout: the file (``path``,
     ``layout``, ``format_version``, ``source``, ``dtype``), its classes (``num_classes``,
-    ``class_names``), its samples per split (``samples``, ``train_samples``,
+    ``class_names``), its input ``channels`` and their ``channel_names`` (empty when the
+    file records none), its samples per split (``samples``, ``train_samples``,
     ``val_samples``, ``test_samples``: slices, or a 3D run's slabs) and its cases per
     split (``cases``, ``train_cases``, ...). ``case_splits`` holds one split per entry
     of ``case_ids`` (per slice in a slice file), ``sample_splits`` one per sample."""
@@ -83,6 +86,7 @@ def summary_of(path: str, layout: str, attrs: dict, dtype: str, num_classes: int
         "format_version": int(attrs.get("format_version", FORMAT_VERSION)),
         "source": attrs.get("source", ""), "dtype": dtype,
         "num_classes": int(num_classes), "class_names": list(class_names),
+        "channels": int(channels), "channel_names": list(channel_names),
         "sample": sample or SAMPLE_WORDS[layout], **counts, **cases,
     }
 
@@ -215,6 +219,24 @@ def class_names_of(path: str, f: h5py.File, num_classes: int) -> tuple[str, ...]
             or not all(isinstance(n, str) and n.strip() and n.isprintable() for n in names)):
         raise DatasetError(f"{path}: attribute class_names is {shown(raw)}, expected "
                            f"{num_classes} distinct names (attribute num_classes={num_classes})")
+    return names
+
+def channel_names_of(path: str, f: h5py.File, channels: int) -> tuple[str, ...]:
+    """The optional ``channel_names`` attribute (empty when absent), refusing anything
+    but ``channels`` distinct, non-empty, printable strings."""
+    if "channel_names" not in f.attrs:
+        return ()
+    raw = f.attrs["channel_names"]
+    names = None
+    if isinstance(raw, np.ndarray) and raw.ndim == 1:
+        try:
+            names = tuple(v.decode() if isinstance(v, bytes) else v for v in raw.tolist())
+        except UnicodeDecodeError:
+            names = None
+    if (names is None or len(names) != channels or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and n.strip() and n.isprintable() for n in names)):
+        raise DatasetError(f"{path}: attribute channel_names is {shown(raw)}, expected "
+                           f"{channels} distinct names (the images hold {channels} channel(s))")
     return names
 
 class H5Reader:

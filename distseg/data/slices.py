@@ -1,7 +1,10 @@
 """The 2D slice layout of the distseg HDF5 format (``distseg.data.h5format``), and its
 reader.
 
-``images``   (N, H, W, 1) float32 or float16, already windowed and normalised to [0, 1].
+``images``   (N, H, W, C) float32 or float16, already normalised: windowed to [0, 1]
+             (CT, MR percentiles) or z-scored (MR channels of a multi-channel file);
+             C >= 1 input channels, last (CT: 1), named by the optional attribute
+             ``channel_names``.
 ``masks``    (N, H, W) uint8 class ids: 0 background, 1 liver, 2 lesion (or the file's
              ``class_names``).
 ``case_id``  (N,) int: the volume each slice came from.
@@ -28,6 +31,7 @@ from distseg.data.h5format import (
     SPLITS,
     DatasetError,
     H5Reader,
+    channel_names_of,
     class_names_of,
     damaged,
     num_classes_of,
@@ -58,23 +62,35 @@ class DatasetInfo:
     case_ids: np.ndarray
     channels: int = 1
     """Input channels per slice (the last axis of ``images``)."""
+    channel_names: tuple[str, ...] = ()
+    """One name per channel (attribute ``channel_names``), or empty: none recorded."""
 
     def summary(self) -> dict:
         """What ``distseg-data info`` prints and a run logs as ``dataset``: the keys of
         ``summary_of`` (shared with volume files), plus ``image_size``."""
         return {**summary_of(self.path, "slices", self.attrs, self.dtype, self.num_classes,
-                             self.class_names, self.case_ids, self.splits, self.splits),
+                             self.class_names, self.case_ids, self.splits, self.splits,
+                             channels=self.channels, channel_names=self.channel_names),
                 "image_size": [self.height, self.width]}
 
 def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.ndarray,
                   split: np.ndarray, *, source: str, hu_window: Sequence[float],
                   spacing: Sequence[float] = (math.nan, math.nan, math.nan),
-                  class_names: Sequence[str] = LIVER_CLASSES) -> None:
-    """Writes arrays in the distseg format (one chunk per slice), atomically."""
+                  class_names: Sequence[str] = LIVER_CLASSES,
+                  channel_names: Sequence[str] | None = None) -> None:
+    """Writes arrays in the distseg format (one chunk per slice), atomically.
+
+    ``images`` is (N, H, W) (one channel) or (N, H, W, C); ``channel_names``, when
+    given, names the C channels (attribute ``channel_names``).
+    """
     images = np.asarray(images)
     if images.ndim == 3:
         images = images[..., None]
-    n, h, w, _ = images.shape
+    if images.ndim != 4 or images.shape[-1] < 1:
+        raise DatasetError(f"{path}: images shape {images.shape}, expected (N, H, W) or (N, H, W, C)")
+    n, h, w, c = images.shape
+    if channel_names is not None and len(channel_names) != c:
+        raise DatasetError(f"{path}: {len(channel_names)} channel_names for images of {c} channel(s)")
     if masks.shape != (n, h, w):
         raise DatasetError(f"{path}: masks shape {masks.shape} != images {(n, h, w)}")
     parent = os.path.dirname(os.path.abspath(path))
@@ -85,7 +101,7 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
     except OSError as e:
         raise DatasetError(f"{path}: cannot be written ({e.strerror or e})") from e
     with f:
-        f.create_dataset("images", data=images, chunks=(1, h, w, 1))
+        f.create_dataset("images", data=images, chunks=(1, h, w, c))
         f.create_dataset("masks", data=masks.astype(np.uint8), chunks=(1, h, w))
         f.create_dataset("case_id", data=np.asarray(case_id, dtype=np.int32))
         f.create_dataset("split", data=np.asarray(split, dtype=np.uint8))
@@ -96,10 +112,13 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
         f.attrs["class_names"] = list(class_names)
         f.attrs["hu_window"] = np.asarray(hu_window, dtype=np.float64)
         f.attrs["spacing"] = np.asarray(spacing, dtype=np.float64)
+        if channel_names is not None:
+            f.attrs["channel_names"] = list(channel_names)
     os.replace(tmp, path)
 
-def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
-    """Checks the datasets' kinds, shapes and dtypes (metadata only); returns (N, H, W)."""
+def _layout(path: str, f: h5py.File) -> tuple[int, int, int, int]:
+    """Checks the datasets' kinds, shapes and dtypes (metadata only); returns
+    (N, H, W, C)."""
     for name in REQUIRED:
         if name not in f:
             raise DatasetError(f"{path}: missing dataset '{name}' (need {', '.join(REQUIRED)})")
@@ -108,11 +127,12 @@ def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
             what = "a link to nothing" if obj is None else f"a {type(obj).__name__}"
             raise DatasetError(f"{path}: '{name}' is {what}, expected a dataset")
     images, masks = f["images"], f["masks"]
-    if images.ndim != 4 or images.shape[-1] != 1:
-        raise DatasetError(f"{path}: 'images' has shape {images.shape}, expected (N, H, W, 1)")
+    if images.ndim != 4 or images.shape[-1] < 1:
+        raise DatasetError(f"{path}: 'images' has shape {images.shape}, expected (N, H, W, C) "
+                           "with C >= 1 channels")
     if images.dtype not in (np.float32, np.float16):
         raise DatasetError(f"{path}: 'images' has dtype {images.dtype}, expected float32 or float16")
-    n, h, w, _ = images.shape
+    n, h, w, c = images.shape
     if masks.shape != (n, h, w):
         raise DatasetError(
             f"{path}: 'masks' has shape {masks.shape}, expected {(n, h, w)} to match 'images'")
@@ -127,7 +147,7 @@ def _layout(path: str, f: h5py.File) -> tuple[int, int, int]:
         raise DatasetError(f"{path}: 'images' holds no slices")
     if h == 0 or w == 0:
         raise DatasetError(f"{path}: 'images' slices are {h}x{w}, expected at least 1x1")
-    return n, h, w
+    return n, h, w, c
 
 def examine(path: str, check_labels: bool = True) -> DatasetInfo:
     """Validates a data file's structure and returns what it holds.
@@ -139,10 +159,11 @@ def examine(path: str, check_labels: bool = True) -> DatasetInfo:
       DatasetError: one line naming the file, the field and what was expected.
     """
     with open_file(path) as f, damaged(path):
-        n, h, w = _layout(path, f)
+        n, h, w, channels = _layout(path, f)
         images, masks = f["images"], f["masks"]
         num_classes = num_classes_of(path, f)
         class_names = class_names_of(path, f, num_classes)
+        channel_names = channel_names_of(path, f, channels)
         split = f["split"][:]
         case_id = f["case_id"][:]
         if not np.isin(split, list(SPLITS.values())).all():
@@ -165,7 +186,8 @@ def examine(path: str, check_labels: bool = True) -> DatasetInfo:
             num_classes=num_classes, class_names=class_names,
             train_indices=np.flatnonzero(split == SPLITS["train"]),
             val_indices=np.flatnonzero(split == SPLITS["val"]),
-            attrs=attrs, splits=split, case_ids=case_id,
+            attrs=attrs, splits=split, case_ids=case_id, channels=channels,
+            channel_names=channel_names,
         )
 
 def _size_problem(path: str, height: int, width: int, image_size: int, resize: bool) -> str | None:
@@ -241,7 +263,7 @@ class SliceReader(H5Reader):
         self._resize = bool(image_size) and (self.height, self.width) != (image_size, image_size)
 
     def read(self, indices: Sequence[int], epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Returns (images float32 (B,S,S,1), masks uint8 (B,S,S)) in the order given.
+        """Returns (images float32 (B,S,S,C), masks uint8 (B,S,S)) in the order given.
 
         ``epoch`` is accepted for the ``Prefetcher``'s sake and ignored: a slice is the
         same every epoch (``volumes.SlabReader`` uses it to place foreground slabs).

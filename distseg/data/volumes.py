@@ -3,16 +3,20 @@
 The ``volumes`` layout (file attribute ``layout="volumes"``, ``format_version`` 1; see
 docs/data.md#volumes): per case ``k`` (0..K-1, in file order)
 
-``volumes/k/image``       (D, H, W) float32 or float16, windowed to [0, 1]
+``volumes/k/image``       (D, H, W) float32 or float16, normalised (windowed to [0, 1],
+                          or z-scored), one channel; or (D, H, W, C): C channels, last
 ``volumes/k/mask``        (D, H, W) uint8 class ids
 ``volumes/k/foreground``  (M, 3) int32 (z, y, x) of up to ``FOREGROUND_SAMPLES``
                           foreground voxels, evenly spaced in scan order (M = 0: none)
 
 and the per-case tables ``case_id`` (K,) int, ``split`` (K,) uint8 (0 train, 1 val,
 2 test), ``shape`` (K, 3) int and ``spacing`` (K, 3) float (mm, NaN unknown). Cases
-differ in shape. Images and masks are chunked ``CHUNK`` (clipped to the volume), so a
-slab reads only the chunks it overlaps. File attributes are those of the slice format
-(``data``) plus ``layout``.
+differ in shape, never in channel count: every image of a file has the same C (a
+(D, H, W) image counts as C = 1). Images and masks are chunked ``CHUNK`` (clipped to
+the volume; an image's channels share a chunk), so a slab reads only the chunks it
+overlaps. File attributes are those of the slice format (``data``, ``channel_names``
+included) plus ``layout``. Readers give images channels last, whatever the stored form:
+(B, d, h, w, C) slabs and (D, H, W, C) whole cases.
 
 Training samples are **slabs**: for a slab shape (d, h, w) each case is tiled along
 each axis (``tile_starts``: the last tile shifted inward to end at the volume's edge;
@@ -65,8 +69,10 @@ def foreground_sample(mask: np.ndarray, limit: int = FOREGROUND_SAMPLES) -> np.n
     return np.stack(np.unravel_index(flat, mask.shape), axis=1).astype(np.int32)
 
 
-def chunks_for(shape: Sequence[int]) -> tuple[int, int, int]:
-    return tuple(int(min(c, s)) for c, s in zip(CHUNK, shape))
+def chunks_for(shape: Sequence[int]) -> tuple[int, ...]:
+    """``CHUNK`` clipped to a (D, H, W) or (D, H, W, C) shape; all C channels of a
+    voxel in one chunk."""
+    return tuple(int(min(c, s)) for c, s in zip(CHUNK, shape)) + tuple(int(c) for c in shape[3:])
 
 
 class VolumeWriter:
@@ -74,6 +80,7 @@ class VolumeWriter:
     to ``OUT``, ``abort`` removes it (an existing ``OUT`` stays untouched until then)."""
 
     def __init__(self, out: str, dtype: str = "float32", compression: dict | None = None):
+        self.channels: int | None = None
         self._partial = PartialFile(out)
         self.out, self.partial = out, self._partial.partial
         self.dtype, self.compression = np.dtype(dtype), dict(compression or {})
@@ -87,27 +94,50 @@ class VolumeWriter:
 
     def append(self, image: np.ndarray, mask: np.ndarray, case_id: int, split: int,
                spacing: Sequence[float] = (math.nan,) * 3) -> int:
-        """Writes one case ((D, H, W) image in [0, 1] and its mask); returns its row."""
-        if image.ndim != 3 or mask.shape != image.shape or min(image.shape) < 1:
+        """Writes one case (a normalised (D, H, W) or (D, H, W, C) image and its (D, H, W)
+        mask); returns its row. One channel is stored (D, H, W), as before channels
+        existed; every case of a file must have the same C.
+
+        Raises:
+          DatasetError: shapes that do not match, or another C than the first case's.
+        """
+        channels = image.shape[3] if image.ndim == 4 else 1
+        if (image.ndim not in (3, 4) or mask.shape != image.shape[:3] or min(image.shape) < 1):
             raise DatasetError(f"{self.out}: case {case_id}: image {image.shape} and mask "
-                               f"{mask.shape} must be the same (D, H, W), at least 1x1x1")
+                               f"{mask.shape} must be (D, H, W[, C]) and (D, H, W), at least 1x1x1")
+        if self.channels is not None and channels != self.channels:
+            raise DatasetError(f"{self.out}: case {case_id}: image of {channels} channel(s), but "
+                               f"the file's first case has {self.channels}; every image of a "
+                               "file has the same channels")
+        self.channels = channels
+        if image.ndim == 4 and channels == 1:
+            image = image[..., 0]
         k = len(self.rows)
         group = self.file["volumes"].create_group(str(k))
         chunks = chunks_for(image.shape)
         group.create_dataset("image", data=image.astype(self.dtype, copy=False), chunks=chunks,
                              **self.compression)
-        group.create_dataset("mask", data=mask.astype(np.uint8, copy=False), chunks=chunks,
+        group.create_dataset("mask", data=mask.astype(np.uint8, copy=False), chunks=chunks[:3],
                              **self.compression)
         group.create_dataset("foreground", data=foreground_sample(mask))
-        self.rows.append((int(case_id), int(split), tuple(int(s) for s in image.shape),
+        self.rows.append((int(case_id), int(split), tuple(int(s) for s in image.shape[:3]),
                           tuple(float(s) for s in spacing)))
         return k
 
     def finish(self, *, source: str, hu_window: Sequence[float],
                class_names: Sequence[str] = LIVER_CLASSES,
-               spacing: Sequence[float] | None = None, extra: dict | None = None) -> None:
+               spacing: Sequence[float] | None = None, extra: dict | None = None,
+               channel_names: Sequence[str] | None = None) -> None:
         """Writes the per-case tables and the attributes, closes and renames the file.
-        ``spacing`` (the file's nominal one) defaults to the median of the cases'."""
+        ``spacing`` (the file's nominal one) defaults to the median of the cases';
+        ``channel_names``, when given, names the images' channels.
+
+        Raises:
+          DatasetError: ``channel_names`` not one per channel.
+        """
+        if channel_names is not None and self.channels is not None and len(channel_names) != self.channels:
+            raise DatasetError(f"{self.out}: {len(channel_names)} channel_names for images of "
+                               f"{self.channels} channel(s)")
         f = self.file
         case_id, split, shape, spacings = zip(*self.rows) if self.rows else ((),) * 4
         f.create_dataset("case_id", data=np.asarray(case_id, dtype=np.int32))
@@ -124,6 +154,8 @@ class VolumeWriter:
         nominal = spacing if spacing is not None else (
             np.median(spacings, axis=0) if len(spacings) else np.full(3, np.nan))
         f.attrs["spacing"] = np.asarray(nominal, dtype=np.float64)
+        if channel_names is not None:
+            f.attrs["channel_names"] = list(channel_names)
         for key, value in (extra or {}).items():
             f.attrs[key] = value
         f.close()
@@ -155,7 +187,9 @@ class VolumeInfo:
     """(K, 3) float: each case's (z, y, x) spacing in mm, NaN where unknown."""
     attrs: dict
     channels: int = 1
-    """Input channels per voxel."""
+    """Input channels per voxel (1 for (D, H, W) images)."""
+    channel_names: tuple[str, ...] = ()
+    """One name per channel (attribute ``channel_names``), or empty: none recorded."""
 
     @property
     def cases(self) -> int:
@@ -182,7 +216,8 @@ class VolumeInfo:
         per_sample = np.repeat(self.splits, grid.counts.prod(axis=1))
         out = h5format.summary_of(self.path, LAYOUT, self.attrs, self.dtype, self.num_classes,
                               self.class_names, self.case_ids, self.splits, per_sample,
-                              sample=None if slab is not None else "volume")
+                              sample=None if slab is not None else "volume",
+                              channels=self.channels, channel_names=self.channel_names)
         out.update(shape_min=self.shapes.min(axis=0).tolist(),
                    shape_max=self.shapes.max(axis=0).tolist(),
                    voxels=int(self.shapes.prod(axis=1).sum()))
@@ -228,18 +263,23 @@ def _check_tables(path: str, case_ids: np.ndarray, splits: np.ndarray, shapes: n
                            "expected at least 1 voxel along each axis")
 
 
-def _check_case(path: str, f: h5py.File, k: int, case_id: int, shape: tuple) -> None:
-    """Checks ``volumes/k`` against the tables (metadata only)."""
+def _check_case(path: str, f: h5py.File, k: int, case_id: int, shape: tuple) -> int:
+    """Checks ``volumes/k`` against the tables (metadata only); returns its image's
+    channel count (1 for a (D, H, W) image)."""
     where = f"{path}: case {case_id} (volumes/{k})"
     group = f.get(f"volumes/{k}")
     if not isinstance(group, h5py.Group):
         raise DatasetError(f"{where}: missing group, expected image, mask and foreground")
+    channels = 1
     for name, dtypes in (("image", (np.float32, np.float16)), ("mask", (np.uint8,))):
         obj = group.get(name)
         if not isinstance(obj, h5py.Dataset):
             raise DatasetError(f"{where}: missing dataset '{name}'")
-        if obj.shape != shape:
-            raise DatasetError(f"{where}: '{name}' has shape {obj.shape}, expected {shape} "
+        if name == "image" and obj.ndim == 4 and obj.shape[:3] == shape and obj.shape[3] >= 1:
+            channels = int(obj.shape[3])
+        elif obj.shape != shape:
+            want = f"{shape} or ({', '.join(map(str, shape))}, C)" if name == "image" else f"{shape}"
+            raise DatasetError(f"{where}: '{name}' has shape {obj.shape}, expected {want} "
                                "(its row of 'shape')")
         if obj.dtype not in dtypes:
             raise DatasetError(f"{where}: '{name}' has dtype {obj.dtype}, expected "
@@ -248,6 +288,7 @@ def _check_case(path: str, f: h5py.File, k: int, case_id: int, shape: tuple) -> 
     if (not isinstance(fg, h5py.Dataset) or fg.ndim != 2 or fg.shape[1] != 3
             or not np.issubdtype(fg.dtype, np.integer)):
         raise DatasetError(f"{where}: 'foreground' must be an (M, 3) integer dataset")
+    return channels
 
 
 def _check_labels(path: str, f: h5py.File, k: int, case_id: int, num_classes: int) -> None:
@@ -272,15 +313,23 @@ def read_info(path: str, f: h5py.File, check_labels: bool = False) -> VolumeInfo
         _check_tables(path, case_ids, splits, shapes)
         num_classes = h5format.num_classes_of(path, f)
         class_names = h5format.class_names_of(path, f, num_classes)
+        channels = None
         for row in range(k):
-            _check_case(path, f, row, int(case_ids[row]), tuple(int(s) for s in shapes[row]))
+            found = _check_case(path, f, row, int(case_ids[row]), tuple(int(s) for s in shapes[row]))
+            if channels is not None and found != channels:
+                raise DatasetError(f"{path}: case {case_ids[row]} (volumes/{row}/image) has "
+                                   f"{found} channel(s), but case {case_ids[0]} (volumes/0/image) "
+                                   f"has {channels}; every image of a file has the same channels")
+            channels = found
             if check_labels:
                 _check_labels(path, f, row, int(case_ids[row]), num_classes)
+        channel_names = h5format.channel_names_of(path, f, channels)
         attrs = {key: (v.tolist() if isinstance(v, np.ndarray) else v) for key, v in f.attrs.items()}
         dtype = str(f["volumes/0/image"].dtype)
     return VolumeInfo(path=path, dtype=dtype, num_classes=num_classes, class_names=class_names,
                       case_ids=case_ids.astype(np.int64), splits=splits.astype(np.uint8),
-                      shapes=shapes.astype(np.int64), spacing=spacing, attrs=attrs)
+                      shapes=shapes.astype(np.int64), spacing=spacing, attrs=attrs,
+                      channels=channels, channel_names=channel_names)
 
 
 def examine(path: str, check_labels: bool = True) -> VolumeInfo:
@@ -475,7 +524,7 @@ def centred_start(voxel: np.ndarray, shape: np.ndarray, slab: Sequence[int]) -> 
 class SlabReader(h5format.H5Reader):
     """Reads batches of slab ids of a volume file, chunk by chunk.
 
-    ``read(ids, epoch)`` gives (images float32 (B, d, h, w, 1), masks uint8 (B, d, h, w)).
+    ``read(ids, epoch)`` gives (images float32 (B, d, h, w, C), masks uint8 (B, d, h, w)).
     With ``foreground_fraction`` f, a share f of slabs is re-centred on a random
     foreground voxel of its case (``foreground_draws``); the id is unchanged, so the
     sample digests still count every grid slab once per epoch. Cases shorter than the
@@ -522,27 +571,30 @@ class SlabReader(h5format.H5Reader):
           DatasetError: a chunk could not be read (damaged file, failing storage).
         """
         cases, starts, _ = self.plan(ids, epoch)
-        images = np.full((len(cases),) + self.slab + (1,), PAD_IMAGE, dtype=np.float32)
+        images = np.full((len(cases),) + self.slab + (self.info.channels,), PAD_IMAGE,
+                         dtype=np.float32)
         masks = np.full((len(cases),) + self.slab, PAD_MASK, dtype=np.uint8)
         for b, (k, start) in enumerate(zip(cases, starts)):
             region = tuple(slice(int(a), int(min(a + s, n)))
                            for a, s, n in zip(start, self.slab, self.info.shapes[k]))
             inside = tuple(slice(0, r.stop - r.start) for r in region)
             image, mask = self._region(int(k), region)
-            images[(b,) + inside + (0,)] = image
+            images[(b,) + inside] = image
             masks[(b,) + inside] = mask
         return images, masks
 
     def read_case(self, case: int) -> tuple[np.ndarray, np.ndarray]:
-        """Case row ``case`` whole: (image float32 (D, H, W), mask uint8 (D, H, W)), for
-        sliding-window validation."""
+        """Case row ``case`` whole: (image float32 (D, H, W, C), mask uint8 (D, H, W)),
+        for sliding-window validation."""
         region = tuple(slice(0, int(n)) for n in self.info.shapes[case])
         image, mask = self._region(int(case), region)
         return image.astype(np.float32, copy=False), mask
 
     def _region(self, k: int, region: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """(image (d, h, w, C), mask (d, h, w)) of ``region`` of case row ``k``."""
         try:
-            return self._images[k][region], self._masks[k][region]
+            image = self._images[k][region]
+            return (image if image.ndim == 4 else image[..., None]), self._masks[k][region]
         except OSError as e:
             box = ", ".join(f"{r.start}:{r.stop}" for r in region)
             raise DatasetError(f"{self.path}: case {self.info.case_ids[k]} (volumes/{k}) "
@@ -553,14 +605,18 @@ class SlabReader(h5format.H5Reader):
 def write_volumes(path: str, images: Sequence[np.ndarray], masks: Sequence[np.ndarray],
                   case_ids: Sequence[int], splits: Sequence[int], *, source: str,
                   hu_window: Sequence[float], spacing: Sequence[Sequence[float]] | None = None,
-                  dtype: str = "float32", compression: dict | None = None) -> VolumeInfo:
-    """Writes whole volumes in the volume layout, atomically; returns the file's info."""
+                  dtype: str = "float32", compression: dict | None = None,
+                  class_names: Sequence[str] = LIVER_CLASSES,
+                  channel_names: Sequence[str] | None = None) -> VolumeInfo:
+    """Writes whole volumes ((D, H, W) or (D, H, W, C) images) in the volume layout,
+    atomically; returns the file's info."""
     writer = VolumeWriter(path, dtype, compression)
     try:
         for i, (image, mask) in enumerate(zip(images, masks)):
             writer.append(image, mask, case_ids[i], splits[i],
                           spacing[i] if spacing is not None else (math.nan,) * 3)
-        writer.finish(source=source, hu_window=hu_window)
+        writer.finish(source=source, hu_window=hu_window, class_names=class_names,
+                      channel_names=channel_names)
     except BaseException:
         writer.abort()
         raise

@@ -6,11 +6,16 @@ window or MR normalisation, slice size or each scan's own grid, from the data fi
 attributes or flags), ``scans.collect_scans`` (input files and folders, with labels
 where there are any), ``network`` (the newest checkpoint's U-Net as a sliding-window
 ``predict``: windows of one slice for a 2D run, of the training slab for a 3D one),
-then each of this rank's scans: ``segment`` (the converter's preprocessing, the one
-sliding-window inferer of ``distseg.sliding``, the class probabilities
+then each of this rank's scans: ``segment`` (the converter's preprocessing of every
+channel, the one sliding-window inferer of ``distseg.sliding``, the class probabilities
 resampled back, argmax, the reorientation undone), ``write_segmentation``
-(``OUT/<case>_seg.nii.gz``, uint8, the input's affine) and ``metrics.score_case``
-against the labels. Rank 0 writes ``metrics.csv`` and prints the table; the overlays
+(``OUT/<case>_seg.nii.gz``, uint8, the input's affine: its first channel's for a case
+of one file per channel) and ``metrics.score_case`` against the labels.
+
+A multi-channel model reads every channel of a case, from one 4-D image (MSD) or one
+file per channel (nnU-Net's ``CASE_0000``, ``CASE_0001``, ...: ``scans``), and
+normalises each channel as the data file's ``preprocessing`` attribute records it
+(``channels``: CT windowed, MR by percentiles or z-scored per case). Rank 0 writes ``metrics.csv`` and prints the table; the overlays
 of the best, median and worst cases are drawn by the rank that predicted them
 (``distseg.inference.report``).
 
@@ -39,7 +44,7 @@ from distseg.core.errors import InputError
 from distseg.data import h5format, volumes
 from distseg.data import slices as data
 from distseg.data.convert import geometry, sources
-from distseg.data.convert.intensity import Intensity
+from distseg.data.convert.intensity import Intensity, forward_channels
 from distseg.inference import report
 from distseg.inference.scans import Scan, collect_scans
 from distseg.training import checkpoint
@@ -84,16 +89,32 @@ class Preprocessing:
     """What the training data went through, to repeat on new scans."""
 
     intensity: Intensity
+    """The (first) channel's normalisation."""
     size: int
     """In-plane size slices were resampled to; 0: each scan kept on its own grid (the
     volumes of ``distseg-data convert --ndim 3``)."""
     channel: int | None
+    """The one channel of multi-channel inputs a single-channel model takes (the data
+    file's ``--channel``, or the flag); None: every channel."""
     where: str
     """Where it was read from (printed, so a user can check it)."""
+    channels: tuple[Intensity, ...] = ()
+    """Each input channel's normalisation, for a model of several channels; empty: one
+    channel, ``intensity``."""
+    channel_names: tuple[str, ...] = ()
+
+    @property
+    def intensities(self) -> tuple[Intensity, ...]:
+        """One normalisation per input channel the model takes."""
+        return self.channels or (self.intensity,)
 
     def describe(self) -> str:
         grid = f"{self.size}x{self.size} slices" if self.size else "each scan's own grid"
-        return f"{self.intensity.describe()}, {grid} ({self.where})"
+        if len(self.intensities) == 1:
+            return f"{self.intensity.describe()}, {grid} ({self.where})"
+        names = self.channel_names or tuple(f"channel {c}" for c in range(len(self.intensities)))
+        per = "; ".join(f"{n}: {i.describe()}" for n, i in zip(names, self.intensities))
+        return f"{len(self.intensities)} channels ({per}), {grid} ({self.where})"
 
 
 @dataclass(frozen=True)
@@ -237,9 +258,9 @@ class TrainingData:
 _LAYOUT_WORDS = {"slices": "2D slices", "volumes": "3D volumes"}
 
 
-def _data_info(path: str, cfg: config_lib.Config, run_dir: str) -> tuple[dict, int, int]:
-    """(attributes, class count, in-plane size or 0) of the data file, which must be of
-    the model's layout."""
+def _data_info(path: str, cfg: config_lib.Config, run_dir: str):
+    """(attributes, class count, in-plane size or 0, channels, channel names) of the
+    data file, which must be of the model's layout."""
     layout = h5format.file_layout(path)
     wanted = "volumes" if cfg.model.spatial_dims == 3 else "slices"
     if layout != wanted:
@@ -247,9 +268,9 @@ def _data_info(path: str, cfg: config_lib.Config, run_dir: str) -> tuple[dict, i
                          f"is a {cfg.model.spatial_dims}D U-Net trained on {_LAYOUT_WORDS[wanted]}")
     if layout == "volumes":
         info = volumes.examine(path, check_labels=False)
-        return info.attrs, info.num_classes, 0
+        return info.attrs, info.num_classes, 0, info.channels, info.channel_names
     info = data.examine(path, check_labels=False)
-    return info.attrs, info.num_classes, info.height
+    return info.attrs, info.num_classes, info.height, info.channels, info.channel_names
 
 
 def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
@@ -257,22 +278,28 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
 
     Without the data file (moved, another machine) and without flags, CT with the
     distseg HU window is assumed, and said: at the model's image size for a 2D run, on
-    each scan's own grid for a 3D one (as ``convert --ndim 3`` keeps volumes).
+    each scan's own grid for a 3D one (as ``convert --ndim 3`` keeps volumes). A model
+    of several channels needs the data file (each channel's normalisation is recorded
+    there) or ``--modality``. ``--modality`` and ``--window`` apply to every channel.
 
     Raises:
-      InputError: a data file of the other layout or other classes than the model's, or
-        bad flags.
+      InputError: a data file of the other layout, other classes or other channels than
+        the model's, or bad flags.
     """
     import json
     path = data_file(cfg, opts)
-    described, where, table = None, "defaults", None
+    described, where, table, channel_names = None, "defaults", None, ()
     size = cfg.model.image_size if cfg.model.spatial_dims == 2 else 0
     names = list(getattr(cfg.model, "class_names", ()) or h5format.default_class_names(cfg.model.num_classes))
+    channels = int(getattr(cfg.model, "in_channels", 0) or 1)
     if path:
-        attrs, num_classes, size = _data_info(path, cfg, opts.run_dir)
+        attrs, num_classes, size, file_channels, channel_names = _data_info(path, cfg, opts.run_dir)
         if num_classes != cfg.model.num_classes:
             raise InputError(f"{path}: {num_classes} classes, but the model of "
                              f"{opts.run_dir} predicts {cfg.model.num_classes}")
+        if file_channels != channels:
+            raise InputError(f"{path}: images of {file_channels} channel(s), but the model of "
+                             f"{opts.run_dir} takes {channels}")
         where = f"attributes of {path}"
         names = list(attrs.get("class_names", names))
         if "preprocessing" in attrs:
@@ -280,18 +307,47 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
         elif all(math.isfinite(v) for v in attrs.get("hu_window", [math.nan])):
             described = {"intensity": "window", "window": attrs["hu_window"]}
         table = _case_table(path)
-    intensity = Intensity.from_description(described) if described else Intensity.ct()
-    modality = opts.modality or intensity.kind
-    if modality == "mr" and opts.window:
-        raise InputError("--window is a CT (HU) window; it does not apply with --modality mr")
-    if opts.window or modality != intensity.kind:
-        intensity = Intensity.ct(*(opts.window or ())) if modality == "ct" else Intensity.mr()
+    intensities, by_flags = _intensities(described, channels, opts)
+    if by_flags:
         where = "flags"
     channel = opts.channel if opts.channel is not None else (described or {}).get("channel")
+    if channels > 1 and channel is not None:
+        raise InputError(f"--channel {channel}: the model of {opts.run_dir} takes {channels} "
+                         "channels, every channel of each input")
     n = cfg.model.num_classes
     names = (names + [f"class{c}" for c in range(len(names), n)])[:n]
-    return TrainingData(Preprocessing(intensity, int(size), channel, where), tuple(names),
-                        table, path)
+    prep = Preprocessing(intensities[0], int(size), channel, where,
+                         intensities if channels > 1 else (), tuple(channel_names))
+    return TrainingData(prep, tuple(names), table, path)
+
+
+def _intensities(described: dict | None, channels: int, opts: Options) -> tuple[tuple, bool]:
+    """(each input channel's normalisation, whether flags set it): the data file's
+    record (``preprocessing``: ``channels``, else its one normalisation), else CT with
+    distseg's window; ``--modality`` and ``--window`` override every channel."""
+    if described and len(described.get("channels") or ()) == channels:
+        recorded = tuple(Intensity.from_description(d) for d in described["channels"])
+    elif described and channels == 1:
+        recorded = (Intensity.from_description(described),)
+    elif channels == 1:
+        recorded = (Intensity.ct(),)
+    elif opts.modality:
+        recorded = (Intensity.ct() if opts.modality == "ct" else Intensity.zscore(),) * channels
+    else:
+        raise InputError(f"the model of {opts.run_dir} takes {channels} channels, whose "
+                         "normalisation its training data file records; pass --data FILE.h5 "
+                         "(or --modality ct|mr)")
+    if opts.modality == "mr" and opts.window:
+        raise InputError("--window is a CT (HU) window; it does not apply with --modality mr")
+    out, changed = [], False
+    for intensity in recorded:
+        modality = opts.modality or intensity.modality
+        if opts.window and modality == "ct" or modality != intensity.modality:
+            mr = Intensity.zscore() if channels > 1 else Intensity.mr()
+            intensity = Intensity.ct(*(opts.window or ())) if modality == "ct" else mr
+            changed = True
+        out.append(intensity)
+    return tuple(out), changed
 
 
 def _case_table(path: str) -> dict | None:
@@ -303,22 +359,44 @@ def _case_table(path: str) -> dict | None:
         return dict(zip(names, (int(s) for s in f["cases/split"][:])))
 
 
+def _channels_of(scan: Scan, img, shape: tuple) -> int:
+    """The channels of ``scan`` from its headers: its channel files (each checked to be
+    on the first one's grid), or the fourth axis of its one image."""
+    if len(scan.files) == 1:
+        return shape[3] if len(shape) == 4 else 1
+    for path in scan.files[1:]:
+        try:
+            sources.check_grid(path, sources.load(path), scan.files[0], img)
+        except InputError as e:
+            raise InputError(f"case {scan.name}: {e}") from None
+    return len(scan.files)
+
+
 def check_scan(scan: Scan, prep: Preprocessing, run_dir: str) -> int:
-    """Header checks of one input (no voxel data read): a 3-D volume, or a 4-D one with
-    a channel chosen; labels of the same shape. Returns its voxel count (the work it
-    makes, by which scans are dealt to ranks).
+    """Header checks of one input (no voxel data read): 3-D volumes, or 4-D ones,
+    with as many channels as the model takes (or the one channel chosen), channel files
+    on one grid; labels of the same shape. Returns its voxel count (the work it makes,
+    by which scans are dealt to ranks).
 
     Raises:
       InputError: one line naming the input and the run.
     """
     img = sources.load(scan.image)
     shape = sources.spatial_shape(img.shape)
-    if len(shape) == 4 and prep.channel is None:
-        raise InputError(f"{scan.image}: image of shape {shape} has {shape[3]} channels, but the "
-                         f"model of {run_dir} takes 1; pick one with --channel")
     if len(shape) not in (3, 4):
         raise InputError(f"{scan.image}: image of shape {shape}, but the model of {run_dir} "
                          "segments 3-D volumes (X, Y, Z)")
+    found, want = _channels_of(scan, img, shape), len(prep.intensities)
+    if prep.channel is not None and found > 1 and not 0 <= prep.channel < found:
+        raise InputError(f"{scan.image}: --channel {prep.channel} is outside 0..{found - 1}")
+    if prep.channel is None and found != want:
+        if want == 1:
+            raise InputError(f"{scan.image}: image of shape {shape} has {found} channels, but the "
+                             f"model of {run_dir} takes 1; pick one with --channel")
+        names = f" ({', '.join(prep.channel_names)})" if prep.channel_names else ""
+        raise InputError(f"{scan.image}: {found} channel(s), but the model of {run_dir} takes "
+                         f"{want}{names}: give a 4-D image (X, Y, Z, {want}) or CASE_0000 with "
+                         f"CASE_0001..CASE_{want - 1:04d} beside it")
     if scan.label:
         lab_shape = sources.spatial_shape(sources.load(scan.label).shape)
         if lab_shape != shape[:3]:
@@ -331,33 +409,35 @@ def check_scan(scan: Scan, prep: Preprocessing, run_dir: str) -> int:
 
 
 def _to_model_size(volume: np.ndarray, window) -> np.ndarray:
-    """Slices of a 2D run trained with ``--resize`` (its data file's slices of another
-    size than the model's input) resized bilinearly as training resized them."""
+    """Slices ((D, H, W) or (D, H, W, C)) of a 2D run trained with ``--resize`` (its
+    data file's slices of another size than the model's input) resized bilinearly as
+    training resized them."""
     size = window[1]
-    if window[0] != 1 or volume.shape[1:] == tuple(window[1:]):
+    if window[0] != 1 or volume.shape[1:3] == tuple(window[1:]):
         return volume
-    out = np.empty((len(volume), size, size), np.float32)
+    four = volume if volume.ndim == 4 else volume[..., None]
+    out = np.empty((len(volume), size, size, four.shape[3]), np.float32)
     for start in range(0, len(volume), 32):
-        out[start:start + 32] = data.resize_bilinear(volume[start:start + 32, ..., None], size)[..., 0]
-    return out
+        out[start:start + 32] = data.resize_bilinear(four[start:start + 32], size)
+    return out if volume.ndim == 4 else out[..., 0]
 
 
-def segment(voxels: sources.Voxels, affine: np.ndarray, prep: Preprocessing,
-            net: Network) -> np.ndarray:
-    """Label volume (uint8, on the grid of ``voxels.raw``) of a 3-D scan.
+def segment(voxels, affine: np.ndarray, prep: Preprocessing, net: Network) -> np.ndarray:
+    """Label volume (uint8, on the grid of the first channel's ``raw``) of a scan:
+    ``voxels`` is one ``sources.Voxels`` or one per channel.
 
     The scan is preprocessed as ``distseg-data convert`` made the training data
-    (``geometry.forward``: RAS slice layout, window or MR normalisation, slices
-    resampled linearly to ``prep.size``, or left on the scan's own grid when it is 0;
-    then, for a 2D model trained with ``--resize``, the bilinear resize training
-    applied). ``sliding.sliding_window`` predicts the whole volume window by window
-    (one slice per window for a 2D model), and the class probabilities are resampled
-    linearly back onto each slice's own grid before the argmax.
+    (``intensity.forward_channels``: RAS slice layout, each channel's window or MR
+    normalisation, slices resampled linearly to ``prep.size``, or left on the scan's
+    own grid when it is 0; then, for a 2D model trained with ``--resize``, the bilinear
+    resize training applied). ``sliding.sliding_window`` predicts the whole volume
+    window by window (one slice per window for a 2D model), and the class
+    probabilities are resampled linearly back onto each slice's own grid before the
+    argmax.
     """
-    geom = geometry.Geometry.of(affine, voxels.raw.shape, size=prep.size)
-    normalise = prep.intensity.normaliser(voxels, prep.intensity.bounds(voxels))
-    volume = _to_model_size(geometry.forward(voxels.raw, geom, order=1, values=normalise),
-                            net.window)
+    channels = (voxels,) if isinstance(voxels, sources.Voxels) else tuple(voxels)
+    geom = geometry.Geometry.of(affine, channels[0].raw.shape, size=prep.size)
+    volume = _to_model_size(forward_channels(channels, geom, prep.intensities)[0], net.window)
     probs = sliding.sliding_window(net.predict, volume, net.window, net.overlap,
                                    batch=net.batch_size)
     del volume
@@ -408,8 +488,7 @@ def predict_scan(scan: Scan, prep: Preprocessing, net: Network, opts: Options,
                  num_classes: int) -> Result:
     """Segments one scan, writes it, and scores it when it has labels."""
     started = time.perf_counter()
-    img = sources.load(scan.image)
-    voxels = sources.image_voxels(img, scan.image, prep.channel)
+    img, voxels = sources.case_channels(scan.files, prep.channel)
     seg = segment(voxels, img.affine, prep, net)
     del voxels
     output = os.path.join(opts.out, f"{scan.name}_seg.nii.gz")

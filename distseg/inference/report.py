@@ -16,6 +16,7 @@ import numpy as np
 
 from distseg import metrics
 from distseg.data.convert import geometry, sources
+from distseg.data.convert.intensity import Intensity
 
 OVERLAY_PICKS = ("best", "median", "worst")
 #: Truth and prediction contour colours per foreground class (1, 2, ...).
@@ -150,9 +151,12 @@ def draw_overlay(pick: str, result, scan, prep, out_dir: str, class_names) -> st
     """Reads the case's scan, truth and prediction back and renders its overlay PNG
     (``result``, ``scan``, ``prep``: ``predict.Result``, ``scans.Scan``,
     ``predict.Preprocessing``)."""
-    img = sources.load(scan.image)
-    voxels = sources.image_voxels(img, scan.image, prep.channel)
-    volume = prep.intensity.normaliser(voxels, prep.intensity.bounds(voxels))(voxels.raw)
+    first = prep.channel if prep.channel is not None else 0  # shown: the (first) channel
+    img, (voxels,) = sources.case_channels(scan.files, first)
+    intensity = prep.intensity
+    if intensity.kind == "zscore":  # shown in [0, 1]: the first channel's percentiles
+        intensity = Intensity.mr()
+    volume = intensity.normaliser(voxels, intensity.bounds(voxels))(voxels.raw)
     truth = sources.label_array(sources.load(scan.label), scan.label)
     pred = sources.label_array(sources.load(result.output), result.output)
     ornt = geometry.ornt_of(img.affine)

@@ -120,7 +120,7 @@ def test_volumes_keep_each_case_on_its_own_grid(tmp_path):
                                              width=shapes[k][2])
             geom = geometry.Geometry.of(f["cases/affine"][k], f["cases/shape"][k])
             np.testing.assert_array_equal(mask, geometry.to_slices(labels, geom.ornt))
-            np.testing.assert_array_equal(image, h5format.window(geometry.to_slices(hu, geom.ornt)))
+            np.testing.assert_array_equal(image[..., 0], h5format.window(geometry.to_slices(hu, geom.ornt)))
             np.testing.assert_array_equal(geometry.inverse(mask, geom), labels)  # back exactly
         assert "first" not in f["cases"] and f["volumes/0/image"].compression == "lzf"
         assert json.loads(f.attrs["preprocessing"])["ndim"] == 3
@@ -331,7 +331,9 @@ def test_source_problems_are_one_line(msd, tmp_path):
     assert not list(tmp_path.glob("x.h5*"))
 
 
-def test_multichannel_msd_needs_a_channel(tmp_path):
+def test_multichannel_msd_keeps_every_channel_or_the_one_picked(tmp_path):
+    # Every channel by default (tests/unit/test_channels.py checks the numbers); with
+    # --channel, that one alone, normalised as single-channel MR always was.
     root = tmp_path / "Task01"
     (root / "imagesTr").mkdir(parents=True)
     (root / "labelsTr").mkdir()
@@ -345,8 +347,12 @@ def test_multichannel_msd_needs_a_channel(tmp_path):
         "modality": {"0": "FLAIR", "1": "T2w"}, "labels": {"0": "background", "1": "a", "2": "b"},
         "training": [{"image": f"./imagesTr/b_{i}.nii.gz", "label": f"./labelsTr/b_{i}.nii.gz"}
                      for i in range(2)]}))
-    one_line_error(convert(root, tmp_path / "x.h5"), "2 image channels (FLAIR, T2w)", "--channel 0..1")
-    one_line_error(convert(root, tmp_path / "x.h5", "--channel", 2), "--channel 2")
+    res = convert(root, tmp_path / "all.h5", "--size", 16)
+    assert res.exit_code == 0, res.output
+    assert "2 channels: FLAIR (zscore), T2w (zscore)" in res.output
+    with h5py.File(tmp_path / "all.h5") as f:
+        assert f["images"].shape == (12, 16, 16, 2)
+    one_line_error(convert(root, tmp_path / "x.h5", "--channel", 2), "--channel 2", "channels 0..1")
     res = convert(root, tmp_path / "c1.h5", "--channel", 1, "--size", 16)
     assert res.exit_code == 0, res.output
     with h5py.File(tmp_path / "c1.h5") as f:

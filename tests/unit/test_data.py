@@ -273,7 +273,7 @@ def _good(n=4, s=16):
     (lambda d: d.pop("images"), "missing dataset 'images'"),
     (lambda d: d.pop("masks"), "missing dataset 'masks'"),
     (lambda d: d.update(masks=np.zeros((4, 16, 15), np.uint8)), r"'masks' has shape \(4, 16, 15\), expected \(4, 16, 16\)"),
-    (lambda d: d.update(images=np.zeros((4, 16, 16), np.float32)), r"expected \(N, H, W, 1\)"),
+    (lambda d: d.update(images=np.zeros((4, 16, 16), np.float32)), r"expected \(N, H, W, C\) with C >= 1"),
     (lambda d: d.update(images=np.zeros((4, 16, 16, 1), np.int16)), "expected float32 or float16"),
     (lambda d: d["masks"].__setitem__((2, 3, 3), 7), "'masks' slice 2 has label 7, expected 0..2"),
     (lambda d: d.update(split=np.array([0, 1, 0, 0], np.uint8), case_id=np.zeros(4, np.int32)),

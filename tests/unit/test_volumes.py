@@ -131,8 +131,8 @@ def test_whole_cases_read_back_as_written(mixed):
     with volumes.SlabReader(path, SLAB) as reader:
         for k in range(info.cases):
             image, mask = reader.read_case(k)
-            assert image.dtype == np.float32
-            np.testing.assert_array_equal(image, cases[k][0])
+            assert image.dtype == np.float32 and image.shape == cases[k][0].shape + (1,)
+            np.testing.assert_array_equal(image[..., 0], cases[k][0])  # channels last
             np.testing.assert_array_equal(mask, cases[k][1])
 
 
@@ -197,7 +197,7 @@ def test_full_slabs_are_whole_volumes_of_one_shape(tmp_path, synthetic):
     with volumes.SlabReader(path, "full", foreground_fraction=1.0) as reader:
         assert reader.slab == (8, 16, 16)
         images, masks = reader.read([1, 0], epoch=2)  # nowhere to move: the whole volume
-        np.testing.assert_array_equal(images[0, ..., 0], reader.read_case(1)[0])
+        np.testing.assert_array_equal(images[0], reader.read_case(1)[0])
     varied, _ = synthetic
     with pytest.raises(h5format.DatasetError) as err:
         volumes.SlabReader(varied, "full")
@@ -277,7 +277,7 @@ def test_lits_volumes_keep_the_buffer_and_match_the_slices(tmp_path):
     assert info.shapes.tolist() == [[80, 128, 128], [16, 128, 128], [32, 128, 128]]
     with h5py.File(tmp_path / "l2.h5") as two, volumes.SlabReader(str(tmp_path / "l3.h5"), (32, 128, 128)) as r:
         val, mask = r.read_case(2)
-        np.testing.assert_array_equal(val, two["images"][96:128, ..., 0])
+        np.testing.assert_array_equal(val, two["images"][96:128])
         np.testing.assert_array_equal(mask, two["masks"][96:128])
         assert (mask == 2).sum() > 10_000  # tumour to validate on
         assert r.grid.ids(info.train_cases).tolist() == [0, 1, 2]
@@ -419,7 +419,7 @@ def test_a_bad_foreground_fraction_is_refused(mixed):
 
 #: The facts every data summary names alike, whatever the layout (``h5format.summary_of``).
 SHARED_KEYS = {"path", "layout", "format_version", "source", "dtype", "num_classes",
-               "class_names", "sample", "samples", "train_samples", "val_samples",
+               "class_names", "channels", "channel_names", "sample", "samples", "train_samples", "val_samples",
                "test_samples", "cases", "train_cases", "val_cases", "test_cases"}
 
 

@@ -1,5 +1,12 @@
-"""Intensity normalisation to [0, 1]: a fixed Hounsfield window for CT, per-volume
-percentiles for MR (whose intensities have no absolute scale)."""
+"""Intensity normalisation, per channel: a fixed Hounsfield window to [0, 1] for CT;
+for MR (any other modality) per-volume percentiles to [0, 1], or a per-case z-score.
+
+The rule for which a channel gets is nnU-Net's: a channel named ``CT`` is CT (a fixed,
+dataset-wide window, since HU are absolute), anything else has no absolute scale and is
+normalised per case. Single-channel MR keeps the percentile mapping distseg has always
+used; the channels of a multi-channel file and the nnU-Net raw layout are z-scored, as
+nnU-Net does (``distseg.data.convert.pipeline.choose_intensities``).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +14,46 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distseg.data.convert import geometry
 from distseg.data.h5format import HU_WINDOW, window
 
 #: Percentiles of an MR volume's non-zero voxels mapped to 0 and 1.
 MR_PERCENTILES = (0.5, 99.5)
+#: Non-CT normalisations (``--mr-norm``): per-volume percentiles or per-case z-score.
+MR_NORMS = ("percentile", "zscore")
+#: Voxels a volume's statistics are taken from at most (a strided sample).
+_SAMPLE = 4_000_000
 
 
 def modality_kind(name: str) -> str:
-    """``ct`` for a CT modality name (as in an MSD dataset.json), else ``mr``."""
+    """``ct`` for a CT modality name (as in an MSD dataset.json or an nnU-Net
+    ``channel_names`` value), else ``mr``."""
     return "ct" if name.strip().upper() == "CT" else "mr"
+
+
+def _nonzero_sample(voxels) -> np.ndarray:
+    """Real values of a strided sample of at most ~4M of the volume's voxels, its
+    non-zero ones (all of them when every voxel is 0).
+
+    A sample: percentiles of a whole 50M-voxel volume cost seconds and a sorted copy of
+    it; the sample moves them by < 0.1%.
+    """
+    flat = voxels.raw.reshape(-1)
+    sample = voxels.values(flat[::max(1, flat.size // _SAMPLE)])
+    nonzero = sample[sample != 0]
+    return nonzero if nonzero.size else sample
 
 
 @dataclass(frozen=True)
 class Intensity:
-    """How a volume's values become [0, 1]."""
+    """How one channel's values are normalised."""
 
     kind: str
-    """``ct``: clip to the HU window ``(low, high)``; ``mr``: clip to the volume's
-    ``(low, high)`` percentiles of its non-zero voxels."""
+    """``ct``: clip to the HU window ``(low, high)``, map it to [0, 1]; ``mr``: clip to
+    the volume's ``(low, high)`` percentiles of its non-zero voxels, map them to
+    [0, 1]; ``zscore``: subtract the mean of the case's non-zero voxels and divide by
+    their standard deviation, zero voxels (outside a masked or skull-stripped scan)
+    staying 0, as the padding of slabs and windows (``low``, ``high`` unused)."""
     low: float
     high: float
 
@@ -38,41 +67,99 @@ class Intensity:
     def mr(cls, low: float = MR_PERCENTILES[0], high: float = MR_PERCENTILES[1]) -> "Intensity":
         return cls("mr", float(low), float(high))
 
+    @classmethod
+    def zscore(cls) -> "Intensity":
+        return cls("zscore", 0.0, 0.0)
+
+    @classmethod
+    def of_modality(cls, kind: str, mr_norm: str = "percentile",
+                    window: tuple[float, float] | None = None) -> "Intensity":
+        """The normalisation of a channel of modality ``kind`` (``ct`` or ``mr``)."""
+        if kind == "ct":
+            return cls.ct(*window) if window else cls.ct()
+        return cls.zscore() if mr_norm == "zscore" else cls.mr()
+
+    @property
+    def modality(self) -> str:
+        """``ct`` or ``mr`` (z-scored channels are MR)."""
+        return "ct" if self.kind == "ct" else "mr"
+
     def bounds(self, voxels) -> tuple[float, float]:
-        """The values of a volume (``sources.Voxels``) that map to 0 and 1."""
+        """The values of a volume (``sources.Voxels``) that map to 0 and 1: the window,
+        the percentiles, or (z-score) the mean and the mean plus one standard deviation
+        of the non-zero voxels."""
         if self.kind == "ct":
             return self.low, self.high
-        # A strided sample of at most ~4M voxels: percentiles of a whole 50M-voxel
-        # volume cost seconds and a sorted copy of it; the sample moves them by < 0.1%.
-        flat = voxels.raw.reshape(-1)
-        sample = voxels.values(flat[::max(1, flat.size // 4_000_000)])
-        nonzero = sample[sample != 0]
-        lo, hi = np.percentile(nonzero if nonzero.size else sample, [self.low, self.high])
+        values = _nonzero_sample(voxels)
+        if self.kind == "zscore":
+            mean, std = float(np.mean(values, dtype=np.float64)), float(np.std(values, dtype=np.float64))
+            return mean, mean + (std if std > 0 else 1.0)  # a constant volume: no division by 0
+        lo, hi = np.percentile(values, [self.low, self.high])
         hi = hi if hi > lo else lo + 1.0  # a constant volume: avoid dividing by zero
         return float(lo), float(hi)
 
     def normaliser(self, voxels, bounds: tuple[float, float]):
-        """block of ``voxels.raw`` -> its values mapped to [0, 1] float32 (the numbers of
-        ``data.window``), for ``geometry.forward`` to apply a block at a time."""
+        """block of ``voxels.raw`` -> its normalised values, float32: ``bounds`` mapped to
+        0 and 1, clipped to them for ``ct`` and ``mr`` (the numbers of ``data.window``),
+        zero voxels kept at 0 for ``zscore``; for ``geometry.forward`` to apply a block
+        at a time."""
         lo, hi = bounds
+        clip = self.kind != "zscore"
 
         def normalise(block: np.ndarray) -> np.ndarray:
             values = voxels.values(block)
             if values is block or not values.flags.writeable:
-                return window(values, lo, hi)
-            np.clip(values, lo, hi, out=values)
+                if clip:
+                    return window(values, lo, hi)
+                values = values.astype(np.float32, copy=True)
+            zero = None if clip else values == 0
+            if clip:
+                np.clip(values, lo, hi, out=values)
             values -= np.float32(lo)
             values /= np.float32(hi - lo)
+            if zero is not None:
+                values[zero] = 0.0
             return values
         return normalise
 
     def describe(self) -> dict:
         if self.kind == "ct":
             return {"modality": "CT", "intensity": "window", "window": [self.low, self.high]}
+        if self.kind == "zscore":
+            return {"modality": "MR", "intensity": "zscore",
+                    "statistics": "mean and standard deviation of the case's non-zero voxels; "
+                                  "zero voxels stay 0"}
         return {"modality": "MR", "intensity": "percentile", "percentiles": [self.low, self.high]}
 
     @classmethod
     def from_description(cls, d: dict) -> "Intensity":
         if d.get("intensity") == "percentile":
             return cls.mr(*d["percentiles"])
+        if d.get("intensity") == "zscore":
+            return cls.zscore()
         return cls.ct(*d["window"])
+
+
+def forward_channels(channels, geom, intensities) -> tuple[np.ndarray, np.ndarray]:
+    """A case's channels (``sources.Voxels`` each) as the training data holds them,
+    and each channel's bounds (C, 2): every channel normalised by its own entry of
+    ``intensities`` and laid out and resampled by ``geometry.forward`` on ``geom``.
+    The slices are (D', H', W') for one channel, else (D', H', W', C), float32; one
+    channel's float copy at a time besides the result. Convert and predict both call it.
+
+    Raises:
+      ValueError: not one ``Intensity`` per channel.
+    """
+    if len(channels) != len(intensities):
+        raise ValueError(f"{len(channels)} channel(s) but {len(intensities)} normalisation(s)")
+    bounds = np.array([i.bounds(v) for i, v in zip(intensities, channels)], dtype=np.float64)
+    out = None
+    for c, (intensity, voxels) in enumerate(zip(intensities, channels)):
+        one = geometry.forward(voxels.raw, geom, order=1,
+                               values=intensity.normaliser(voxels, tuple(bounds[c])))
+        if len(channels) == 1:
+            return one, bounds
+        if out is None:
+            out = np.empty(one.shape + (len(channels),), np.float32)
+        out[..., c] = one
+    return out, bounds

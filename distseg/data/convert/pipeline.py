@@ -7,6 +7,9 @@ Memory stays at about one volume per worker whatever the dataset's size: a case 
 read, written and dropped before the next is taken. With ``ndim`` 3 the same steps
 keep each case as one volume on its own grid (no in-plane resampling) and write the
 volume layout (``distseg.data.volumes``).
+
+Every channel of a multi-channel case is kept (one input channel each, channels last),
+unless ``--channel`` picks one; each is normalised on its own (``choose_intensities``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from distseg.core.errors import InputError, Interrupted
 from distseg.core.stopflag import StopFlag
 from distseg.data import h5format
 from distseg.data.convert import geometry, sources, splits
-from distseg.data.convert.intensity import Intensity, modality_kind
+from distseg.data.convert.intensity import MR_NORMS, Intensity, forward_channels, modality_kind
 from distseg.data.convert.sources import Case, Source, VolumeError
 from distseg.data.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
 
@@ -40,7 +43,7 @@ ON_ERROR = ("stop", "skip")
 #: In-plane size of converted slices unless --size says otherwise.
 DEFAULT_SIZE = 240
 #: Largest affine difference (mm) between an image and its labels read as one grid.
-AFFINE_TOLERANCE = 1e-3
+AFFINE_TOLERANCE = sources.GRID_TOLERANCE
 
 
 class CaseError(InputError):
@@ -59,10 +62,15 @@ class Options:
     window: tuple[float, float] | None = None
     """CT window in HU; None: ``h5format.HU_WINDOW``."""
     modality: str = "auto"
-    """``auto`` (dataset.json, CT for pairs), ``ct`` (HU window) or ``mr`` (per-volume
-    percentiles)."""
+    """``auto`` (each channel's name in dataset.json, CT for pairs), ``ct`` (HU window)
+    or ``mr`` (per-case normalisation, ``mr_norm``), for every channel."""
+    mr_norm: str = "auto"
+    """How MR (non-CT) channels are normalised: ``percentile`` (the volume's 0.5 and
+    99.5 percentiles to [0, 1]), ``zscore`` (per case and channel, as nnU-Net), or
+    ``auto``: z-score when the file gets several channels or the source is an nnU-Net
+    dataset, percentiles otherwise (distseg's single-channel MR as before channels)."""
     channel: int | None = None
-    """Image channel of 4-D (multi-channel) MSD images; required for them."""
+    """Keep only this channel of multi-channel images; None: every channel."""
     roi_margin: int | None = None
     """Keep only slices within the labelled region plus this many on each side; None: all."""
     val_fraction: float = 0.2
@@ -89,7 +97,8 @@ class Prepared:
     images: np.ndarray
     masks: np.ndarray
     geometry: geometry.Geometry
-    bounds: tuple[float, float]
+    bounds: np.ndarray
+    """(C, 2): each channel's values mapped to 0 and 1 (``Intensity.bounds``)."""
     bytes_read: int
     peak_rss_mib: float = 0.0
     """Of the process that prepared it."""
@@ -99,6 +108,8 @@ class Prepared:
 class Summary:
     out: str
     ndim: int = 2
+    channels: tuple[str, ...] = ()
+    """Each kept channel's name and normalisation, when there are several."""
     cases: int = 0
     slices: int = 0
     train_cases: int = 0
@@ -120,6 +131,8 @@ class Summary:
                f"{self.peak_rss_mib:.0f} MiB"
                + (f" (largest worker {self.peak_worker_rss_mib:.0f} MiB)"
                   if self.peak_worker_rss_mib else "")]
+        if len(self.channels) > 1:
+            out.append(f"{len(self.channels)} channels: {', '.join(self.channels)}")
         if self.skipped:
             out.append(f"skipped {len(self.skipped)} case(s):")
             out += [f"  {name}: {why}" for name, why in self.skipped]
@@ -129,36 +142,55 @@ class Summary:
 # ----------------------------------------------------------------- preprocessing
 
 
-def choose_intensity(source: Source, opts: Options) -> Intensity:
-    """The window or normalisation for this source and these options.
+def kept_channels(source: Source, opts: Options) -> tuple[str, ...]:
+    """The names of the channels the file will hold: every channel of the source, or
+    the one ``--channel`` picks.
 
     Raises:
-      InputError: a multi-channel source without ``--channel``, a channel out of range,
-      or ``--window`` for a volume that is not CT.
+      InputError: a channel out of range.
     """
     n = len(source.modalities)
-    if n > 1 and opts.channel is None:
-        raise InputError(f"{source.root}: dataset.json declares {n} image channels "
-                         f"({', '.join(source.modalities)}); pick one with --channel 0..{n - 1}")
     if opts.channel is not None and not 0 <= opts.channel < n:
         raise InputError(f"--channel {opts.channel}: {source.root} has channels 0..{n - 1} "
                          f"({', '.join(source.modalities)})")
-    name = source.modalities[opts.channel or 0]
-    kind = modality_kind(name) if opts.modality == "auto" else opts.modality
-    if kind == "mr":
-        if opts.window is not None:
-            raise InputError(f"--window is a CT (HU) window, but the modality is {name} "
-                             "(MR: per-volume normalisation); pass --modality ct to force it")
-        return Intensity.mr()
-    return Intensity.ct(*opts.window) if opts.window else Intensity.ct()
+    return (source.modalities[opts.channel],) if opts.channel is not None else source.modalities
 
 
-def preprocessing_record(intensity: Intensity, opts: Options) -> dict:
-    """What predict must repeat, stored as the file attribute ``preprocessing``."""
-    return {**intensity.describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
+def choose_intensities(source: Source, opts: Options) -> tuple[Intensity, ...]:
+    """Each kept channel's window or normalisation, by nnU-Net's rule: a channel named
+    ``CT`` gets the HU window (``--window``, else distseg's), any other is MR,
+    normalised per case (``Options.mr_norm``). ``--modality ct|mr`` makes every
+    channel that.
+
+    Raises:
+      InputError: a channel out of range, or ``--window`` when no channel is CT.
+    """
+    names = kept_channels(source, opts)
+    kinds = [modality_kind(n) if opts.modality == "auto" else opts.modality for n in names]
+    if opts.window is not None and "ct" not in kinds:
+        raise InputError(f"--window is a CT (HU) window, but the modality is {', '.join(names)} "
+                         "(MR: per-volume normalisation); pass --modality ct to force it")
+    mr_norm = opts.mr_norm
+    if mr_norm == "auto":
+        mr_norm = "zscore" if len(names) > 1 or source.kind == "nnunet" else "percentile"
+    return tuple(Intensity.of_modality(k, mr_norm, opts.window) for k in kinds)
+
+
+def hu_window(intensities) -> tuple[float, float]:
+    """The file attribute ``hu_window``: the CT channels' window, NaN without one."""
+    ct = [i for i in intensities if i.kind == "ct"]
+    return (ct[0].low, ct[0].high) if ct else (np.nan, np.nan)
+
+
+def preprocessing_record(intensities, names, opts: Options) -> dict:
+    """What predict must repeat, stored as the file attribute ``preprocessing``: the
+    first channel's normalisation at the top (what readers from before channels
+    read) and each channel's under ``channels``."""
+    return {**intensities[0].describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
             "layout": geometry.LAYOUT, "image_interpolation": "linear",
             "label_interpolation": "nearest", "roi_margin": opts.roi_margin,
-            "channel": opts.channel}
+            "channel": opts.channel,
+            "channels": [{"name": n, **i.describe()} for n, i in zip(names, intensities)]}
 
 
 def _check_pair(case: Case, img, lab) -> None:
@@ -182,12 +214,25 @@ def _check_labels(case: Case, labels: np.ndarray, class_names) -> None:
         raise CaseError(f"case {case.name}: {case.label} holds no labelled voxel (all 0)")
 
 
-def prepare_case(case: Case, opts: Options, intensity: Intensity, class_names) -> Prepared:
-    """Reads, checks and preprocesses one case (runs in a worker process).
+def _check_channels(case: Case, found: int, source: Source, opts: Options) -> None:
+    want = 1 if opts.channel is not None else len(source.modalities)
+    if found != want:
+        hint = "; pick one with --channel" if want == 1 and found > 1 else ""
+        raise CaseError(f"case {case.name}: {case.image} has {found} channel(s), but "
+                        f"{source.where or source.root} declares {len(source.modalities)} "
+                        f"({', '.join(source.modalities)}){hint}")
+
+
+def prepare_case(case: Case, opts: Options, intensities, class_names,
+                 source: Source | None = None) -> Prepared:
+    """Reads, checks and preprocesses one case (runs in a worker process): every kept
+    channel, each normalised by its entry of ``intensities``.
 
     Raises:
       CaseError: the one line that names the case and what is wrong with it.
     """
+    if isinstance(intensities, Intensity):
+        intensities = (intensities,)
     try:
         if case.label is None:
             raise CaseError(f"case {case.name}: {case.image} has no labels beside it "
@@ -196,23 +241,26 @@ def prepare_case(case: Case, opts: Options, intensity: Intensity, class_names) -
         _check_pair(case, img, lab)
         labels = sources.label_array(lab, case.label)
         _check_labels(case, labels, class_names)
-        voxels = sources.image_voxels(img, case.image, opts.channel)
+        img, channels = sources.case_channels(case.files, opts.channel)
+        if source is not None:
+            _check_channels(case, len(channels), source, opts)
+        elif len(channels) != len(intensities):
+            raise CaseError(f"case {case.name}: {case.image} has {len(channels)} channel(s), "
+                            f"expected {len(intensities)}")
     except VolumeError as e:
         raise CaseError(f"case {case.name}: {e}") from None
-    geom = geometry.Geometry.of(img.affine, voxels.raw.shape, size=opts.size or 0)
+    geom = geometry.Geometry.of(img.affine, channels[0].raw.shape, size=opts.size or 0)
     z0, z1 = geometry.roi_range(geometry.to_slices(labels, geom.ornt), opts.roi_margin)
     geom = dataclasses.replace(geom, z0=z0, z1=z1)
-    bounds = intensity.bounds(voxels)
-    normalise = intensity.normaliser(voxels, bounds)
-    return Prepared(case, geometry.forward(voxels.raw, geom, order=1, values=normalise),
-                    geometry.forward(labels, geom, order=0), geom, bounds,
-                    bytes_read=os.path.getsize(case.image) + os.path.getsize(case.label))
+    images, bounds = forward_channels(channels, geom, intensities)
+    return Prepared(case, images, geometry.forward(labels, geom, order=0), geom, bounds,
+                    bytes_read=sum(os.path.getsize(f) for f in case.files) + os.path.getsize(case.label))
 
 
-def _attempt(case: Case, opts: Options, intensity: Intensity, class_names):
+def _attempt(case: Case, opts: Options, intensities, class_names, source: Source | None = None):
     """``prepare_case``, with a bad case's line returned instead of raised."""
     try:
-        prepared = prepare_case(case, opts, intensity, class_names)
+        prepared = prepare_case(case, opts, intensities, class_names, source)
     except CaseError as e:
         return str(e)
     prepared.peak_rss_mib = peak_rss_mib()
@@ -229,12 +277,12 @@ def _worker_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def prepared_in_order(cases, opts: Options, intensity: Intensity, class_names):
+def prepared_in_order(cases, opts: Options, intensities, class_names, source: Source | None = None):
     """Yields each case's ``Prepared`` (or its error line) in case order, with at most
     ``workers`` cases in flight, so memory stays at about a volume per worker."""
     if opts.workers <= 1:
         for case in cases:
-            yield _attempt(case, opts, intensity, class_names)
+            yield _attempt(case, opts, intensities, class_names, source)
         return
     pending: collections.deque = collections.deque()
     todo = iter(cases)
@@ -242,14 +290,14 @@ def prepared_in_order(cases, opts: Options, intensity: Intensity, class_names):
                              initializer=_worker_signals) as pool:
         try:
             for case in todo:
-                pending.append(pool.submit(_attempt, case, opts, intensity, class_names))
+                pending.append(pool.submit(_attempt, case, opts, intensities, class_names, source))
                 if len(pending) >= opts.workers:
                     break
             while pending:
                 result = pending.popleft().result()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append(pool.submit(_attempt, nxt, opts, intensity, class_names))
+                    pending.append(pool.submit(_attempt, nxt, opts, intensities, class_names, source))
                 yield result
         finally:
             for fut in pending:
@@ -309,12 +357,12 @@ def _rel(path: str, root: str) -> str:
     return os.path.relpath(path, root) if path else ""
 
 
-def write_cases(source: Source, opts: Options, intensity: Intensity, writer,
+def write_cases(source: Source, opts: Options, intensities, writer,
                 split: np.ndarray, fold: np.ndarray, summary: Summary, stop: StopFlag) -> None:
     """Prepares every labelled case and appends it; a bad case stops (``CaseError``) or
     is recorded in ``summary.skipped``; a signal stops at the next case (``Interrupted``)."""
     with _progress(len(source.cases), opts.progress) as bar:
-        results = prepared_in_order(source.cases, opts, intensity, source.class_names)
+        results = prepared_in_order(source.cases, opts, intensities, source.class_names, source)
         for i, (case, result) in enumerate(zip(source.cases, results)):
             stop.check()
             bar.update(1)
@@ -366,6 +414,8 @@ def validate(source: Source, opts: Options) -> None:
                          f"{', '.join(COMPRESSIONS)}")
     if opts.size is not None and opts.size < 8:
         raise InputError(f"--size {opts.size}: must be >= 8")
+    if opts.mr_norm not in ("auto",) + MR_NORMS:
+        raise InputError(f"--mr-norm {opts.mr_norm!r}: expected auto, {', '.join(MR_NORMS)}")
 
 
 def run(source_path: str, out: str, opts: Options) -> Summary:
@@ -381,23 +431,25 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
     opts = settled(opts)
     source = sources.discover(source_path)
     validate(source, opts)
-    intensity = choose_intensity(source, opts)
+    intensities = choose_intensities(source, opts)
+    names = kept_channels(source, opts)
     split, fold = splits.assign(len(source.cases), opts.seed, opts.val_fraction,
                                 opts.folds, opts.fold)
     summary, stop = Summary(out=out, ndim=opts.ndim), StopFlag()
+    summary.channels = tuple(f"{n} ({i.describe()['intensity']})" for n, i in zip(names, intensities))
     with _signals_stop(stop):
         writer = (VolumeCaseWriter if opts.ndim == 3 else SliceWriter)(
-            out, opts.size, opts.dtype, opts.compression)
+            out, opts.size, opts.dtype, opts.compression, channels=len(names))
         try:
-            write_cases(source, opts, intensity, writer, split, fold, summary, stop)
+            write_cases(source, opts, intensities, writer, split, fold, summary, stop)
             stop.check()
             if not summary.cases:
                 raise InputError(f"{source_path}: every case was skipped; nothing written")
             writer.finish(
                 source=f"{source.kind} {source.name} converted from {os.path.abspath(source.root)}",
-                class_names=source.class_names,
-                hu_window=(intensity.low, intensity.high) if intensity.kind == "ct" else (np.nan,) * 2,
-                preprocessing=preprocessing_record(intensity, opts),
+                class_names=source.class_names, channel_names=names,
+                hu_window=hu_window(intensities),
+                preprocessing=preprocessing_record(intensities, names, opts),
                 splitting={"seed": opts.seed, "val_fraction": opts.val_fraction,
                            "folds": opts.folds, "fold": opts.fold, "by": "case"},
                 extra={"source_root": os.path.abspath(source.root),

@@ -6,6 +6,9 @@ liver on the patient's right with lesions, in HU) written with the affine that a
 orientation code such as ``LPS`` or ``PIR`` and a RAS spacing give, so its content
 sits at the same place in the patient whatever the array's axis order.
 
+``write_multichannel_task``: the same phantoms as multi-channel cases, an MSD task of
+4-D images or an nnU-Net v2 raw dataset of one file per channel.
+
 ``write_lits117``: the real LiTS case 117 of ``liver-ct-segmentation-package`` as a
 LiTS-style NIfTI pair.
 """
@@ -100,6 +103,76 @@ def write_task(root: str, cases: int = 4, *, kind: str = "msd", size: int = 48, 
                        "labels": {"0": "background", "1": "liver", "2": "cancer"},
                        "numTraining": cases, "numTest": test_cases,
                        "training": training, "test": test}, f, indent=1)
+    return names
+
+
+#: (scale, offset) of the phantom's non-CT channels, one per channel: each is the
+#: phantom's HU + 1024 scaled and shifted, 0 outside the body (as a masked MR scan).
+MR_CHANNELS = ((1.0, 0.0), (0.5, 100.0), (2.0, -50.0), (0.25, 300.0))
+
+
+def channel_arrays(hu: np.ndarray, names) -> list[np.ndarray]:
+    """One array per channel of ``names`` from a phantom's HU: ``CT`` the HU (int16),
+    any other name its entry of ``MR_CHANNELS`` (float32), cycling through them."""
+    body = hu > -500
+    out = []
+    for c, name in enumerate(names):
+        if name.strip().upper() == "CT":
+            out.append(hu.astype(np.int16))
+            continue
+        a, b = MR_CHANNELS[c % len(MR_CHANNELS)]
+        out.append(np.where(body, (hu.astype(np.float32) + 1024.0) * a + b, 0.0).astype(np.float32))
+    return out
+
+
+def write_multichannel_task(root: str, cases: int = 4, *, kind: str = "msd",
+                            channels=("FLAIR", "T1w", "T1gd", "T2w"), size: int = 32,
+                            slices: int = 12, seed: int = 0, orientations=("RAS",),
+                            spacing_ras=(0.8, 0.8, 2.5), test_cases: int = 0) -> list[str]:
+    """Writes phantoms of several channels (``channel_arrays``): an MSD task
+    (``kind="msd"``: imagesTr/NAME.nii.gz 4-D (X, Y, Z, C), labelsTr/NAME.nii.gz,
+    dataset.json with ``modality`` {"0": "FLAIR", ...} and ``labels`` {"0":
+    "background", "1": "edema", "2": "tumour"}) or an nnU-Net v2 raw dataset
+    (``kind="nnunet"``: imagesTr/NAME_XXXX.nii.gz one 3-D file per channel,
+    labelsTr/NAME.nii.gz, dataset.json with ``channel_names``, ``labels`` {"background": 0,
+    "tumor": 1} (liver and lesion) and ``file_ending``). Case i has orientation
+    ``orientations[i % len(orientations)]``; unlabelled cases go to imagesTs. Returns
+    the case names."""
+    import nibabel as nib
+    os.makedirs(os.path.join(root, "imagesTr"), exist_ok=True)
+    os.makedirs(os.path.join(root, "labelsTr"), exist_ok=True)
+    names, training, test = [], [], []
+    for i in range(cases + test_cases):
+        orientation = orientations[i % len(orientations)]
+        hu, labels = case_arrays(seed * 1000 + i, size, slices, orientation)
+        affine = affine_for(orientation, spacing_ras)
+        arrays = channel_arrays(hu, channels)
+        folder = "imagesTr" if i < cases else "imagesTs"
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+        name = f"{'brats' if kind == 'msd' else 'prostate'}_{i:03d}"
+        if kind == "msd":
+            four = np.stack([a.astype(np.float32) for a in arrays], axis=-1)
+            nib.save(nib.Nifti1Image(four, affine), os.path.join(root, folder, f"{name}.nii.gz"))
+        else:
+            for c, a in enumerate(arrays):
+                nib.save(nib.Nifti1Image(a, affine), os.path.join(root, folder, f"{name}_{c:04d}.nii.gz"))
+            labels = (labels > 0).astype(np.uint8)
+        if i < cases:
+            nib.save(nib.Nifti1Image(labels, affine), os.path.join(root, "labelsTr", f"{name}.nii.gz"))
+            training.append({"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"})
+        else:
+            test.append(f"./imagesTs/{name}.nii.gz")
+        names.append(name)
+    if kind == "msd":
+        meta = {"name": "PhantomBrats", "modality": {str(c): n for c, n in enumerate(channels)},
+                "labels": {"0": "background", "1": "edema", "2": "tumour"},
+                "numTraining": cases, "numTest": test_cases, "training": training, "test": test}
+    else:
+        meta = {"name": "PhantomProstate", "channel_names": {str(c): n for c, n in enumerate(channels)},
+                "labels": {"background": 0, "tumor": 1}, "numTraining": cases,
+                "file_ending": ".nii.gz"}
+    with open(os.path.join(root, "dataset.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
     return names
 
 

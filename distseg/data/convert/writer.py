@@ -14,7 +14,9 @@ case, enough to put a prediction back on the case's original grid:
 ``z_range`` (2)                  kept slices ``z0:z1`` of the reoriented volume
 ``inplane`` (2)                  rows, columns of a slice before resampling
 ``spacing`` (3)                  slice, row, column spacing in mm before resampling
-``bounds`` (2)                   the values mapped to 0 and 1 (HU window, or MR percentiles)
+``bounds`` (2), or (C, 2)        the values mapped to 0 and 1 (HU window, MR percentiles,
+                                 or a z-score's mean and mean + sd), per channel when
+                                 the file holds C > 1
 
 ``VolumeCaseWriter`` (``convert --ndim 3``) writes the volume layout of
 ``distseg.data.volumes`` instead, one volume per case on its own grid, with the same
@@ -56,6 +58,15 @@ COLUMNS = {
 SLICE_ROWS = ("first", "slices")
 
 
+def columns_for(channels: int, leave_out=()) -> dict:
+    """``COLUMNS`` for images of ``channels`` channels (``bounds`` per channel when
+    there are several), less ``leave_out``."""
+    out = {k: v for k, v in COLUMNS.items() if k not in leave_out}
+    if channels > 1:
+        out["bounds"] = (np.float64, (channels, 2))
+    return out
+
+
 def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
     # In blocks: h5py and the filter pipeline buffer what one write holds, and a whole
     # case would double the memory of a case.
@@ -88,14 +99,16 @@ class CaseTable:
     def append(self, **row) -> None:
         for key, value in row.items():
             ds = self.group[key]
-            _append(ds, np.asarray([value], dtype=object if ds.dtype == _STR else ds.dtype))
+            value = np.asarray(value, dtype=object if ds.dtype == _STR else ds.dtype)
+            _append(ds, value.reshape((1,) + ds.shape[1:]))
 
 
 class SliceWriter:
     """Appends cases to ``OUT.h5.partial``; ``finish`` renames it, ``abort`` removes it."""
 
-    def __init__(self, out: str, size: int, dtype: str = "float32", compression: str = "lzf"):
-        self.out = out
+    def __init__(self, out: str, size: int, dtype: str = "float32", compression: str = "lzf",
+                 channels: int = 1):
+        self.out, self.channels = out, int(channels)
         self._partial = PartialFile(out)
         self.partial = self._partial.partial
         self.rows = 0
@@ -107,20 +120,27 @@ class SliceWriter:
         except OSError as e:
             raise h5format.DatasetError(f"{out}: cannot be written ({e.strerror or e})") from e
         f = self._f
-        f.create_dataset("images", shape=(0, size, size, 1), maxshape=(None, size, size, 1),
-                         chunks=(1, size, size, 1), dtype=dtype, **filters)
+        c = self.channels
+        f.create_dataset("images", shape=(0, size, size, c), maxshape=(None, size, size, c),
+                         chunks=(1, size, size, c), dtype=dtype, **filters)
         f.create_dataset("masks", shape=(0, size, size), maxshape=(None, size, size),
                          chunks=(1, size, size), dtype=np.uint8, **filters)
         f.create_dataset("case_id", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.int32)
         f.create_dataset("split", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.uint8)
-        self.table = CaseTable(f, COLUMNS)
+        self.table = CaseTable(f, columns_for(c))
 
     def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
                images: np.ndarray, masks: np.ndarray, geometry: Geometry,
-               bounds: tuple[float, float]) -> None:
-        """Adds one case's slices ((n, S, S) images in [0, 1] and masks) and its row."""
+               bounds) -> None:
+        """Adds one case's slices (normalised (n, S, S) images of one channel, or
+        (n, S, S, C), and masks) and its row."""
         f, n = self._f, len(images)
-        _append(f["images"], images[..., None].astype(f["images"].dtype, copy=False))
+        if images.ndim == 3:
+            images = images[..., None]
+        if images.shape[3:] != (self.channels,):
+            raise h5format.DatasetError(f"{self.out}: case {name}: images of shape {images.shape}, "
+                                        f"expected {self.channels} channel(s)")
+        _append(f["images"], images.astype(f["images"].dtype, copy=False))
         _append(f["masks"], masks)
         _append(f["case_id"], np.full(n, case_id, dtype=np.int32))
         _append(f["split"], np.full(n, split, dtype=np.uint8))
@@ -131,7 +151,7 @@ class SliceWriter:
         self.spacings.append(geometry.resampled_spacing)
 
     def finish(self, *, source: str, class_names, hu_window, preprocessing: dict,
-               splitting: dict, extra: dict) -> None:
+               splitting: dict, extra: dict, channel_names=None) -> None:
         """Writes the file attributes, closes and renames ``OUT.h5.partial`` to ``OUT.h5``."""
         f = self._f
         f.attrs["format_version"] = h5format.FORMAT_VERSION
@@ -139,6 +159,8 @@ class SliceWriter:
         f.attrs["source"] = source
         f.attrs["num_classes"] = len(class_names)
         f.attrs["class_names"] = list(class_names)
+        if channel_names is not None:
+            f.attrs["channel_names"] = list(channel_names)
         f.attrs["hu_window"] = np.asarray(hu_window, dtype=np.float64)
         # Cases differ in spacing; the median is the file's nominal one (each case's
         # own is in cases/spacing).
@@ -161,25 +183,26 @@ class VolumeCaseWriter:
     (``volumes.VolumeWriter``), plus its cases/ row."""
 
     def __init__(self, out: str, size: int | None = None, dtype: str = "float32",
-                 compression: str = "lzf"):
+                 compression: str = "lzf", channels: int = 1):
         self.out = out
         self._volumes = volumes.VolumeWriter(out, dtype, COMPRESSIONS[compression])
         self.partial = self._volumes.partial
-        self.table = CaseTable(self._volumes.file,
-                               {k: v for k, v in COLUMNS.items() if k not in SLICE_ROWS})
+        self.table = CaseTable(self._volumes.file, columns_for(channels, SLICE_ROWS))
 
     def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
                images: np.ndarray, masks: np.ndarray, geometry: Geometry,
-               bounds: tuple[float, float]) -> None:
-        """Adds one case: its (D, H, W) volume in [0, 1], its labels and its row."""
+               bounds) -> None:
+        """Adds one case: its normalised (D, H, W) or (D, H, W, C) volume, its labels
+        and its row."""
         self._volumes.append(images, masks, case_id, split, spacing=geometry.resampled_spacing)
         self.table.append(**case_row(name=name, image=image, label=label, case_id=case_id,
                                      split=split, fold=fold, geometry=geometry, bounds=bounds))
 
     def finish(self, *, source: str, class_names, hu_window, preprocessing: dict,
-               splitting: dict, extra: dict) -> None:
+               splitting: dict, extra: dict, channel_names=None) -> None:
         """Writes the tables and attributes, closes and renames the file."""
-        self._volumes.finish(source=source, hu_window=hu_window, class_names=class_names, extra={
+        self._volumes.finish(source=source, hu_window=hu_window, class_names=class_names,
+                             channel_names=channel_names, extra={
             "preprocessing": json.dumps(preprocessing, sort_keys=True),
             "splitting": json.dumps(splitting, sort_keys=True), **extra})
 
