@@ -274,8 +274,8 @@ class Config:
              f"must be >= 1 (or 0: from the data file), got {m.in_channels}"),
             (not m.fn or ":" in m.fn, "model.fn",
              f"must be FILE.py:FUNCTION or package.module:FUNCTION, got {_shown(m.fn)}"),
-            (all(isinstance(k, str) for k in m.args), "model.args",
-             "must be a JSON object with string keys"),
+            (_json_object(m.args), "model.args",
+             f"must be a JSON object of finite values with string keys, got {_shown(m.args)}"),
             (self.data.augment in AUGMENTS, "data.augment",
              f"must be one of {AUGMENTS}, got {self.data.augment!r}"),
             (m.spatial_dims in (2, 3), "model.spatial_dims", f"must be 2 or 3, got {m.spatial_dims}"),
@@ -299,6 +299,17 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _json_object(value: Any) -> bool:
+    """Whether ``value`` is a mapping that JSON holds as it is (string keys, no NaN)."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        return False
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _names_ok(names: tuple[str, ...], num_classes: int) -> bool:

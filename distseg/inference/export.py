@@ -101,12 +101,15 @@ def convention(cfg: config_lib.Config, known: predict.TrainingData, window, over
         "layout": "channels_last",
         "input": {"name": "image", "shape": [None] + spatial + [cfg.model.in_channels or 1],
                   "dtype": "float32",
-                  "range": [0.0, 1.0],
+                  "range": ([0.0, 1.0] if all(i.kind != "zscore" for i in prep.intensities)
+                            else "per channel: see channels"),
                   "axes": ("(batch, rows, columns, channel): one axial slice" if dims == 2 else
                            "(batch, slices, rows, columns, channel): a window of axial slices")},
         "window": list(window),
         "slice_layout": geometry.LAYOUT,
         "intensity": {**prep.intensity.describe(), "rule": _intensity_rule(prep.intensity)},
+        "channels": [{"name": name, **i.describe(), "rule": _intensity_rule(i)}
+                     for name, i in zip(_channel_names(prep), prep.intensities)],
         "channel": prep.channel,
         "in_plane": ({"size": [prep.size, prep.size], "interpolation": "linear, edge to edge"}
                      if prep.size else "each scan's own grid (not resampled)"),
@@ -127,7 +130,14 @@ def convention(cfg: config_lib.Config, known: predict.TrainingData, window, over
     }
 
 
+def _channel_names(prep) -> list[str]:
+    return list(prep.channel_names) or [f"channel {c}" for c in range(len(prep.intensities))]
+
+
 def _intensity_rule(intensity) -> str:
+    if intensity.kind == "zscore":
+        return ("(x - mean) / std over the case's non-zero voxels of this channel; zero "
+                "voxels stay 0")
     if intensity.kind == "ct":
         return (f"(clip(HU, {intensity.low:g}, {intensity.high:g}) - ({intensity.low:g})) "
                 f"/ {intensity.high - intensity.low:g}")

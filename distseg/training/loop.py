@@ -134,7 +134,8 @@ def _next_batch(s: Session, result: EpochResult):
         result.failure = result.failure or agreement.failure_of(e)
         shape = tuple(s.feed.input_shape)
         n = s.plan.batch.per_rank  # the size the step was traced for
-        return (np.zeros(0, np.int64), np.zeros((n, *shape, 1), np.float32),
+        channels = s.cfg.model.in_channels or 1
+        return (np.zeros(0, np.int64), np.zeros((n, *shape, channels), np.float32),
                 np.zeros((n, *shape), np.uint8))
 
 

@@ -37,10 +37,13 @@ def gain_lr(base: float, gain: float, progress: float, warmup: float) -> float:
     return lr_at(progress, base, base * goodput.gain_lr_factor(gain), warmup)
 
 
-def _input_spec(spatial_shape: Sequence[int], batch: int | None = None):
+def _input_spec(model, spatial_shape: Sequence[int], batch: int | None = None):
+    """The (images, masks) signature of a step of ``model``: its input channels (the
+    data file's) last."""
     import tensorflow as tf
     shape = [batch, *spatial_shape]
-    return [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
+    channels = int(model.input_shape[-1])
+    return [tf.TensorSpec(shape + [channels], tf.float32), tf.TensorSpec(shape, tf.uint8)]
 
 
 def _identity(tensor):
@@ -330,7 +333,7 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
     # autograph=False: the step's Python branches are on Python values only (tf.cond
     # is explicit), and converting its source took 0.5 s of the demo's 2.5 s trace.
-    @tf.function(input_signature=_input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
+    @tf.function(input_signature=_input_spec(model, spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
                  autograph=False)
     def train_step(images, masks, flags):
         c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
@@ -365,7 +368,7 @@ def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
 
     from distseg import losses, metrics
 
-    @tf.function(input_signature=_input_spec(spatial_shape), autograph=False)
+    @tf.function(input_signature=_input_spec(model, spatial_shape), autograph=False)
     def eval_step(images, masks):
         probs = model(images, training=False)
         return losses.loss_sums(probs, masks, num_classes), metrics.dice_counts(probs, masks, num_classes)
@@ -378,7 +381,7 @@ def make_predict_step(model, spatial_shape: Sequence[int]):
     validation of whole volumes calls it window batch by window batch)."""
     import tensorflow as tf
 
-    @tf.function(input_signature=_input_spec(spatial_shape)[:1], autograph=False)
+    @tf.function(input_signature=_input_spec(model, spatial_shape)[:1], autograph=False)
     def predict_step(images):
         return model(images, training=False)
 

@@ -99,7 +99,8 @@ json_values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3)
 #: Values of each field's own type, often valid, so that inputs also get past the type
 #: checks to validate() and sometimes resolve.
 TYPED = {bool: st.booleans(), int: st.integers(-2, 300), float: st.floats(-0.5, 2.0), str: words,
-         tuple: st.lists(words, max_size=4)}  # model.class_names: a list of names in JSON
+         tuple: st.lists(words, max_size=4),  # model.class_names: a list of names in JSON
+         dict: st.dictionaries(texts, scalars, max_size=3)}  # model.args: a JSON object
 FIELD_VALUES = {f"{s}.{f.name}": TYPED[type(getattr(cls(), f.name))]
                 for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 
