@@ -128,24 +128,28 @@ def compare(name: str, args: list[str], a, workdir: str) -> dict:
     """``default`` against ``none`` for each seed (the kinds alternate first per seed)."""
     rows = []
     for i, seed in enumerate(a.seeds):
-        for kind in (KINDS if i % 2 == 0 else KINDS[::-1]):
+        kinds = tuple(a.kinds)
+        for kind in (kinds if i % 2 == 0 else kinds[::-1]):
             run = train([*args, "--seed", str(seed)], workdir, f"{name}-s{seed}-{kind}", kind, a.threads)
             row = {"seed": seed, "augment": kind, **final_dice(run)}
             print(json.dumps({k: row[k] for k in ("seed", "augment", "liver", "train_samples")}), flush=True)
             rows.append(row)
     by = {(r["seed"], r["augment"]): r for r in rows}
-    diffs = [by[(s, "default")]["liver"] - by[(s, "none")]["liver"] for s in a.seeds]
-    return {"study": name, "args": args, "runs": rows, "liver_default_minus_none": diffs,
+    diffs = [by[(s, a.kinds[1])]["liver"] - by[(s, a.kinds[0])]["liver"] for s in a.seeds]
+    return {"study": name, "args": args, "runs": rows, "kinds": list(a.kinds),
+            f"liver_{a.kinds[1]}_minus_{a.kinds[0]}": diffs,
             "median_difference": statistics.median(diffs)}
 
 
 def print_table(result: dict) -> None:
     by = {(r["seed"], r["augment"]): r for r in result["runs"]}
     seeds = sorted({r["seed"] for r in result["runs"]})
+    base, kind = result["kinds"]
+    diffs = result[f"liver_{kind}_minus_{base}"]
     print(f"\n{result['study']}: final validation liver Dice")
-    print(f"{'seed':>5} {'none':>8} {'default':>8} {'default-none':>13}")
-    for s, d in zip(seeds, result["liver_default_minus_none"]):
-        print(f"{s:5d} {by[(s, 'none')]['liver']:8.4f} {by[(s, 'default')]['liver']:8.4f} {d:+13.4f}")
+    print(f"{'seed':>5} {base:>8} {kind:>8} {kind + '-' + base:>13}")
+    for s, d in zip(seeds, diffs):
+        print(f"{s:5d} {by[(s, base)]['liver']:8.4f} {by[(s, kind)]['liver']:8.4f} {d:+13.4f}")
     print(f"median difference: {result['median_difference']:+.4f}")
 
 
@@ -192,6 +196,8 @@ def parse_args(argv=None):
         s = sub.add_parser(name)
         s.add_argument("--seeds", default="0,1,2", type=lambda v: [int(x) for x in v.split(",")])
         s.add_argument("--epochs", type=int, default=epochs[name])
+        s.add_argument("--kinds", default=",".join(KINDS), type=lambda v: v.split(","),
+                       help="the baseline and the augmentation compared with it")
         s.add_argument("--steps", type=int, default=0, help="cap steps per epoch (0: whole epochs)")
         s.add_argument("--threads", type=int, default=1, help="intra-op threads of the one rank")
         s.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))

@@ -47,10 +47,10 @@ def _checked_loss_and_grads(model, images, masks, num_classes: int, loss: str, r
     return steps.checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
 
 
-def _signature(spatial_shape: Sequence[int], batch: int | None = None):
+def _signature(model, spatial_shape: Sequence[int], batch: int | None = None):
     import tensorflow as tf
 
-    return steps._input_spec(spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)]
+    return steps._input_spec(model, spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)]
 
 
 def _apply_unless(flag, optimizer, grads, variables, stats=(), before=()):
@@ -72,7 +72,7 @@ def make_nocheck_train_step(model, optimizer, spatial_shape, num_classes: int, l
 
     from distseg.parallel import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape, batch))
+    @tf.function(input_signature=_signature(model, spatial_shape, batch))
     def train_step(images, masks, flags):
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, ranks)
         nonfinite = 1.0 - tf.cast(tf.math.is_finite(value), tf.float32)
@@ -91,7 +91,7 @@ def make_sumcheck_train_step(model, optimizer, spatial_shape, num_classes: int, 
 
     from distseg.parallel import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape, batch))
+    @tf.function(input_signature=_signature(model, spatial_shape, batch))
     def train_step(images, masks, flags):
         stats = list(model.non_trainable_weights)
         before = [tf.identity(v) for v in stats]
@@ -112,7 +112,7 @@ def make_nocond_train_step(model, optimizer, spatial_shape, num_classes: int, lo
 
     from distseg.parallel import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape, batch))
+    @tf.function(input_signature=_signature(model, spatial_shape, batch))
     def train_step(images, masks, flags):
         c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
         before, value, local_loss, grads, nonfinite = c.before, c.loss, c.loss_local, c.grads, c.nonfinite
@@ -130,7 +130,7 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
     """Forward, backward, update and nothing else (one rank only): Keras ``fit``'s step."""
     import tensorflow as tf
 
-    @tf.function(input_signature=_signature(spatial_shape, batch))
+    @tf.function(input_signature=_signature(model, spatial_shape, batch))
     def train_step(images, masks, flags):
         value, local_loss, grads = _loss_and_grads(model, images, masks, num_classes, loss, 1)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -149,7 +149,7 @@ def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int,
     from distseg import losses
     from distseg.parallel import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape, batch))
+    @tf.function(input_signature=_signature(model, spatial_shape, batch))
     def train_step(images, masks, flags):
         stats = list(model.non_trainable_weights)
         before = [tf.identity(v) for v in stats]
@@ -175,7 +175,7 @@ def make_overlap_train_step(model, optimizer, spatial_shape, num_classes: int, l
     import tensorflow as tf
 
 
-    @tf.function(input_signature=_signature(spatial_shape, batch), autograph=False)
+    @tf.function(input_signature=_signature(model, spatial_shape, batch), autograph=False)
     def train_step(images, masks, flags):
         c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
         stats, before, value, local_loss, grads, nonfinite = (
@@ -198,7 +198,7 @@ def make_nonoise_train_step(model, optimizer, spatial_shape, num_classes: int, l
 
     from distseg.parallel import distributed as dist
 
-    @tf.function(input_signature=_signature(spatial_shape, batch), autograph=False)
+    @tf.function(input_signature=_signature(model, spatial_shape, batch), autograph=False)
     def train_step(images, masks, flags):
         c = _checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
         all_flags = tf.concat([flags, [c.nonfinite]], 0)
