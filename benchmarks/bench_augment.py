@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 from distseg.core import config as config_lib  # noqa: E402
 from distseg.data import augment, feeds  # noqa: E402
 
-from benchlib import machine, runlogs  # noqa: E402
+from benchlib import launch, machine, runlogs  # noqa: E402
 
 KINDS = ("none", "light", "default")
 THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
@@ -52,10 +52,7 @@ def train(args: list[str], core: int, workdir: str, name: str) -> str:
     run_dir = os.path.join(workdir, name)
     cmd = ["taskset", "-c", str(core), os.path.join(BIN, "distseg-train"), *args, *THREADS,
            "--no-validate", "--no-tensorboard", "--run-dir", run_dir]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if out.returncode:
-        raise RuntimeError(f"{name} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    launch.run_train(cmd, name)
     return run_dir
 
 
@@ -201,11 +198,7 @@ def main(argv=None) -> None:
             three = argparse.Namespace(**{**vars(a), "epochs": a.epochs3d, "steps": a.steps3d})
             result["3d"] = workload(three, "3d", "liver3d", a.data3d or volumes_file(workdir), workdir)
     result["load_average_end"] = machine.load_average()
-    os.makedirs(a.results_dir, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
-    path = os.path.join(a.results_dir, f"augment-{stamp}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    path = launch.write_result(result, a.results_dir, "augment")
     print_table(result)
     print(f"results: {path}")
 

@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 
 from distseg.training import precision  # noqa: E402
 
-from benchlib import runlogs  # noqa: E402
+from benchlib import launch, runlogs  # noqa: E402
 
 THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
 
@@ -48,10 +48,7 @@ def train(args: list[str], ranks: int, workdir: str, name: str) -> str:
     cmd = [os.path.join(BIN, "distseg-train"), *args, *THREADS, "--run-dir", run_dir]
     if ranks > 1:
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", *cmd]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if out.returncode:
-        raise RuntimeError(f"{name} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    launch.run_train(cmd, name)
     return run_dir
 
 
@@ -171,11 +168,7 @@ def main(argv=None) -> None:
             result["liver2d"] = liver2d_steps(a, workdir)
         if "liver3d" not in skip:
             result["liver3d"] = liver3d_runs(a, workdir)
-    os.makedirs(a.results_dir, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
-    path = os.path.join(a.results_dir, f"precision-{stamp}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    path = launch.write_result(result, a.results_dir, "precision")
     print(json.dumps({k: v for k, v in result.items() if k != "demo_runs"}, indent=1))
     print(f"results: {path}")
 

@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 from distseg.data import h5format, synth  # noqa: E402
 from distseg.data import slices as data  # noqa: E402
 
-from benchlib import runlogs  # noqa: E402
+from benchlib import launch, runlogs  # noqa: E402
 
 KINDS = ("none", "default")
 #: The soft-tissue level the phantom's contrast is scaled about (HU).
@@ -109,10 +109,7 @@ def train(args: list[str], workdir: str, name: str, kind: str, threads: int) -> 
         json.dump({"data": {"augment": kind}}, f)
     cmd = [os.path.join(BIN, "distseg-train"), *args, "--config", config, "--run-dir", run_dir,
            "--intra-op-threads", str(threads), "--inter-op-threads", "1", "--no-tensorboard"]
-    out = subprocess.run(cmd, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
-                         text=True, timeout=6 * 3600)
-    if out.returncode:
-        raise RuntimeError(f"{name} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    launch.run_train(cmd, name, timeout=6 * 3600)
     return run_dir
 
 
@@ -228,11 +225,7 @@ def main(argv=None) -> None:
                                 2 if a.study == "lits" else 3)
     result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=" ".join(sys.argv),
                   seeds=a.seeds, epochs=a.epochs, precision=a.precision)
-    os.makedirs(a.results_dir, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
-    path = os.path.join(a.results_dir, f"augment-study-{a.study}-{stamp}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    path = launch.write_result(result, a.results_dir, f"augment-study-{a.study}")
     print_table(result)
     print(f"results: {path}")
 

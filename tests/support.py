@@ -265,3 +265,13 @@ except ImportError:
 else:
     raise SystemExit("the blocker does not work")
 """
+
+
+def one_line_error(out, *words):
+    """A click command's result failed as bad input: exit 2, one ``error:`` line on
+    stderr holding each of ``words``."""
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])

@@ -203,41 +203,37 @@ def default_class_names(num_classes: int) -> tuple[str, ...]:
         return LIVER_CLASSES
     return ("background",) + tuple(f"class{c}" for c in range(1, num_classes))
 
-def class_names_of(path: str, f: h5py.File, num_classes: int) -> tuple[str, ...]:
-    """The ``class_names`` attribute (``default_class_names`` when absent), refusing
-    anything but ``num_classes`` distinct, non-empty, printable strings."""
-    if "class_names" not in f.attrs:
-        return default_class_names(num_classes)
-    raw = f.attrs["class_names"]
+def _names_attribute(path: str, f: h5py.File, name: str, count: int, why: str) -> tuple[str, ...]:
+    """The attribute ``name``: ``count`` distinct, non-empty, printable strings, or one
+    line naming the file, the attribute and ``why`` that count is expected."""
+    raw = f.attrs[name]
     names = None
     if isinstance(raw, np.ndarray) and raw.ndim == 1:
         try:
             names = tuple(v.decode() if isinstance(v, bytes) else v for v in raw.tolist())
         except UnicodeDecodeError:
             names = None
-    if (names is None or len(names) != num_classes or len(set(names)) != len(names)
+    if (names is None or len(names) != count or len(set(names)) != len(names)
             or not all(isinstance(n, str) and n.strip() and n.isprintable() for n in names)):
-        raise DatasetError(f"{path}: attribute class_names is {shown(raw)}, expected "
-                           f"{num_classes} distinct names (attribute num_classes={num_classes})")
+        raise DatasetError(f"{path}: attribute {name} is {shown(raw)}, expected "
+                           f"{count} distinct names ({why})")
     return names
+
+def class_names_of(path: str, f: h5py.File, num_classes: int) -> tuple[str, ...]:
+    """The ``class_names`` attribute (``default_class_names`` when absent), refusing
+    anything but ``num_classes`` distinct, non-empty, printable strings."""
+    if "class_names" not in f.attrs:
+        return default_class_names(num_classes)
+    return _names_attribute(path, f, "class_names", num_classes,
+                            f"attribute num_classes={num_classes}")
 
 def channel_names_of(path: str, f: h5py.File, channels: int) -> tuple[str, ...]:
     """The optional ``channel_names`` attribute (empty when absent), refusing anything
     but ``channels`` distinct, non-empty, printable strings."""
     if "channel_names" not in f.attrs:
         return ()
-    raw = f.attrs["channel_names"]
-    names = None
-    if isinstance(raw, np.ndarray) and raw.ndim == 1:
-        try:
-            names = tuple(v.decode() if isinstance(v, bytes) else v for v in raw.tolist())
-        except UnicodeDecodeError:
-            names = None
-    if (names is None or len(names) != channels or len(set(names)) != len(names)
-            or not all(isinstance(n, str) and n.strip() and n.isprintable() for n in names)):
-        raise DatasetError(f"{path}: attribute channel_names is {shown(raw)}, expected "
-                           f"{channels} distinct names (the images hold {channels} channel(s))")
-    return names
+    return _names_attribute(path, f, "channel_names", channels,
+                            f"the images hold {channels} channel(s)")
 
 class H5Reader:
     """What every reader of an open HDF5 file does with it: close, and ``with``."""

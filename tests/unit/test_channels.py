@@ -29,6 +29,8 @@ from distseg.data.convert.intensity import Intensity
 from distseg.inference import predict, report
 from distseg.inference import scans as scans_lib
 
+from support import one_line_error
+
 BRATS = ("FLAIR", "T1w", "T1gd", "T2w")
 PROSTATE = ("T2", "ADC")
 SPACING = (0.7, 0.9, 3.0)
@@ -40,14 +42,6 @@ def cli(*args):
 
 def convert(*args):
     return cli("convert", *args, "--no-progress")
-
-
-def one_line_error(out, *words):
-    assert out.exit_code == 2, out.output
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 def one_line(exc_info, *words):

@@ -26,7 +26,7 @@ from distseg.data.convert import geometry, samples, splits
 from distseg.data.convert.pipeline import peak_rss_mib
 
 from proc_group import run_group
-from support import BIN, background, command_env, finish, wait_for
+from support import BIN, background, command_env, finish, one_line_error, wait_for
 
 SPACING = (0.7, 0.9, 3.0)  # x, y, z in mm: anisotropic in-plane and across slices
 
@@ -34,14 +34,6 @@ SPACING = (0.7, 0.9, 3.0)  # x, y, z in mm: anisotropic in-plane and across slic
 def convert(*args):
     return CliRunner().invoke(data_cli, ["convert", *map(str, args), "--no-progress"],
                               catch_exceptions=False)
-
-
-def one_line_error(out, *words):
-    assert out.exit_code == 2, out.output
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 def expected_slices(seed, size, slices, low=-150.0, high=250.0):
