@@ -34,7 +34,8 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     (``distseg.core.link``; local: every rank on one host), precision {requested
     (auto, float32 or bfloat16), choice; under auto also flags (the CPU's bfloat16
     flags), seconds {float32, bfloat16} (the slowest rank's median step in the trial;
-    null: no trial), speedup, steps, trial_s, reason} (``distseg.training.precision``).
+    null: no trial), speedup, steps, trial_s, reason} (``distseg.training.precision``),
+    augment (``data.augment``: none, light or default; ``distseg.data.augment``).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
@@ -144,7 +145,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_plan",
-            "loss_scope", "lr_scaling", "link", "precision"),
+            "loss_scope", "lr_scaling", "link", "precision", "augment"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
