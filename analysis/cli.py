@@ -65,7 +65,7 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     --target-loss -0.76 --out report/
     """
     from analysis.report import ReportOptions, main
-    from distseg.core.errors import DistsegError, fail
+    from distseg.core.errors import DistsegError, fail, output_dir
 
     try:
         options = ReportOptions(
@@ -77,6 +77,9 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     except ValueError as e:
         raise click.UsageError(str(e))
     try:
+        output_dir(out_dir, "--out")
+        if tensorboard_dir:
+            output_dir(tensorboard_dir, "--tensorboard")
         main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress,
              processes=workers)
         if tensorboard_dir:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from distseg.core import config as config_lib
 from distseg.core import rundir
-from distseg.core.errors import InputError
+from distseg.core.errors import InputError, output_dir
 from distseg.parallel import distributed
 
 #: The choices of ``--launcher``: the command a job script starts its ranks with (not
@@ -548,9 +548,9 @@ def write_sweep(spec: JobSpec, node_counts: Sequence[int], out_dir: str = ".", *
         _check_data(jobs[0].data, max(j.ntasks for j in jobs), spec.train_config)
     out = os.path.abspath(out_dir)
     try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise JobError(f"--out {out_dir}: cannot create it ({e.strerror})") from None
+        output_dir(out, "--out")
+    except InputError as e:
+        raise JobError(str(e)) from None
     names = []
     for job in jobs:
         name = f"{job.job_name}.sbatch"

@@ -73,6 +73,25 @@ def os_reason(error: OSError) -> str:
     return reason[:1].lower() + reason[1:]
 
 
+def output_dir(path: str, flag: str) -> str:
+    """Makes the output folder ``path`` (and its parents) and checks that it takes a
+    file, before any work is done for it; returns ``path``.
+
+    Raises:
+      InputError: ``FLAG PATH: cannot be created or written (REASON)`` (exit 2), as a
+        bad input path is: a read-only or full file system, a quota, a file in the way.
+    """
+    probe = os.path.join(path, f".distseg-probe-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot be created or written ({os_reason(e)})") from None
+    return path
+
+
 class Interrupted(DistsegError):
     """A signal asked the run to stop (exit 130)."""
 

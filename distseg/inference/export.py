@@ -28,7 +28,7 @@ import numpy as np
 from distseg import sliding
 from distseg.core import config as config_lib
 from distseg.core import rundir
-from distseg.core.errors import InputError
+from distseg.core.errors import InputError, output_dir
 from distseg.data.convert import geometry
 from distseg.inference import predict
 
@@ -175,7 +175,7 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
     epoch = int(predict.checkpoint.latest(opts.run_dir)["epoch"])
     overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
     info = convention(cfg, known, window, overlap, opts.run_dir, epoch)
-    os.makedirs(out_dir, exist_ok=True)
+    output_dir(out_dir, "--export")
     model_path = os.path.join(out_dir, MODEL_FILE)
     json_path = os.path.join(out_dir, CONVENTION_FILE)
     _save(twin.save, model_path)

@@ -40,7 +40,7 @@ import numpy as np
 from distseg import metrics, sliding
 from distseg.core import config as config_lib
 from distseg.core import rundir
-from distseg.core.errors import InputError
+from distseg.core.errors import InputError, output_dir
 from distseg.data import h5format, volumes
 from distseg.data import slices as data
 from distseg.data.convert import geometry, sources
@@ -522,7 +522,7 @@ def _progress(total: int, enabled: bool):
 def make_out_dir(opts: Options) -> None:
     if not opts.out:
         raise InputError("--out DIR is required to predict (or --export DIR to write the model)")
-    os.makedirs(opts.out, exist_ok=True)
+    output_dir(opts.out, "--out")
 
 
 def start(opts: Options):
