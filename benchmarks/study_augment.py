@@ -123,7 +123,7 @@ def final_dice(run_dir: str) -> dict:
 
 def compare(name: str, args: list[str], a, workdir: str) -> dict:
     """``default`` against ``none`` for each seed (the kinds alternate first per seed)."""
-    rows = []
+    rows, args = [], [*args, *a.train_arg]
     for i, seed in enumerate(a.seeds):
         kinds = tuple(a.kinds)
         for kind in (kinds if i % 2 == 0 else kinds[::-1]):
@@ -193,6 +193,9 @@ def parse_args(argv=None):
         s = sub.add_parser(name)
         s.add_argument("--seeds", default="0,1,2", type=lambda v: [int(x) for x in v.split(",")])
         s.add_argument("--epochs", type=int, default=epochs[name])
+        s.add_argument("--train-arg", action="append", default=[],
+                       help="a distseg-train argument added to every run (repeat it: "
+                            "--train-arg=--norm --train-arg=group)")
         s.add_argument("--kinds", default=",".join(KINDS), type=lambda v: v.split(","),
                        help="the baseline and the augmentation compared with it")
         s.add_argument("--steps", type=int, default=0, help="cap steps per epoch (0: whole epochs)")

@@ -43,7 +43,7 @@ TRAIN_FLAGS = {
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
-    "augment": ("data.augment", click.Choice(config_lib.AUGMENTS), "On-the-fly augmentation of training samples (never validation): none, light (mirroring, small rotation and scaling, brightness, contrast) or default (nnU-Net's set: rotation, scaling, elastic, mirroring, brightness, contrast, gamma, noise, blur). Each sample's draw depends on the seed, epoch and sample id only: any rank count makes the same update (docs/augmentation.md)."),
+    "augment": ("data.augment", click.Choice(config_lib.AUGMENTS), "On-the-fly augmentation of training samples (never validation): none, light (mirroring, small rotation and scaling, brightness, contrast) or default (the liver2d preset's; nnU-Net's set: rotation, scaling, elastic, mirroring, brightness, contrast, gamma, noise, blur). Each sample's draw depends on the seed, epoch and sample id only: any rank count makes the same update (docs/augmentation.md)."),
     "precision": ("model.precision", click.Choice(config_lib.PRECISION_CHOICES), "auto (the presets' default): bfloat16 where the CPU reports AVX512_BF16 or AMX and a timed trial of the run's own step finds it at least 10 % faster on every rank, else float32; or float32, or bfloat16 activations (Keras mixed precision, float32 softmax: less memory). A resumed run keeps its choice (docs/training.md#precision)."),
 }
 
@@ -123,7 +123,7 @@ def _train_options(fn):
               help="Continue the run in --run-dir from its newest whole checkpoint, with its "
                    "config.json; --epochs may extend it, flags that change what is trained are refused.")
 @click.option("--preset", default=None, type=click.Choice(sorted(config_lib.PRESETS)),
-              help="Defaults to start from: liver2d (the default; 240x240, 64 filters), demo "
+              help="Defaults to start from: liver2d (the default; 240x240, 64 filters, GroupNorm, --augment default), demo "
                    "(128x128, 16 filters), smoke (tiny), liver3d (3D, 16 filters, 32x128x128 "
                    "slabs), smoke3d (tiny 3D).")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False, exists=True),

@@ -305,3 +305,25 @@ def test_planned_batches_hand_augmented_batches_that_ranks_share(slices_file, tm
         assert np.array_equal(whole[0], np.concatenate([left[0], right[0]]))
         assert np.array_equal(whole[1], np.concatenate([left[1], right[1]]))
         assert np.array_equal(whole[2], np.concatenate([left[2], right[2]]))
+
+
+def test_presets_and_a_run_from_before_augmentation_resumes_without_it(tmp_path):
+    """liver2d augments (measured to pay for its GroupNorm model), the others do not; a
+    config.json written before ``data.augment`` existed resumes as it trained: none."""
+    import json
+
+    from distseg.core import config as config_lib
+    from distseg.core import rundir as rundir_lib
+    made = {name: config_lib.resolve(name, None, {"data.path": "x.h5", "run_dir": "r"})
+            for name in config_lib.PRESETS}
+    assert {n: c.data.augment for n, c in made.items()} == {
+        "liver2d": "default", "demo": "none", "smoke": "none", "liver3d": "none", "smoke3d": "none"}
+    old = made["liver2d"].to_dict()
+    del old["data"]["augment"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir_lib.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
+    assert config_lib.for_resume(str(run)).data.augment == "none"
+    old["data"]["augment"] = "default"
+    (run / rundir_lib.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
+    assert config_lib.for_resume(str(run)).data.augment == "default"
