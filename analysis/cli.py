@@ -77,9 +77,9 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
     except ValueError as e:
         raise click.UsageError(str(e))
     try:
-        output_dir(out_dir, "--out")
+        output_dir(out_dir, "--out", keep=False)
         if tensorboard_dir:
-            output_dir(tensorboard_dir, "--tensorboard")
+            output_dir(tensorboard_dir, "--tensorboard", keep=False)
         main(list(run_dirs), options, out_dir=out_dir, fmt=fmt, show_progress=progress,
              processes=workers)
         if tensorboard_dir:

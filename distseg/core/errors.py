@@ -15,6 +15,7 @@ Exit codes, the same in every CLI (``distseg-train``, ``distseg-data``,
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import NoReturn
 
@@ -73,14 +74,20 @@ def os_reason(error: OSError) -> str:
     return reason[:1].lower() + reason[1:]
 
 
-def output_dir(path: str, flag: str) -> str:
+def output_dir(path: str, flag: str, keep: bool = True) -> str:
     """Makes the output folder ``path`` (and its parents) and checks that it takes a
-    file, before any work is done for it; returns ``path``.
+    file, before any work is done for it; returns ``path``. ``keep`` False: removes
+    again the folders it made (a check before the inputs are, which must leave nothing
+    behind if they fail).
 
     Raises:
       InputError: ``FLAG PATH: cannot be created or written (REASON)`` (exit 2), as a
         bad input path is: a read-only or full file system, a quota, a file in the way.
     """
+    first_made = os.path.abspath(path)
+    while not os.path.exists(os.path.dirname(first_made)) and os.path.dirname(first_made) != first_made:
+        first_made = os.path.dirname(first_made)
+    made = not os.path.exists(first_made)
     probe = os.path.join(path, f".distseg-probe-{os.getpid()}")
     try:
         os.makedirs(path, exist_ok=True)
@@ -89,6 +96,9 @@ def output_dir(path: str, flag: str) -> str:
         os.remove(probe)
     except OSError as e:
         raise InputError(f"{flag} {path}: cannot be created or written ({os_reason(e)})") from None
+    finally:
+        if made and not keep and os.path.isdir(first_made):
+            shutil.rmtree(first_made, ignore_errors=True)
     return path
 
 
