@@ -14,16 +14,22 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 PARALLEL_TIMEOUT ?= 600
 PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider
 
-# A run of the tests installs headless Chromium too (one apt step, the first time), so
-# the screenshot test of report.html (tests/e2e/test_report_e2e.py) runs everywhere.
+# A run of the tests installs the test tools too (one apt step, the first time):
+# headless Chromium for the screenshot test of report.html (tests/e2e/test_report_e2e.py),
+# shellcheck, and MPICH as the wrong launcher of tests/e2e/test_wrong_mpi.py.
 ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
-export WITH_CHROMIUM := 1
+export WITH_TEST_TOOLS := 1
 endif
 
-.PHONY: install demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean
+.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean
 
 install:
 	@bash scripts/install.sh
+
+# Without root: never apt; the compiler, CMake, MPI and Python from your modules
+# (docs/install.md#from-a-clusters-login-node). `make install-user VENV=~/venvs/distseg`
+install-user:
+	@SKIP_APT=1 bash scripts/install.sh
 
 demo: install
 	@bash scripts/demo.sh

@@ -3,7 +3,7 @@
 # job scripts by hand: munged, slurmctld and slurmd started as plain processes (no
 # systemd), with their configuration, state and logs in one folder.
 #
-#   bash scripts/slurm-cluster.sh install      install slurm-wlm and munge when missing
+#   bash scripts/slurm-cluster.sh install      install slurm-wlm, munge and lmod when missing
 #                                               (apt, as root); nothing else (make test
 #                                               runs it before the test tiers that use
 #                                               Slurm's commands)
@@ -68,6 +68,8 @@ install_packages() {
   local missing=()
   command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 || missing+=(slurm-wlm)
   command -v munged >/dev/null 2>&1 || missing+=(munge)
+  # Lmod's `module`, for the test that installs and submits as a cluster user would
+  [ -e /usr/share/lmod/lmod/init/bash ] || missing+=(lmod)
   [ "${#missing[@]}" = 0 ] && return 0
   [ "$(id -u)" = 0 ] || die "${missing[*]} not installed and not root: apt-get install ${missing[*]}"
   echo "installing ${missing[*]} (apt)"
@@ -113,7 +115,7 @@ SlurmctldPort=$PORT
 SlurmdPort=$(( PORT + 1 ))
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.sock
+AuthInfo=socket=$DIR/munge-socket/munge.sock
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool$per
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -208,12 +210,16 @@ start_munge() {
   if [ ! -s "$DIR/munge/munge.key" ]; then
     dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
   fi
-  chown -R munge:munge "$DIR/munge"
+  # The key stays private; the socket's folder is open, so that any account here can
+  # submit jobs (tests/slurm/test_cluster_user.py submits as an unprivileged user).
+  mkdir -p "$DIR/munge-socket"
+  chown -R munge:munge "$DIR/munge" "$DIR/munge-socket"
   chmod 700 "$DIR/munge"
+  chmod 755 "$DIR/munge-socket"
   chmod 400 "$DIR/munge/munge.key"
   # --force: the folder sits under /tmp (world-writable, sticky), which munged would
   # otherwise refuse.
-  runuser -u munge -- munged --force --socket="$DIR/munge/munge.sock" \
+  runuser -u munge -- munged --force --socket="$DIR/munge-socket/munge.sock" \
     --key-file="$DIR/munge/munge.key" --log-file="$DIR/munge/munged.log" \
     --pid-file="$DIR/munge/munged.pid" --seed-file="$DIR/munge/munged.seed" \
     || die "munged did not start; see $DIR/munge/munged.log"

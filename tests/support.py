@@ -44,6 +44,16 @@ def command_env(**extra: str) -> dict:
     return env
 
 
+def path_without(folder: str, *prefixes: str) -> str:
+    """``folder``, made into a bin folder of symlinks to /usr/bin's programs but those
+    whose names start with one of ``prefixes``: a PATH without, say, the MPI wrappers."""
+    os.makedirs(folder)
+    for name in os.listdir("/usr/bin"):
+        if not name.startswith(prefixes):
+            os.symlink(os.path.join("/usr/bin", name), os.path.join(folder, name))
+    return folder
+
+
 def rank_from_env() -> int:
     """This process's rank as its launcher set it (0 when no launcher did)."""
     for name in RANK_VARIABLES:

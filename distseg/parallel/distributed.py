@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distseg.core import errors
+from distseg.parallel import mpilib
+
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
 #: environment. Measured on 2 cores with 2 ranks (see docs/performance.md).
 HOROVOD_DEFAULTS = {
@@ -149,9 +152,31 @@ def init() -> Context:
     local_size = _env_int(_LOCAL_SIZE_VARS, 1)
     _pinned = pin_to_cores(local_rank, local_size) is not None
     import horovod.tensorflow as hvd  # Horovod: the one import of it in distseg.
+    lib = mpilib.loaded()  # importing Horovod loaded its MPI library (not MPI_Init yet)
+    _stop_if(mpilib.before_init(lib, mpilib.read_record(), os.environ))
     hvd.init()  # Horovod: starts the background thread (inherits the affinity above).
     _hvd = hvd
+    if hvd.mpi_enabled():
+        _stop_if(mpilib.after_init(hvd.size(), lib, os.environ))
     return context()
+
+
+def _stop_if(problem: str | None) -> None:
+    """Ends this rank with ``problem`` (every rank reaches the same one on its own)."""
+    if problem:
+        raise errors.RunError(problem, exit_code=errors.EXIT_BAD_INPUT)
+
+
+def record_mpi(path: str, expect: str | None) -> None:
+    """Writes which MPI library Horovod loads to ``path`` (``scripts/install.sh``, after
+    the build); exits 1 if it is not ``expect``, the MPI the build was asked to use."""
+    import horovod.tensorflow  # noqa: F401 - loads Horovod's MPI library, no MPI_Init
+    lib = mpilib.loaded()
+    mpilib.write_record(path, lib)
+    name = lib.name if lib else "no MPI library (Gloo only)"
+    print(f"[install] Horovod loads {name}" + (f" ({lib.path})" if lib else ""))
+    if expect and (lib is None or lib.name != expect):
+        errors.fail(f"Horovod loads {name}, not the MPI it was built with: {expect}", 1)
 
 
 def context() -> Context:
@@ -471,20 +496,20 @@ def versions() -> dict:
     import h5py
     import keras
     import tensorflow as tf
-    try:
-        import mpi4py
-        mpi4py.rc.initialize = mpi4py.rc.finalize = False  # Horovod owns MPI_Init.
-        from mpi4py import MPI
-        mpi = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
-    except Exception:  # noqa: BLE001 - mpi4py is optional
-        mpi = None
+    lib = mpilib.loaded()  # the library Horovod loaded, whatever mpi4py was built with
     return {
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "horovod": importlib.metadata.version("horovod"),
-        "mpi": mpi,
+        "mpi": lib.name if lib else None,
         "numpy": np.__version__,
         "h5py": h5py.__version__,
         "host": socket.gethostname(),
     }
+
+
+if __name__ == "__main__":  # python -m distseg.parallel.distributed --record-mpi PATH [NAME]
+    if len(sys.argv) not in (3, 4) or sys.argv[1] != "--record-mpi":
+        errors.fail("usage: python -m distseg.parallel.distributed --record-mpi PATH [MPI NAME]")
+    record_mpi(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else None)

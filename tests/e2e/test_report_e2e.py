@@ -234,7 +234,7 @@ def page(study):
     browser = _chromium()
     if browser is None:  # never a skip: CI would then never look at the page
         pytest.fail("no chromium binary on PATH or in /usr/bin: `make test` installs it "
-                    "(WITH_CHROMIUM=1 scripts/install.sh), or apt-get install chromium")
+                    "(WITH_TEST_TOOLS=1 scripts/install.sh), or apt-get install chromium")
     home = study["tmp"] / "chromium-home"
     home.mkdir(exist_ok=True)
     html_path = os.path.join(study["out"], "report.html")
