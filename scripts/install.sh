@@ -187,12 +187,13 @@ EOF
 }
 mapfile -t reqs < <(requirements)
 wanted=(pip "setuptools>=68" wheel "tensorflow-cpu==$TF_VERSION" "horovod==$HOROVOD_VERSION" "${reqs[@]}")
-stamp="$pypi/.complete-$(printf '%s\n' "$py_tag" "${wanted[@]}" "$LIVER_PKG" | sha256sum | cut -c1-16)"
+how=(--no-binary horovod)  # Horovod as its source, to build; the rest as wheels
+stamp="$pypi/.complete-$(printf '%s\n' "$py_tag" "${how[@]}" "${wanted[@]}" "$LIVER_PKG" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   [ "${OFFLINE:-0}" != 1 ] ||
     die "OFFLINE=1, but $pypi was not filled for these requirements: run scripts/install.sh once where the package index is reachable, with the same WHEELHOUSE and Python (docs/install.md#offline-compute-nodes)"
   say "filling the wheelhouse $pypi from the package index (once)"
-  pip download -q -d "$pypi" --no-binary horovod "${wanted[@]}"
+  pip download -q -d "$pypi" "${how[@]}" "${wanted[@]}"
   pip download -q -d "$pypi" --no-deps "$LIVER_PKG"
   touch "$stamp"
 fi
