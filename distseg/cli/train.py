@@ -32,6 +32,7 @@ TRAIN_FLAGS = {
     "max_batch_per_rank": ("train.max_batch_per_rank", click.IntRange(1), "The largest per-rank batch --batch-policy goodput may choose (default 8)."),
     "compression": ("train.compression", click.Choice(config_lib.COMPRESSIONS), "How gradients travel between ranks: none (exact) or fp16 (half the bytes, a rounded update: for slow links; docs/performance.md)."),
     "warmup_epochs": ("train.warmup_epochs", click.FloatRange(0), "Epochs of linear lr warm-up to the scaled lr."),
+    "lr_schedule": ("train.lr_schedule", click.Choice(config_lib.LR_SCHEDULES), "The lr after the warm-up: constant, cosine (down to 0 at the last planned sample) or poly (nnU-Net's (1 - f)^0.9). Counted in samples, so any rank count follows the same curve; a resume with more --epochs stretches it from there (docs/training.md#learning-rate-schedule)."),
     "loss": ("train.loss", click.Choice(config_lib.LOSSES), "dice: -mean soft Dice; dice_ce: plus cross-entropy."),
     "intra_op_threads": ("train.intra_op_threads", click.IntRange(0), "TF intra-op threads per rank (0: OMP_NUM_THREADS or cores per rank)."),
     "inter_op_threads": ("train.inter_op_threads", click.IntRange(0), "TF inter-op threads per rank (0: 1 on <= 2 cores per rank, else 2)."),

@@ -20,6 +20,8 @@ from distseg.core import rundir
 from distseg.core.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none", "gain")
+#: How the lr decays after the warm-up, over the samples the run plans (``steps.decay``).
+LR_SCHEDULES = ("constant", "cosine", "poly")
 BATCH_POLICIES = ("fixed", "goodput")
 COMPRESSIONS = ("none", "fp16")
 LOSSES = ("dice", "dice_ce")
@@ -163,6 +165,10 @@ class TrainConfig:
     docs/performance.md)."""
     warmup_epochs: float = 1.0
     """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
+    lr_schedule: str = "constant"
+    """After the warm-up: ``constant``, ``cosine`` (half a cosine down to 0) or ``poly``
+    (nnU-Net's (1 - f)^0.9), f the share of the run's planned samples trained since the
+    warm-up (``steps.decay``)."""
     loss: str = "dice"
     """``dice`` (negative mean soft Dice over classes) or ``dice_ce`` (plus cross-entropy)."""
     seed: int = 0
@@ -261,6 +267,8 @@ class Config:
             (t.compression in COMPRESSIONS, "train.compression",
              f"must be one of {COMPRESSIONS}, got {t.compression!r}"),
             (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
+            (t.lr_schedule in LR_SCHEDULES, "train.lr_schedule",
+             f"must be one of {LR_SCHEDULES}, got {t.lr_schedule!r}"),
             (t.loss in LOSSES, "train.loss", f"must be one of {LOSSES}, got {t.loss!r}"),
             (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
              f"must be one of {NONFINITE}, got {t.on_nonfinite!r}"),
@@ -528,7 +536,7 @@ RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_t
 
 #: Fields added since runs were first written, with what a config.json without them
 #: trained with, where that differs from the liver2d preset it is read over.
-ABSENT_MEANS = {"data.augment": "none"}
+ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant"}
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -53,6 +53,8 @@ def start_scaling(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
     scaling = Scaling.start(cfg.train, len(feed.train_ids), ctx.size, kept)
     global_step = start_step(resumed.position.global_step if resumed else 0, scaling.plan, start)
     scaling.restore(kept, global_step)
+    if scaling.note:
+        resumed.warnings.append(scaling.note)
     return scaling, global_step
 
 

@@ -44,6 +44,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         batch_size=batch.per_rank, global_batch_size=batch.global_batch,
         batch_plan=batch.kind, loss_scope="global_batch", lr_scaling=batch.lr_scaling,
         lr_base=t.lr, lr_scaled=s.plan.lr_target, warmup_steps=s.plan.warmup_steps,
+        lr_schedule=t.lr_schedule,
         epochs=t.epochs, link=s.link, augment=cfg.data.augment, precision=s.precision or {"requested": cfg.model.precision,
                                                                  "choice": cfg.model.precision})
 

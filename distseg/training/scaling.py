@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from distseg.core import batchplan, goodput
 from distseg.core import config as config_lib
+from distseg.training import steps
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 from distseg.training.noise import NoiseScale
 from distseg.training.plan import EpochPlan
@@ -48,6 +49,14 @@ class Scaling:
     """Samples trained, all ranks: the warm-up's clock under the ``goodput`` policy."""
     lr_now: float | None = None
     """The lr of the latest step."""
+    trained: int = 0
+    """Samples trained in the whole run, all ranks, whatever the batch: the lr
+    schedule's clock."""
+    horizon: float = 0.0
+    """The samples the run plans (at its first launch, ``state``): where the lr schedule
+    ends."""
+    note: str | None = None
+    """What a resume did to the schedule, for the resume record's warnings."""
 
     @classmethod
     def start(cls, train_cfg, train_samples: int, ranks: int, kept: dict | None = None,
@@ -66,7 +75,18 @@ class Scaling:
         if train_cfg.batch_policy == "goodput":
             policy = BatchPolicy(ranks * fold, batch.base, train_cfg.max_batch_per_rank,
                                  batch.per_rank // fold)
-        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold)
+        planned = EpochPlan.of(train_cfg, train_samples, ranks * fold)
+        horizon = float(train_cfg.epochs * planned.steps * planned.batch.global_batch)
+        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold, horizon=horizon)
+
+    @property
+    def warm(self) -> float:
+        """Samples of the warm-up, on the schedule's clock."""
+        return self.train_cfg.warmup_epochs * self.horizon / self.train_cfg.epochs
+
+    def decay(self) -> float:
+        """The schedule's factor on the lr of the next step (``steps.decay``)."""
+        return steps.decay(self.train_cfg.lr_schedule, self.trained, self.warm, self.horizon)
 
     # --- each step -------------------------------------------------------------------
 
@@ -77,7 +97,7 @@ class Scaling:
         # before).
         big = self.plan.batch.global_batch
         clock = global_step if self.policy is None else self.samples / big
-        self.lr_now = self.plan.lr(clock, self.noise.gain(big), self.progress)
+        self.lr_now = self.plan.lr(clock, self.noise.gain(big), self.progress) * self.decay()
         return self.lr_now
 
     def observe(self, grad_sq, applied: bool, seconds: float | None = None) -> None:
@@ -89,6 +109,7 @@ class Scaling:
             self.noise.update(*grad_sq)
             self.progress += self.noise.gain(big)
         self.samples += big
+        self.trained += big
         if self.policy is not None and seconds is not None:
             self.policy.observe(seconds)
 
@@ -129,6 +150,7 @@ class Scaling:
         progress."""
         batch = self.plan.batch
         return {"rule": batch.lr_scaling, "lr": self.lr_now,
+                "schedule": self.train_cfg.lr_schedule, "horizon": self.horizon,
                 "gain": self.noise.gain(batch.global_batch), "progress": self.progress,
                 "global_batch": batch.global_batch, "base_batch": batch.base}
 
@@ -138,6 +160,7 @@ class Scaling:
         """What a checkpoint keeps (its ``scaling`` entry; ``restore`` reads it back)."""
         return {"noise": self.noise.state(), "progress": self.progress,
                 "samples": self.samples, "global_batch": self.plan.batch.global_batch,
+                "trained": self.trained, "horizon": self.horizon, "epochs": self.train_cfg.epochs,
                 "policy": None if self.policy is None else self.policy.state()}
 
     def restore(self, kept: dict | None, global_step: int = 0) -> None:
@@ -152,3 +175,19 @@ class Scaling:
             self.samples = int(kept.get("samples", global_step * big))
         if kept and self.policy is not None:
             self.policy.restore(kept.get("policy"))
+        self.trained = int(kept["trained"]) if kept and "trained" in kept else \
+            (self.samples or global_step * big)
+        if kept and kept.get("horizon"):
+            self._keep_horizon(float(kept["horizon"]), int(kept["epochs"]))
+
+    def _keep_horizon(self, horizon: float, epochs: int) -> None:
+        """The first launch's horizon; stretched in proportion when a resume changes
+        ``--epochs`` (then ``note`` says how the next step's lr moves)."""
+        before = steps.decay(self.train_cfg.lr_schedule, self.trained,
+                             self.train_cfg.warmup_epochs * horizon / epochs, horizon)
+        self.horizon = horizon * self.train_cfg.epochs / epochs
+        if epochs != self.train_cfg.epochs and self.train_cfg.lr_schedule != "constant":
+            self.note = (f"--epochs {epochs} -> {self.train_cfg.epochs} moves the end of the "
+                         f"{self.train_cfg.lr_schedule} lr schedule from {horizon:,.0f} to "
+                         f"{self.horizon:,.0f} samples: the next step's lr is "
+                         f"{self.decay():.3g} x the base where it would have been {before:.3g} x")

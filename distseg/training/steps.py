@@ -29,6 +29,23 @@ def lr_at(step: float, base: float, target: float, warmup_steps: float) -> float
     return base + (target - base) * step / warmup_steps
 
 
+#: nnU-Net's exponent of the ``poly`` schedule.
+POLY_EXPONENT = 0.9
+
+
+def decay(schedule: str, trained: float, warm: float, horizon: float) -> float:
+    """What the lr ``schedule`` multiplies the lr by after ``trained`` samples of a run
+    planned for ``horizon`` samples whose warm-up lasts ``warm``: 1 through the warm-up,
+    then ``cosine`` 0.5 (1 + cos(pi f)) or ``poly`` (1 - f)^0.9, f the share of the
+    samples after the warm-up already trained (0 past the horizon); ``constant`` 1."""
+    if schedule == "constant" or trained <= warm:
+        return 1.0
+    f = min(1.0, (trained - warm) / max(horizon - warm, 1.0))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * f))
+    return (1.0 - f) ** POLY_EXPONENT
+
+
 def gain_lr(base: float, gain: float, progress: float, warmup: float) -> float:
     """The ``gain`` rule (AdaScale's gain r applied to Adam as AdaptDL's ``AdamScale``
     applies it): ``base`` x sqrt(r), reached by a linear warm-up over ``warmup`` steps
