@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from distseg.cli.train import TRAIN_FLAGS, batch_overrides, model_overrides
+from distseg.cli.train import TRAIN_FLAGS, batch_overrides, lr_overrides, model_overrides
 from distseg.cluster import jobs as jobs_lib
 from distseg.cluster import outcome as outcome_lib
 from distseg.core import config as config_lib
@@ -89,6 +89,7 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
         overrides.update(model_overrides(p["model_name"], p["model_fn"], p["model_args"],
                                          p["data_path"]))
         overrides.update(batch_overrides(p["batch_size"], p["global_batch"]))
+        overrides.update(lr_overrides(p["lr"], p["lr_from"]))
         cfg = config_lib.resolve(p["preset"], p["config_file"], overrides)
     except ValueError as e:
         raise jobs_lib.JobError(str(e)) from None
@@ -105,7 +106,8 @@ def _spec(nodes: int, run_dir: str, p: dict) -> jobs_lib.JobSpec:
             args.append(f"--{'' if p[flag] else 'no-'}{flag}")
     for name in _PASSED_ON:
         if p[name] is not None:
-            args += [f"--{name.replace('_', '-')}", str(p[name])]
+            value = os.path.abspath(p[name]) if name == "lr_from" else p[name]
+            args += [f"--{name.replace('_', '-')}", str(value)]
     if p["seed"] is None:  # written out, so every job of a sweep shows the seed it shares
         args += ["--seed", str(cfg.train.seed)]
     return jobs_lib.JobSpec(

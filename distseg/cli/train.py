@@ -11,8 +11,27 @@ import os
 import click
 
 from distseg.core import config as config_lib
+from distseg.core import rundir
 from distseg.core.errors import fail
 from distseg.training import stopping
+
+
+class LrType(click.ParamType):
+    """A positive number, or ``auto``."""
+
+    name = "LR|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, float):
+            return value
+        try:
+            lr = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+        if not lr > 0:
+            self.fail(f"{value!r} must be > 0", param, ctx)
+        return lr
+
 
 TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
@@ -25,7 +44,8 @@ TRAIN_FLAGS = {
     "dropout": ("model.dropout", click.FloatRange(0, 1, max_open=True), "Bottleneck dropout rate."),
     "bn_ghost_batch": ("model.bn_ghost_batch", click.IntRange(0), "BatchNorm statistics over runs of this many samples (0: each rank's whole batch); G/N keeps BatchNorm runs exact up to N ranks (docs/training.md)."),
     "norm": ("model.norm", click.Choice(config_lib.NORMS), "Normalisation after each convolution."),
-    "lr": ("train.lr", click.FloatRange(0, min_open=True), "Single-process learning rate (before scaling)."),
+    "lr": ("train.lr", LrType(), "Single-process learning rate (before scaling), or auto: found by an lr range test of up to 60 steps before training, all ranks on the real global batch, then kept in config.json (docs/training.md#finding-the-learning-rate)."),
+    "lr_from": ("train.lr_from", click.Path(file_okay=False), "Take the lr of this run directory's config.json (one found by --lr auto, say), so that every node count of a scaling sweep trains at one lr."),
     "lr_scaling": ("train.lr_scaling", click.Choice(config_lib.LR_SCALINGS), "How the lr grows with the ranks' per-rank batches (gain: x sqrt of the gain measured from the gradient noise scale)."),
     "grown_lr_scaling": ("train.grown_lr_scaling", click.Choice(config_lib.LR_SCALINGS), "How the lr grows when more ranks than a preset's global batch grow it (default sqrt)."),
     "batch_policy": ("train.batch_policy", click.Choice(config_lib.BATCH_POLICIES), "fixed: the batch of --batch-size or --global-batch for the whole run. goodput: at each epoch end choose the next epoch's per-rank batch (powers of two up to --max-batch-per-rank, global batch never below the base) for the most predicted goodput, from this run's step times and gradient noise scale; switches for a predicted gain of 5 % or more (docs/training.md)."),
@@ -59,6 +79,26 @@ def batch_overrides(batch_size, global_batch) -> dict:
     if global_batch:
         return {"train.global_batch_grows": False}
     return {}
+
+
+def lr_overrides(lr, lr_from) -> dict:
+    """The config fields of ``--lr`` (a number, or ``auto``) and ``--lr-from RUN``."""
+    if lr is not None and lr_from:
+        raise ValueError("pass --lr or --lr-from, not both")
+    if lr == "auto":
+        return {"train.lr": None, "train.lr_auto": True, "train.lr_from": None}
+    if lr is not None:
+        return {"train.lr_auto": False}
+    if not lr_from:
+        return {}
+    path = rundir.config_path(lr_from)
+    try:
+        with open(path) as f:
+            found = json.load(f)["train"]["lr"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--lr-from {lr_from}: {path} holds no train.lr ({e})") from None
+    return {"train.lr": float(found), "train.lr_auto": False,
+            "train.lr_from": os.path.abspath(lr_from)}
 
 
 def model_overrides(model_name, model_fn, model_args, data_path) -> dict:
@@ -174,6 +214,7 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
     try:
         overrides.update(model_overrides(model_name, model_fn, model_args, data_path))
         overrides.update(batch_overrides(flags["batch_size"], flags["global_batch"]))
+        overrides.update(lr_overrides(flags["lr"], flags["lr_from"]))
         cfg = _train_config(resume, preset, config_file, overrides)
     except ValueError as e:
         fail(str(e))

@@ -138,6 +138,12 @@ class TrainConfig:
     it."""
     lr: float = 1e-4
     """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
+    lr_auto: bool = False
+    """``--lr auto``: the first launch ran the lr range test (``distseg.training.lrfind``)
+    and ``lr`` holds the lr it found."""
+    lr_from: str = ""
+    """``--lr-from RUN``: the run whose ``lr`` this run took (one lr for every node count
+    of a scaling sweep)."""
     lr_scaling: str = "linear"
     """How the lr follows the global batch of per-rank batches on N ranks (N x the
     one-process batch): ``linear`` (x N), ``sqrt`` (x sqrt(N)), ``none``, or ``gain``:
@@ -256,6 +262,8 @@ class Config:
             (t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}"),
             (t.global_batch >= 0, "train.global_batch", f"must be >= 0 (0: off), got {t.global_batch}"),
             (t.lr > 0, "train.lr", f"must be > 0, got {t.lr}"),
+            (not (t.lr_auto and t.lr_from), "train.lr_auto",
+             f"cannot be combined with train.lr_from ({t.lr_from!r}): find the lr or take it"),
             (t.lr_scaling in LR_SCALINGS, "train.lr_scaling",
              f"must be one of {LR_SCALINGS}, got {t.lr_scaling!r}"),
             (t.grown_lr_scaling in LR_SCALINGS, "train.grown_lr_scaling",

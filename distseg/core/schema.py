@@ -26,7 +26,8 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     batch_policy), loss_scope
     (``global_batch``: since schema 2 ``loss`` is the loss of the whole global batch),
     lr_base, lr_scaled (with lr_scaling ``gain``: the most it can reach), lr_scaling,
-    lr_schedule (``constant``, ``cosine`` or ``poly`` after the warm-up),
+    lr_schedule (``constant``, ``cosine`` or ``poly`` after the warm-up), lr_find
+    (``--lr auto``'s range test: lr, raw, why, steps, lrs, losses, smoothed, seconds),
     warmup_steps, epochs, voxels_per_sample (a
     sample's voxels: a slice's or a 3D slab's, so voxels/s = samples/s x this; the model
     record holds its input_shape), onednn (TensorFlow's oneDNN kernels on or off),
@@ -146,7 +147,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_plan",
-            "loss_scope", "lr_scaling", "link", "precision", "augment", "lr_schedule"),
+            "loss_scope", "lr_scaling", "link", "precision", "augment", "lr_schedule",
+            "lr_find"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",

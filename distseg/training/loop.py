@@ -34,10 +34,10 @@ from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import board as board_lib
-from distseg.training import checkpoint, precision, records, resume, startup, steps, stopping, validation
+from distseg.training import checkpoint, lrfind, precision, records, resume, startup, steps, stopping, validation
 from distseg.training import elastic as elastic_lib
 from distseg.training.parts import Console, Timeline
-from distseg.training.plan import PlannedBatches, start_step
+from distseg.training.plan import PlannedBatches, stand_in, start_step
 from distseg.training.runlog import RunLog
 from distseg.training.scaling import Scaling
 from distseg.training.session import EpochResult, Failure, Session
@@ -109,7 +109,7 @@ def open_session(begin: startup.Start, ctx: dist.Context, feed: feeds.Feed,
         predict=steps.make_predict_step(model, shape),
         console=Console.open(ctx, done + left, done, resources),
         resumed=resumed, start=start, global_step=done, epochs_done=start[0], link=measured,
-        precision=begin.precision)
+        precision=begin.precision, lr_find=begin.lr_find)
     use_plan(s, start)
     s.parts = open_parts(s, resources)
     watch_collectives(s, resources)
@@ -134,11 +134,8 @@ def _next_batch(s: Session, result: EpochResult):
         return s.batches.next()
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
         result.failure = result.failure or agreement.failure_of(e)
-        shape = tuple(s.feed.input_shape)
-        n = s.plan.batch.per_rank  # the size the step was traced for
-        channels = s.cfg.model.in_channels or 1
-        return (np.zeros(0, np.int64), np.zeros((n, *shape, channels), np.float32),
-                np.zeros((n, *shape), np.uint8))
+        # the size the step was traced for
+        return stand_in(s.plan.batch.per_rank, s.feed.input_shape, s.cfg.model.in_channels or 1)
 
 
 def _set_lr(s: Session) -> float:
@@ -361,6 +358,7 @@ def launch(start: startup.Start, ctx: dist.Context, feed: feeds.Feed, threads: t
             if start.resumed:
                 records.write_resume_record(session)
             records.write_run_record(session, threads)
+            records.say_lr_found(session)
             train_epochs(session)
             return 0
         except BaseException as e:
@@ -380,6 +378,7 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
         cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
         cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
         cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
+        lrfind.refuse_elastic(cfg)  # nor a range test
         state = startup.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
         elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
         return dist.run_elastic(elastic_lib.launch, elastic, launch, cfg, resuming, state,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from distseg.core import batchplan, schema
 from distseg.data import prefetch, sharding
 from distseg.training import steps
@@ -68,6 +70,14 @@ class EpochPlan:
         if self.batch.cut_global or per_rank == 1 or train_samples % (size * per_rank) == 0:
             return per_rank
         return None
+
+
+def stand_in(n: int, spatial_shape, channels: int):
+    """A blank batch of ``n`` samples: what a rank whose read failed still steps with, so
+    that it joins the step's allreduce, where every rank learns of the failure."""
+    shape = tuple(spatial_shape)
+    return (np.zeros(0, np.int64), np.zeros((n, *shape, channels), np.float32),
+            np.zeros((n, *shape), np.uint8))
 
 
 def epoch_batches(plan: EpochPlan, ids, rank: int, size: int, train_cfg,

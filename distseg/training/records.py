@@ -44,9 +44,17 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         batch_size=batch.per_rank, global_batch_size=batch.global_batch,
         batch_plan=batch.kind, loss_scope="global_batch", lr_scaling=batch.lr_scaling,
         lr_base=t.lr, lr_scaled=s.plan.lr_target, warmup_steps=s.plan.warmup_steps,
-        lr_schedule=t.lr_schedule,
+        lr_schedule=t.lr_schedule, **({'lr_find': s.lr_find} if s.lr_find else {}),
         epochs=t.epochs, link=s.link, augment=cfg.data.augment, precision=s.precision or {"requested": cfg.model.precision,
                                                                  "choice": cfg.model.precision})
+
+
+def say_lr_found(s: Session) -> None:
+    """Rank 0's console line on ``--lr auto``'s range test."""
+    f = s.lr_find
+    if f:
+        s.console.say(f"lr auto: {f['lr']:.3g} from a range test of {f['steps']} steps "
+                      f"({f['seconds']:.1f} s): {f['why']}")
 
 
 def write_resume_record(s: Session) -> None:

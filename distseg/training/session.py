@@ -66,6 +66,8 @@ class Session:
     """The link between the ranks as measured at the start (``startup.measure_link``)."""
     precision: dict | None = None
     """``--precision auto``'s decision at the run's start (``precision.decide``)."""
+    lr_find: dict | None = None
+    """``--lr auto``'s range test at the run's start (``lrfind.find``)."""
 
     @property
     def plan(self):

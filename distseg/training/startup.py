@@ -18,7 +18,7 @@ from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, precision, resume
+from distseg.training import checkpoint, lrfind, precision, resume
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
@@ -132,6 +132,8 @@ class Start:
     """The run record's ``precision`` field: ``--precision auto``'s decision."""
     traced: dict = field(default_factory=dict)
     """Train steps already traced for the model (static batch -> step)."""
+    lr_find: dict | None = None
+    """The run record's ``lr_find`` field: ``--lr auto``'s range test."""
 
 
 def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
@@ -145,8 +147,9 @@ def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
         check_run_dir(cfg, ctx, resuming=False)
         build = functools.partial(build_state, ctx=ctx, input_shape=feed.input_shape)
         decided = precision.decide(cfg, ctx, feed, build)
-        agreement.agree(_write_config, decided.cfg, ctx)
-        return Start(decided.cfg, decided.state, None, decided.record, decided.traced)
+        found = lrfind.find(decided.cfg, ctx, feed, decided.state, decided.traced)
+        agreement.agree(_write_config, found.cfg, ctx)
+        return Start(found.cfg, decided.state, None, decided.record, found.traced, found.record)
     state = build_state(cfg, ctx, feed.input_shape)
     resumed = resume.restore(ctx, cfg.run_dir, *state)
     resume.check_extends(resumed, cfg.train.epochs)

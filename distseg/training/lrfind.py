@@ -1,0 +1,232 @@
+"""``--lr auto``: the base learning rate found by a range test at a new run's start.
+
+The test (Smith 2017, "Cyclical learning rates"; fastai's ``lr_find``, Lightning's
+``Tuner.lr_find``) trains ``STEPS`` steps of the run's own train step on its real
+global batch, all ranks together, the lr rising exponentially from ``LR_LOW`` to
+``LR_HIGH``, and stops early once the smoothed loss diverges (``_diverged``). Rank
+0 reads the curve (``suggest``), snaps the lr to a grid of sqrt(2) steps (``snap``) and
+broadcasts it, so every rank trains with the same lr, and 1 x 8 and 2 x 4 of one global
+batch, whose losses differ only in their last bits, land on the same point of the grid.
+
+It leaves no trace in the run: the model's variables (weights, BatchNorm statistics,
+dropout seeds) and the optimizer's state are put back afterwards, its batches come from
+an epoch of their own (``FIND_EPOCH``, read by a reader of its own, augmented with that
+epoch's draws), and nothing reaches the noise scale, the step count, the batch policy or
+the logs' steps. What it found is the run's ``train.lr`` in config.json, so a resume
+keeps it and everything that reads ``train.lr`` works unchanged; the curve is in the
+run record's ``lr_find`` field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from distseg.core import config as config_lib
+from distseg.core.errors import EXIT_BAD_INPUT, RunError
+from distseg.data import augment, feeds
+from distseg.parallel import agreement
+from distseg.parallel import distributed as dist
+from distseg.training import steps
+from distseg.training.plan import EpochPlan, stand_in
+
+#: Steps of the sweep, at most (it stops once the loss has diverged).
+STEPS = 60
+LR_LOW, LR_HIGH = 1e-5, 1.0
+#: Exponential smoothing of the loss (debiased, as fastai's).
+SMOOTHING = 0.9
+#: The sweep stops once the smoothed loss has climbed back above its lowest value by this
+#: many times what it had fallen from the start (shift- and scale-free: the Dice loss
+#: is negative).
+DIVERGED = 2.0
+#: A fall of the smoothed loss smaller than this share of its size counts as none.
+MIN_FALL = 0.01
+#: Steps at the start of the curve the suggestion never picks (the average settles).
+SKIP_START = 5
+#: The epoch number whose shuffle and augmentation draws the sweep uses: one the run
+#: never trains.
+FIND_EPOCH = 1_000_003
+
+
+def sweep_lrs(n: int = STEPS) -> list[float]:
+    """The lr of each of ``n`` steps: exponential from ``LR_LOW`` to ``LR_HIGH``."""
+    return [LR_LOW * (LR_HIGH / LR_LOW) ** (k / (n - 1)) for k in range(n)]
+
+
+def smooth(losses: list[float], beta: float = SMOOTHING) -> list[float]:
+    """Debiased exponential moving average of ``losses``."""
+    out, avg = [], 0.0
+    for k, loss in enumerate(losses, start=1):
+        avg = beta * avg + (1 - beta) * loss
+        out.append(avg / (1 - beta ** k))
+    return out
+
+
+def smooth_both_ways(losses: list[float]) -> list[float]:
+    """``smooth`` forwards, then backwards over the result: no lag, so the steepest
+    point is not pushed to higher lrs (a one-way average of 0.9 lags about 9 steps,
+    here 0.75 of a decade)."""
+    return smooth(smooth(losses)[::-1])[::-1]
+
+
+def snap(lr: float) -> float:
+    """``lr`` on the grid 2^(k/2); halfway between two points, the lower one (the
+    safer: a lower lr trains slower, a higher one can diverge)."""
+    k = math.ceil(2 * math.log2(lr) - 0.5)
+    return 2.0 ** (k / 2)
+
+
+class NoDescent(RunError):
+    """The loss fell at no lr of the sweep."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def suggest(lrs: list[float], losses: list[float]) -> tuple[float, str]:
+    """The lr of the steepest descent of the loss (smoothed both ways) against log(lr),
+    before its lowest point; and why. Raises ``NoDescent`` when the curve never falls."""
+    s = smooth_both_ways(_until_lowest(losses))
+    best = int(np.argmin(s))
+    start = s[min(SKIP_START, len(s) - 1)]
+    if best <= SKIP_START or start - s[best] <= MIN_FALL * max(abs(start), 1e-3):
+        raise NoDescent(
+            f"--lr auto: the training loss fell at no lr from {lrs[0]:.2g} to "
+            f"{lrs[len(losses) - 1]:.2g} (it was {losses[0]:.4g} at the first step and "
+            f"{_shown(losses[-1])} at the last): set --lr by hand, or check the data and the model")
+    x = np.log(np.asarray(lrs[:best + 1]))
+    slope = np.gradient(np.asarray(s[:best + 1]), x)
+    k = SKIP_START + int(np.argmin(slope[SKIP_START:]))
+    return lrs[k], (f"steepest fall of the smoothed loss at {lrs[k]:.3g} (step {k}); "
+                    f"lowest {s[best]:.4g} at {lrs[best]:.3g}")
+
+
+def _until_lowest(losses: list[float], margin: int = 3) -> list[float]:
+    """``losses`` up to ``margin`` steps past the lowest point of their one-way average:
+    the climb after it, often by orders of magnitude, would leak into a two-way average."""
+    finite = [k for k, v in enumerate(losses) if math.isfinite(v)]
+    if not finite:
+        return losses[:1]
+    forward = smooth(losses[:finite[-1] + 1])
+    lowest = min(range(len(forward)), key=forward.__getitem__)
+    return losses[:min(lowest + margin + 1, finite[-1] + 1)]
+
+
+def _shown(loss: float) -> str:
+    return f"{loss:.4g}" if math.isfinite(loss) else str(loss)
+
+
+@dataclasses.dataclass
+class Found:
+    """What the range test gave: the config with the found lr, the steps it traced
+    (static batch -> step, for the run to reuse) and the run record's ``lr_find``."""
+
+    cfg: config_lib.Config
+    traced: dict
+    record: dict | None
+
+
+def _batches(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, plan: EpochPlan):
+    """This rank's ``STEPS`` batches of sample ids: epochs of their own, as many as
+    needed."""
+    out, epoch = [], FIND_EPOCH
+    while len(out) < STEPS:
+        out += plan.batches(feed.train_ids, ctx.rank, ctx.size, epoch, cfg.train.seed)[:plan.steps]
+        epoch += 1
+    return out[:STEPS]
+
+
+def _diverged(s: list[float]) -> bool:
+    """Whether the smoothed loss ``s`` has climbed back from its lowest point by
+    ``DIVERGED`` x its fall from the start (or is not finite)."""
+    if not math.isfinite(s[-1]):
+        return True
+    fall, rise = s[0] - min(s), s[-1] - min(s)
+    return fall > 0 and rise > DIVERGED * fall
+
+
+def _read(reader, ids, k: int, plan: EpochPlan, transform, cfg, feed):
+    """Step ``k``'s batch and the failure that stopped its read (then a blank one)."""
+    try:
+        images, masks = reader.read(ids)
+        if transform is not None:
+            images, masks = transform(ids, FIND_EPOCH + k // plan.steps, images, masks)
+        return images, masks, None
+    except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
+        _, images, masks = stand_in(len(ids), feed.input_shape, cfg.model.in_channels or 1)
+        return images, masks, agreement.failure_of(e)
+
+
+def _sweep(cfg, ctx, feed, state, step) -> tuple[list[float], list[float]]:
+    """Collective: the sweep's losses (the global batch's, the same on every rank),
+    until it diverges; every rank stops at rank 0's word. A rank's read error rides in
+    the step's flags, so every rank raises it."""
+    _, optimizer, _ = state
+    plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
+    transform = augment.for_training(cfg.data.augment, cfg.train.seed, cfg.model.spatial_dims)
+    lrs, losses = sweep_lrs(), []
+    with feed.open_reader() as reader:
+        for k, ids in enumerate(_batches(cfg, ctx, feed, plan)):
+            images, masks, failure = _read(reader, ids, k, plan, transform, cfg, feed)
+            optimizer.learning_rate.assign(lrs[k] * plan.lr_target / plan.lr_base)
+            out = step(images, masks, np.array([failure is not None, 0], np.float32))
+            failed, _, nonfinite = steps.Flags.of(out.flags)
+            if failed:
+                agreement.raise_agreed(failure)
+            losses.append(float(out.loss))
+            diverged = nonfinite or _diverged(smooth(losses))
+            if dist.broadcast_object(diverged if ctx.is_root() else None):
+                break
+    return lrs, losses
+
+
+def _decide(lrs: list[float], losses: list[float]) -> dict:
+    """Rank 0: the found lr and the record of the curve (or the error's message)."""
+    try:
+        raw, why = suggest(lrs, losses)
+    except NoDescent as e:
+        return {"error": str(e)}
+    return {"lr": snap(raw), "raw": raw, "why": why}
+
+
+def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
+         traced: dict) -> Found:
+    """Collective: ``cfg`` with the lr the range test found (unchanged without
+    ``train.lr_auto``). The found lr is the base lr: the one the run's lr rule scales for
+    a global batch above the base (the sweep's lrs were scaled the same way)."""
+    if not cfg.train.lr_auto:
+        return Found(cfg, traced, None)
+    start = time.perf_counter()
+    model, optimizer, _ = state
+    variables = model.variables + optimizer.variables
+    kept = [v.numpy() for v in variables]
+    static = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size).static_batch(
+        len(feed.train_ids), ctx.size)
+    t = cfg.train
+    step = traced.get(static) or steps.make_train_step(
+        model, optimizer, feed.input_shape, cfg.model.num_classes, t.loss, ranks=ctx.size,
+        batch=static, compression=t.compression)
+    lrs, losses = _sweep(cfg, ctx, feed, state, step)
+    for v, value in zip(variables, kept):
+        v.assign(value)
+    step.forget()
+    decided = dist.broadcast_object(_decide(lrs, losses) if ctx.is_root() else None)
+    if "error" in decided:
+        raise NoDescent(decided["error"])
+    optimizer.learning_rate.assign(decided["lr"])
+    record = {**decided, "steps": len(losses), "lrs": lrs[:len(losses)], "losses": losses,
+              "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - start}
+    found = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=decided["lr"]))
+    return Found(found, {**traced, static: step}, record)
+
+
+def refuse_elastic(cfg: config_lib.Config) -> None:
+    """An elastic run's ranks build their state before they may talk: no range test
+    there (the same one line on every rank)."""
+    if cfg.train.lr_auto and not cfg.train.lr_from:
+        with_lr = cfg.train.lr
+        raise RunError(f"--lr auto cannot run in an elastic run (its ranks start before they "
+                       f"may talk); find the lr in a fixed run and pass --lr-from RUN, or --lr "
+                       f"(the config's is {with_lr:g})", exit_code=EXIT_BAD_INPUT)
