@@ -133,6 +133,7 @@ def export_run(files: dict[int, str], logdir: str) -> int:
     main = logs[0]  # rank 0 where its log exists
     scalars = [s for log in logs for s in step_series(log, kept[log.rank], log is main)]
     scalars += epoch_series(logs, kept, main)
+    scalars += [s for run in main.runs[:1] for s in tbscalars.lr_find_scalars(run)]
     os.makedirs(logdir, exist_ok=True)
     _clear(logdir)
     writer = tbscalars.ScalarWriter(logdir)

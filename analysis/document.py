@@ -78,10 +78,11 @@ class Tables:
 
 #: Tables a report holds only when the runs give them rows, name -> CSV file: kept out
 #: of ``Tables`` so that a report of runs without them writes what it always did.
-#: ``seed_groups``: ``analysis.seeds``; the others: ``analysis.noise``.
+#: ``seed_groups``: ``analysis.seeds``; ``lr_find``: ``analysis.lrrange``; the others:
+#: ``analysis.noise``.
 OPTIONAL_CSV = {"seed_groups": "seed_groups.csv", "noise_scale": "noise_scale.csv",
                 "noise_scale_series": "noise_scale_series.csv",
-                "noise_prediction": "noise_prediction.csv"}
+                "noise_prediction": "noise_prediction.csv", "lr_find": "lr_find.csv"}
 
 
 def csv_files() -> dict[str, str]:
@@ -198,6 +199,8 @@ class Section:
       columns: the columns of ``frame`` shown (``None``: all; the CSVs have them all).
       items: the lines of ``LIST``, ``WARNINGS`` and ``PROJECTION``.
       figure: the file name of a ``FIGURE``, relative to the output directory.
+      links: for a ``LIST``, per item the title of the section it sums up ("": none);
+        the HTML links the item there.
     """
 
     title: str
@@ -207,6 +210,7 @@ class Section:
     columns: tuple[str, ...] | None = None
     items: tuple[str, ...] = ()
     figure: str = ""
+    links: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,13 @@ The words a reader sees around the numbers live here, once; ``render`` only draw
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import pandas as pd
 
 from analysis.document import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
+from analysis.stateff import comparison
 from analysis.tables import TRAIN_TIME, compares_sizes
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
@@ -19,6 +21,8 @@ DICE_FIGURE = "val_dice_spread.png"
 EFFICIENCY_FIGURE = "statistical_efficiency.png"
 SIZE_FIGURE = "throughput_vs_size.png"
 NOISE_FIGURE = "noise_scale.png"
+LR_FIND_FIGURE = "lr_find.png"
+ANSWER_TITLE = "The answer"
 
 # Columns shown in the documents (the CSVs have them all). Those in ``WHEN_LOGGED``
 # are shown only when some run logged them (older logs leave them empty).
@@ -338,6 +342,76 @@ def projection_target_section(projection: Projection | None,
                    columns=columns, items=tuple(projection.target_assumptions))
 
 
+def lr_find_section(extra: Mapping[str, pd.DataFrame]) -> Section | None:
+    """The runs' lr range tests (``--lr auto``), none when no run made one."""
+    if "lr_find" not in extra:
+        return None
+    return Section("Learning-rate range test", Role.FIGURE, "Each run that found its lr with "
+                   "--lr auto: the training loss of the global batch at each step of the sweep "
+                   "against its lr (thin), smoothed both ways (thick), and the lr chosen "
+                   "(dashed; the steepest fall, on a grid of sqrt(2) steps). Data: lr_find.csv.",
+                   figure=LR_FIND_FIGURE)
+
+
+def _goal(row) -> str:
+    return f"{row['metric']} {comparison(row['metric'])} {row['target']:g}"
+
+
+def _fastest(g: pd.DataFrame) -> str:
+    """The fastest measured run of one target's rows of the efficiency table."""
+    reached = g[g["reached"].astype(bool)]
+    if not len(reached):
+        return f"{_goal(g.iloc[0])}: no run reached it"
+    row = reached.loc[reached["hours"].astype(float).idxmin()]
+    who = f"{row['run']} ({int(row['ranks'])} rank{'s' if int(row['ranks']) != 1 else ''})"
+    if row["run"] == row["base"]:
+        return f"{_goal(row)}: fastest measured {who}, in {row['result']} (the base run)"
+    limit = f"; {row['limited_by']} limits it" if row["limited_by"] else ""
+    return (f"{_goal(row)}: fastest measured {who}, in {row['result']}, "
+            f"{float(row['time_speedup']):.2f}x sooner than {row['base']}{limit}")
+
+
+def _predicted(projection: Projection | None, row) -> str | None:
+    """The prediction for one target at the largest node count asked for, if any."""
+    if projection is None or not len(projection.targets):
+        return None
+    p = projection.targets
+    p = p[(p["kind"] == "projection") & (p["metric"] == row["metric"])
+          & (p["target"].astype(float) == float(row["target"]))]
+    if not len(p):
+        return None
+    last = p.loc[p["nodes"].astype(float).idxmax()]
+    hours = float(last["hours"])
+    when = f", {hours:.3g} h" if math.isfinite(hours) else ""
+    return (f"{_goal(row)}: predicted at {int(last['nodes'])} nodes {float(last['time_speedup']):.3g}x "
+            f"the base{when} (model, not measured)")
+
+
+def answer_section(t: Tables, projection: Projection | None) -> Section | None:
+    """The report's first screen: per target the fastest measured run, its speedup and
+    what limits it, and the prediction at the largest node count asked; each run's lr.
+    Each line links to the section it sums up."""
+    items: list[tuple[str, str]] = []
+    eff = t.statistical_efficiency
+    for _, g in (eff.groupby(["metric", "target"], sort=False) if len(eff) else ()):
+        items.append((_fastest(g), "Time to target, decomposed"))
+        predicted = _predicted(projection, g.iloc[0])
+        if predicted:
+            items.append((predicted, PROJECTION_TARGET_TITLE))
+    if not items and len(t.scaling) > 1:
+        best = t.scaling.loc[t.scaling["throughput_speedup"].astype(float).idxmax()]
+        items.append((f"no target given (--target-loss, --target-dice): the highest "
+                      f"throughput is {best['run']}'s, {float(best['throughput_speedup']):.2f}x "
+                      f"the base", "Scaling"))
+    if "lr" in t.runs and t.runs["lr"].notna().any():
+        lrs = ", ".join(f"{r} {lr}" for r, lr in zip(t.runs["run"], t.runs["lr"]) if lr)
+        items.append((f"lr: {lrs}", "Runs"))
+    if not items:
+        return None
+    return Section(ANSWER_TITLE, Role.LIST, "", items=tuple(i for i, _ in items),
+                   links=tuple(to for _, to in items))
+
+
 def notes_section(notes: Sequence[Note]) -> Section:
     others = tuple(n.line() for n in notes if n.level != "warning")
     return Section("Skipped and notes", Role.LIST, "What was left out of the numbers, and why.",
@@ -360,10 +434,12 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       extra: the optional tables (``document.OPTIONAL_CSV``) the runs gave rows.
     """
     extra = extra or {}
-    parts = [runs_section(t, unit), warnings_section(notes), time_per_epoch_section(t),
+    parts = [answer_section(t, projection), runs_section(t, unit), warnings_section(notes),
+             time_per_epoch_section(t),
              scaling_section(t), *size_sections(t), link_section(t),
              hours_section(t, smooth, unit),
              seed_section(extra, unit), *efficiency_sections(t), *noise_sections(extra, t),
+             lr_find_section(extra),
              loss_figure_section(unit), balance_section(t), *dice_sections(t),
              coverage_section(t), projection_section(projection, projection_error),
              projection_target_section(projection, unit), notes_section(notes)]

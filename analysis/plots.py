@@ -281,6 +281,33 @@ def noise_scale(series: pd.DataFrame, path: str) -> str:
     return _written(noise_figure(series), path)
 
 
+def lr_find_figure(curves: pd.DataFrame):
+    """Each run's range test: the loss against the lr (log scale), its two-way smoothing
+    and the lr chosen (dashed) (a matplotlib ``Figure``; the caller closes it)."""
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (run, g) in enumerate(curves.groupby("run", sort=False)):
+        color, chosen = colors[i % len(colors)], float(g["chosen_lr"].iloc[0])
+        ax.plot(g["lr"], g["loss"], color=color, lw=0.8, alpha=0.4)
+        ax.plot(g["lr"], g["smoothed"], color=color, lw=1.6,
+                label=f"{run} ({int(g['ranks'].iloc[0])} rank(s)): chose {chosen:.3g}")
+        ax.axvline(chosen, color=color, ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (base, before the lr rule's scaling)")
+    ax.set_ylabel("training loss of the global batch")
+    ax.set_title("Learning-rate range test (--lr auto): thin raw, thick smoothed, dashed chosen")
+    ax.grid(True, alpha=0.3, which="both")
+    if ax.has_data():
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def lr_find(curves: pd.DataFrame, path: str) -> str:
+    """``lr_find_figure`` of ``lrrange.table``, written to ``path``."""
+    return _written(lr_find_figure(curves), path)
+
+
 def _hours_axis(ax, table: pd.DataFrame) -> None:
     """Ranks on a log2 axis, each tick naming its nodes (measured runs of one node may
     differ in ranks, so ranks place them; the label says the nodes)."""

@@ -139,6 +139,8 @@ img { max-width: 100%; border: 1px solid #eee; }
 .wide { overflow-x: auto; }
 .intro { color: #555; } .projection { border-left: 4px solid #c80; padding-left: 1em; }
 li { margin: .2em 0; } .warn li { color: #a30; }
+.answer { background: #f6f9fc; border-left: 4px solid #37a; padding: .5em 1em .5em 2em; }
+.answer a { color: #124; text-decoration: none; } .answer a:hover { text-decoration: underline; }
 """
 
 
@@ -160,8 +162,17 @@ def _html_items(items: Iterable[str]) -> str:
     return "".join(f"<li>{html.escape(i)}</li>" for i in items)
 
 
+def anchor(title: str) -> str:
+    """The HTML id of a section titled ``title``."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "section"
+
+
 def _html_list(section: Section, figures_dir: str) -> str:
-    return "<ul>" + _html_items(section.items) + "</ul>"
+    if not section.links:
+        return "<ul>" + _html_items(section.items) + "</ul>"
+    items = (f"<li><a href=\"#{anchor(to)}\">{html.escape(i)}</a></li>" if to
+             else f"<li>{html.escape(i)}</li>" for i, to in zip(section.items, section.links))
+    return "<ul class=\"answer\">" + "".join(items) + "</ul>"
 
 
 def _html_warnings(section: Section, figures_dir: str) -> str:
@@ -186,7 +197,7 @@ def html_document(doc: Document, figures_dir: str) -> str:
              f"<title>{TITLE}</title>", f"<style>{_CSS}</style></head><body>",
              f"<h1>{TITLE}</h1>", f"<p>{html.escape(doc.summary)}</p>"]
     for section in doc.sections:
-        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        parts.append(f"<h2 id=\"{anchor(section.title)}\">{html.escape(section.title)}</h2>")
         if section.intro:
             parts.append(f"<p class=\"intro\">{html.escape(section.intro)}</p>")
         parts.append(_HTML_BODY[section.role](section, figures_dir))

@@ -22,6 +22,7 @@ from analysis import (
     coverage,
     links,
     logs,
+    lrrange,
     mismatch,
     noise,
     outline,
@@ -257,12 +258,13 @@ def option_notes(runs: Sequence[RunData], options: ReportOptions) -> list[Note]:
 
 
 def add_optional(report: Report) -> None:
-    """The seed groups (``analysis.seeds``) and the noise scale (``analysis.noise``),
-    with their notes, where the runs give them rows; nothing for runs that do not."""
+    """The seed groups (``analysis.seeds``), the lr range tests (``analysis.lrrange``)
+    and the noise scale (``analysis.noise``), with their notes, where the runs give them
+    rows; nothing for runs that do not."""
     t = report.tables
     groups, notes = seeds.seed_table(report.runs, t.hours_to_target)
     report.noise = noise.build(report.runs, t.hours_to_target, t.statistical_efficiency)
-    found = {"seed_groups": groups}
+    found = {"seed_groups": groups, "lr_find": lrrange.table(report.runs)}
     if report.noise is not None:
         found.update(noise_scale=report.noise.table, noise_scale_series=report.noise.series,
                      noise_prediction=report.noise.prediction)
@@ -371,6 +373,8 @@ def _write_plots(report: Report, out_dir: str) -> dict[str, str]:
                 ("noise_scale_png", outline.NOISE_FIGURE, plots.noise_scale,
                  report.optional.get("noise_scale_series"),
                  "noise_scale_series" in report.optional),
+                ("lr_find_png", outline.LR_FIND_FIGURE, plots.lr_find,
+                 report.optional.get("lr_find"), "lr_find" in report.optional),
                 ("projection_nodes_png", NODES_FIGURE,
                  functools.partial(plots.predicted_hours, unit=report.unit),
                  None if report.projection is None else report.projection.nodes,

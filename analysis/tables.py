@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from analysis import lrrange
 from analysis.document import HOURS, TimeUnit
 from analysis.logfile import count
 from analysis.logs import RunData
@@ -269,13 +270,15 @@ def precision_text(run_record: dict) -> str | None:
 def run_settings(run: RunData) -> dict[str, object]:
     """What a run ran as, from its run record: ``model`` (``unet2d``/``unet3d``),
     ``precision`` (``precision_text``), ``input_shape`` (text), ``onednn`` (TensorFlow's oneDNN kernels on or off),
-    ``intra_op_threads`` and ``inter_op_threads`` (TensorFlow threads per rank) and
+    ``intra_op_threads`` and ``inter_op_threads`` (TensorFlow threads per rank), ``lr``
+    (``lrrange.lr_text``) and
     ``pinned`` (whether distseg pinned the rank to its cores); ``None`` where the
     record does not say (older logs)."""
     threads = run.threads
     name = run.model.get("name")
     return {"model": name if isinstance(name, str) else None,
             "precision": precision_text(run.run_record),
+            "lr": lrrange.lr_text(run),
             "input_shape": shape_text(run.input_shape),
             "onednn": _flag(run.run_record.get("onednn")),
             "intra_op_threads": count(threads.get("intra_op")),

@@ -156,6 +156,21 @@ def _dict(record: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def lr_find_scalars(run_record: Mapping[str, Any]) -> list[Scalar]:
+    """``--lr auto``'s range test from a ``run`` record (none without one): at each of
+    its steps ``lr_find/lr``, ``lr_find/loss`` and ``lr_find/smoothed``, and the lr it
+    chose as ``lr_find/chosen`` (TensorBoard's x axis is the sweep's step; the report
+    draws the loss against the lr)."""
+    found = _dict(run_record, "lr_find")
+    wall = number(run_record.get("start_time")) or 0.0
+    out = _scalars([("lr_find/chosen", found.get("lr"))], 0, wall)
+    series = zip(found.get("lrs") or (), found.get("losses") or (), found.get("smoothed") or ())
+    for k, (lr, loss, smoothed) in enumerate(series):
+        out += _scalars([("lr_find/lr", lr), ("lr_find/loss", loss),
+                         ("lr_find/smoothed", smoothed)], k, wall)
+    return out
+
+
 def step_scalars(record: Mapping[str, Any], size: int, start_time: float | None) -> list[Scalar]:
     """The global per-step scalars of rank 0's ``step`` record in a launch of ``size``
     ranks that started at ``start_time`` (none without a ``global_step``)."""

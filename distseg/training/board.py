@@ -50,6 +50,11 @@ class Board(Part):
         self._seconds, self._steps = 0.0, 0
         self._flushed = time.monotonic()
 
+    def on_run(self, record: dict) -> None:
+        """Rank 0 writes ``--lr auto``'s range test, if the launch ran one."""
+        if self.writer is not None:
+            self._write(tbscalars.lr_find_scalars(record), flush=True)
+
     def on_step(self, record: dict) -> None:
         """A ``step`` record of this rank, as the log has it."""
         seconds = tbscalars.number(record.get("step_time"))

@@ -25,6 +25,9 @@ from distseg.parallel import distributed as dist
 class Part:
     """A do-nothing observer: a part overrides the hooks it needs."""
 
+    def on_run(self, record: dict) -> None:
+        """This rank's ``run`` record, as written at the launch's start."""
+
     def on_epoch_start(self, epoch: int, steps: int) -> None:
         """``epoch`` starts, with ``steps`` steps left to train in this launch."""
 

@@ -27,7 +27,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
     run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if ctx.is_root() else None)
     versions = dist.versions()
     params = int(sum(int(np.prod(v.shape)) for v in s.model.trainable_variables))
-    agreement.agree(
+    record = agreement.agree(
         s.log.write, "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size,
         local_rank=ctx.local_rank, local_size=ctx.local_size, host=versions["host"],
         pid=os.getpid(), run_id=run_id, start_time=s.start_time, versions=versions,
@@ -45,8 +45,10 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         batch_plan=batch.kind, loss_scope="global_batch", lr_scaling=batch.lr_scaling,
         lr_base=t.lr, lr_scaled=s.plan.lr_target, warmup_steps=s.plan.warmup_steps,
         lr_schedule=t.lr_schedule, **({'lr_find': s.lr_find} if s.lr_find else {}),
-        epochs=t.epochs, link=s.link, augment=cfg.data.augment, precision=s.precision or {"requested": cfg.model.precision,
-                                                                 "choice": cfg.model.precision})
+        epochs=t.epochs, link=s.link, augment=cfg.data.augment,
+        precision=s.precision or {"requested": cfg.model.precision, "choice": cfg.model.precision})
+    for part in s.parts:
+        part.on_run(record)
 
 
 def say_lr_found(s: Session) -> None:

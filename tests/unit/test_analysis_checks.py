@@ -99,8 +99,8 @@ def test_a_target_reached_by_one_step_but_not_by_the_trailing_mean(tmp_path):
     assert raw.tables.hours_to_target.iloc[0]["global_step"] == 7
 
 
-def test_warnings_come_first_in_the_documents(tmp_path):
+def test_warnings_come_right_after_the_answer_and_the_runs(tmp_path):
     run = write_run(str(tmp_path / "np2"), RunSpec(epochs=4, val_dice=_dice_falls_at_epoch_2(0.3)))
     rep = build([run])
     titles = [s.title for s in outline.sections(rep.tables, rep.notes)]
-    assert titles[:2] == ["Runs", "Warnings"]
+    assert titles[:3] == [outline.ANSWER_TITLE, "Runs", "Warnings"]

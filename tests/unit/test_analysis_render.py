@@ -95,8 +95,8 @@ def _doc(*sections, **changes) -> Document:
 def test_the_warning_style_follows_the_role_not_the_title():
     page = render.html_document(_doc(Section("Read first", Role.WARNINGS, items=("a <b>",)),
                                      Section("Warnings", Role.LIST, items=("c",))), "/nowhere")
-    assert "<h2>Read first</h2>\n<ul class=\"warn\"><li>a &lt;b&gt;</li></ul>" in page
-    assert "<h2>Warnings</h2>\n<ul><li>c</li></ul>" in page
+    assert "<h2 id=\"read-first\">Read first</h2>\n<ul class=\"warn\"><li>a &lt;b&gt;</li></ul>" in page
+    assert "<h2 id=\"warnings\">Warnings</h2>\n<ul><li>c</li></ul>" in page
 
 
 def test_markdown_cuts_long_lists_and_leaves_figures_out_of_the_terminal():

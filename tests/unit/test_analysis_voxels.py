@@ -203,7 +203,7 @@ def test_garbled_size_fields_are_left_empty(tmp_path):
     assert run.input_shape is None and math.isnan(run.voxels_per_sample)
     assert tables.run_settings(run) == {"model": None, "precision": None, "input_shape": None,
                                         "onednn": None, "intra_op_threads": None,
-                                        "inter_op_threads": 1, "pinned": None}
+                                        "inter_op_threads": 1, "pinned": None, "lr": "0.005"}
     rep = build([run_dir])
     assert math.isnan(rep.tables.time_per_epoch["throughput_voxels_s"].iloc[0])
     assert len(rep.tables.throughput_vs_size) == 0
