@@ -36,9 +36,9 @@ def lr_at(train: TrainConfig, plan: BatchPlan, g2: float | None, tr_sigma: float
     """The lr the rule sets after the warm-up: ``train.lr`` x the plan's factor; with
     the ``gain`` rule x ``goodput.gain_lr_factor`` of the gain of the global batch over
     the base at the noise scale (``goodput.gain``; 1 before any estimate)."""
-    if plan.lr_scaling == "gain":
+    if plan.lr_scaling in goodput.GAIN_RULES:
         return train.lr * goodput.gain_lr_factor(
-            goodput.gain(plan.global_batch, plan.base, g2, tr_sigma))
+            goodput.gain(plan.global_batch, plan.base, g2, tr_sigma), plan.lr_scaling)
     return train.lr * plan.lr_factor
 
 
@@ -208,8 +208,10 @@ def node_assumptions(model: EpochModel, per_node: pd.DataFrame, lines: Sequence[
     """The lines printed with the node table (``per_node``); the first labels it a
     prediction. The samples' and the gain rule's lines only where they apply."""
     t = model.train
-    gain = (", with the gain rule x sqrt(gain(B)) at the noise scale at the target (or the "
-            "run's end)" if (per_node["lr_rule"] == "gain").any() else "")
+    rules = {"gain": "the gain rule x sqrt(gain(B))", "adascale": "the adascale rule x gain(B)"}
+    used = [text for rule, text in rules.items() if (per_node["lr_rule"] == rule).any()]
+    gain = (f", with {' and '.join(used)} at the noise scale at the target (or the run's end)"
+            if used else "")
     goodput_line = [f"train.batch_policy goodput: from the second epoch on, each epoch's "
                     "per-rank batch is goodput.choose's at the end of the epoch before "
                     "(powers of two up to train.max_batch_per_rank = "

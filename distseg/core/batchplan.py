@@ -25,10 +25,10 @@ CUT_KINDS = ("global", "grown", "chosen")
 def lr_factor(scaling: str, growth: float) -> float:
     """How the lr grows with the batch: x growth (``linear``, Goyal et al. 2017),
     x sqrt(growth) (``sqrt``, the rule for Adam of Malladi et al. 2022), x 1 (``none``);
-    for ``gain`` the most it can reach, sqrt(growth) (the measured gain is at most the
-    growth)."""
+    for ``gain`` and ``adascale`` the most they can reach, sqrt(growth) and growth (the
+    measured gain is at most the growth)."""
     return {"linear": float(growth), "sqrt": math.sqrt(growth), "none": 1.0,
-            "gain": math.sqrt(growth)}[scaling]
+            "gain": math.sqrt(growth), "adascale": float(growth)}[scaling]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from distseg.core import rundir
 from distseg.core.errors import InputError
 
-LR_SCALINGS = ("linear", "sqrt", "none", "gain")
+LR_SCALINGS = ("linear", "sqrt", "none", "gain", "adascale")
 #: How the lr decays after the warm-up, over the samples the run plans (``steps.decay``).
 LR_SCHEDULES = ("constant", "cosine", "poly")
 BATCH_POLICIES = ("fixed", "goodput")
@@ -146,9 +146,10 @@ class TrainConfig:
     of a scaling sweep)."""
     lr_scaling: str = "linear"
     """How the lr follows the global batch of per-rank batches on N ranks (N x the
-    one-process batch): ``linear`` (x N), ``sqrt`` (x sqrt(N)), ``none``, or ``gain``:
+    one-process batch): ``linear`` (x N), ``sqrt`` (x sqrt(N)), ``none``, ``gain``:
     x sqrt(r), r the gain AdaScale measures from the gradient noise scale (between 1
-    and N; AdaptDL's rule for Adam), updated every step."""
+    and N; AdaptDL's rule for Adam), updated every step, or ``adascale``: x r (AdaScale's
+    own rule, McCandlish et al.'s optimal step for SGD)."""
     grown_lr_scaling: str = "sqrt"
     """The same choice for a fixed ``global_batch`` G grown past it (more ranks than G):
     the lr follows global / G. ``sqrt`` by default: in the step-exact emulation it

@@ -35,11 +35,18 @@ def gain(batch: float, base: float, g2: float | None, tr_sigma: float | None) ->
     return (tr_sigma / base + g2) / (tr_sigma / batch + g2)
 
 
-def gain_lr_factor(gain: float) -> float:
-    """What the ``gain`` lr rule multiplies the base lr by once warmed up (AdaScale's
-    gain r applied to Adam as AdaptDL's ``AdamScale`` applies it): sqrt(r), never below
-    1. The loop's ``gain_lr`` and the report's predicted lr both take it from here."""
-    return math.sqrt(max(gain, 1.0))
+#: The lr rules that follow the measured gain: ``gain`` x sqrt(r) (AdaptDL's AdamScale
+#: for Adam), ``adascale`` x r (AdaScale's rule for SGD, McCandlish et al.'s optimal step
+#: eps_max / (1 + B_noise / B) over the base batch's).
+GAIN_RULES = ("gain", "adascale")
+
+
+def gain_lr_factor(gain: float, rule: str = "gain") -> float:
+    """What a gain rule (``GAIN_RULES``) multiplies the base lr by once warmed up, for
+    the gain r: sqrt(r) for ``gain``, r for ``adascale``; never below 1. The loop's
+    ``gain_lr`` and the report's predicted lr both take it from here."""
+    r = max(gain, 1.0)
+    return r if rule == "adascale" else math.sqrt(r)
 
 
 def efficiency(batch: float, base: float, g2: float | None, tr_sigma: float | None) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distseg.core import batchplan, schema
+from distseg.core import batchplan, goodput, schema
 from distseg.data import prefetch, sharding
 from distseg.training import steps
 
@@ -57,8 +57,10 @@ class EpochPlan:
     def lr(self, clock: float, gain: float = 1.0, progress: float = 0.0) -> float:
         """The lr at ``clock`` steps of this plan's batch; the ``gain`` rule reads the
         measured ``gain`` and the gain-weighted ``progress`` instead (``steps.gain_lr``)."""
-        if self.batch.lr_scaling == "gain" and self.batch.global_batch > self.batch.base:
-            return steps.gain_lr(self.lr_base, gain, progress, self.warmup_progress)
+        batch = self.batch
+        if batch.lr_scaling in goodput.GAIN_RULES and batch.global_batch > batch.base:
+            return steps.gain_lr(self.lr_base, gain, progress, self.warmup_progress,
+                                 self.batch.lr_scaling)
         return steps.lr_at(clock, self.lr_base, self.lr_target, self.warmup_steps)
 
     def static_batch(self, train_samples: int, size: int) -> int | None:

@@ -46,12 +46,13 @@ def decay(schedule: str, trained: float, warm: float, horizon: float) -> float:
     return (1.0 - f) ** POLY_EXPONENT
 
 
-def gain_lr(base: float, gain: float, progress: float, warmup: float) -> float:
+def gain_lr(base: float, gain: float, progress: float, warmup: float,
+            rule: str = "gain") -> float:
     """The ``gain`` rule (AdaScale's gain r applied to Adam as AdaptDL's ``AdamScale``
     applies it): ``base`` x sqrt(r), reached by a linear warm-up over ``warmup`` steps
     of the base batch, counted in gain-weighted ``progress`` (each step adds its gain),
     so the warm-up lasts as many one-process samples at any batch."""
-    return lr_at(progress, base, base * goodput.gain_lr_factor(gain), warmup)
+    return lr_at(progress, base, base * goodput.gain_lr_factor(gain, rule), warmup)
 
 
 def _input_spec(model, spatial_shape: Sequence[int], batch: int | None = None):

@@ -10,8 +10,10 @@ import math
 
 import pytest
 
+from distseg.core import batchplan, goodput
 from distseg.core import config as config_lib
 from distseg.training import steps
+from distseg.training.noise import Average
 from distseg.training.scaling import Scaling
 
 SAMPLES = 64  # the run's training samples: 8 steps of a global batch of 8 an epoch
@@ -87,3 +89,19 @@ def test_a_bad_schedule_is_refused_naming_the_field():
     bad = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_schedule="step"))
     with pytest.raises(ValueError, match="train.lr_schedule"):
         bad.validate()
+
+
+def test_adascale_takes_the_whole_gain_where_gain_takes_its_square_root():
+    assert goodput.gain_lr_factor(4.0, "gain") == 2.0
+    assert goodput.gain_lr_factor(4.0, "adascale") == 4.0
+    assert goodput.gain_lr_factor(0.5, "adascale") == 1.0  # never below the base lr
+    assert batchplan.lr_factor("adascale", 4) == 4.0 and batchplan.lr_factor("gain", 4) == 2.0
+    base = dataclasses.replace(config_lib.smoke().train, lr=1e-3, batch_size=2, global_batch=0,
+                               warmup_epochs=0.0)
+    lrs = {}
+    for rule in goodput.GAIN_RULES:  # 4 ranks of 2 over a base of 2: gain 1.6 at this noise
+        s = Scaling.start(dataclasses.replace(base, lr_scaling=rule), SAMPLES, 4)
+        s.noise.averages["preconditioned"] = Average(1.0, 2.0, 1.0)
+        lrs[rule] = s.lr(0)
+    assert lrs["gain"] == pytest.approx(1e-3 * 1.6 ** 0.5)
+    assert lrs["adascale"] == pytest.approx(1e-3 * 1.6)
