@@ -266,9 +266,16 @@ def noise_figure(series: pd.DataFrame):
     ax.set_yscale("log")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis(matplotlib.ticker.StrMethodFormatter("{x:,.4g}"))  # 6, not 6 x 10^0
-    ax.set_xlabel("samples trained (all ranks)")
-    ax.set_ylabel("B_simple = tr(Sigma) / |G|^2 (samples)")
-    ax.set_title("Gradient noise scale over training (dotted: each run's global batch)")
+    return _finished(fig, ax, "samples trained (all ranks)",
+                     "B_simple = tr(Sigma) / |G|^2 (samples)",
+                     "Gradient noise scale over training (dotted: each run's global batch)")
+
+
+def _finished(fig, ax, xlabel: str, ylabel: str, title: str):
+    """``fig`` with its one axes labelled, gridded and (where it drew) given a legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, alpha=0.3, which="both")
     if ax.has_data():
         ax.legend(fontsize=8, loc="best")
@@ -293,14 +300,9 @@ def lr_find_figure(curves: pd.DataFrame):
                 label=f"{run} ({int(g['ranks'].iloc[0])} rank(s)): chose {chosen:.3g}")
         ax.axvline(chosen, color=color, ls="--", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate (base, before the lr rule's scaling)")
-    ax.set_ylabel("training loss of the global batch")
-    ax.set_title("Learning-rate range test (--lr auto): thin raw, thick smoothed, dashed chosen")
-    ax.grid(True, alpha=0.3, which="both")
-    if ax.has_data():
-        ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    return fig
+    return _finished(fig, ax, "learning rate (base, before the lr rule's scaling)",
+                     "training loss of the global batch",
+                     "Learning-rate range test (--lr auto): thin raw, thick smoothed, dashed chosen")
 
 
 def lr_find(curves: pd.DataFrame, path: str) -> str:
