@@ -1,8 +1,10 @@
 """Every output folder a command cannot make or write is one line naming the flag and
 the folder, exit 2, and nothing half-written: the real commands, on a folder under
-/proc (which no account, root included, can create) and one behind a file."""
+/proc (which no account, root included, can create), one behind a file, and one inside
+a read-only folder (a read-only bind mount, which stops root too)."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -17,10 +19,28 @@ def run(*cmd):
     return run_group([f"{BIN}/{cmd[0]}", *map(str, cmd[1:])], timeout=TIMEOUT, env=command_env())
 
 
-@pytest.fixture(params=["proc", "file"])
+def _read_only(folder) -> str:
+    """``folder`` made read-only: a read-only bind mount of itself as root (a chmod does
+    not stop root), its mode 555 otherwise."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return str(folder)
+    for cmd in (["mount", "--bind", folder, folder], ["mount", "-o", "remount,bind,ro", folder]):
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            pytest.skip("no read-only bind mount here")
+    return str(folder)
+
+
+@pytest.fixture(params=["proc", "file", "read-only"])
 def unwritable(request, tmp_path):
     if request.param == "proc":
         return "/proc/distseg-no-such-folder/out"
+    if request.param == "read-only":
+        folder = _read_only(tmp_path / "read-only")
+        if os.geteuid() == 0:
+            request.addfinalizer(lambda: subprocess.run(["umount", folder]))
+        return os.path.join(folder, "out")
     (tmp_path / "a-file").write_text("in the way\n")
     return str(tmp_path / "a-file" / "out")
 
