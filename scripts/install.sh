@@ -234,19 +234,20 @@ if [ "$(cat "$VENV/.distseg-mpi" 2>/dev/null)" != "$KEY" ]; then
   checked=0
 fi
 
-# 6. The real liver CT case (LiTS 117). --no-deps: the package pins an ancient torch.
-if ! "$py" -c "import importlib.metadata as m; m.version('liver-ct-segmentation-package')" 2>/dev/null; then
-  say "installing $LIVER_PKG (data only, --no-deps)"
-  from_wheelhouse --no-deps "$LIVER_PKG"
-fi
-
-# 7. distseg itself (editable) with its runtime and test dependencies.
+# 6. distseg itself (editable) with its runtime and test dependencies.
 stamp="$VENV/.distseg-installed"
 want=$(cat "$here/setup.cfg" "$here/pyproject.toml" 2>/dev/null | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "pip install -e .[test]"
   from_wheelhouse --no-build-isolation -e "${here}[test]"
   echo "$want" > "$stamp"
+fi
+
+# 7. The real liver CT case (LiTS 117). --no-deps: the package pins an ancient torch.
+#    Last, so that no later pip run lists the pins it was installed without.
+if ! "$py" -c "import importlib.metadata as m; m.version('liver-ct-segmentation-package')" 2>/dev/null; then
+  say "installing $LIVER_PKG (data only, --no-deps)"
+  from_wheelhouse --no-deps "$LIVER_PKG"
 fi
 
 # 8. Which MPI Horovod loads, kept where every rank compares it at start-up.
