@@ -73,6 +73,18 @@ def test_missing_null_and_non_finite_fields_write_nothing():
     assert tb.step_scalars({"loss": 1.0}, 1, START) == []  # no global step: no place
 
 
+def test_a_range_test_maps_each_sweep_step_and_the_choice():
+    run = {"type": "run", "start_time": 1.7e9,
+           "lr_find": {"lr": 0.004, "lrs": [1e-5, 1e-4, 1e-3], "losses": [-0.1, -0.2, math.nan],
+                       "smoothed": [-0.1, -0.15, -0.3]}}
+    got = {(s.tag, s.step): s.value for s in tb.lr_find_scalars(run)}
+    assert got[("lr_find/chosen", 0)] == 0.004
+    assert [got[("lr_find/lr", k)] for k in range(3)] == [1e-5, 1e-4, 1e-3]
+    assert got[("lr_find/smoothed", 2)] == -0.3 and ("lr_find/loss", 2) not in got  # NaN: none
+    assert all(s.wall_time == 1.7e9 for s in tb.lr_find_scalars(run))
+    assert tb.lr_find_scalars({"type": "run"}) == []
+
+
 def test_an_epoch_record_maps_at_the_epochs_last_step():
     rec = {"type": "epoch", "rank": 0, "time": 0.0, "epoch": 2, "t": 30.0, "epoch_time": 9.0,
            "train_time": 8.0, "samples": 32, "train_loss": -0.3, "val_loss": -0.4,
