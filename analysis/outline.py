@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from analysis.document import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
-from analysis.stateff import comparison
+from analysis.stateff import goal_text as _goal
 from analysis.tables import TRAIN_TIME, compares_sizes
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
@@ -351,10 +351,6 @@ def lr_find_section(extra: Mapping[str, pd.DataFrame]) -> Section | None:
                    "against its lr (thin), smoothed both ways (thick), and the lr chosen "
                    "(dashed; the steepest fall, on a grid of sqrt(2) steps). Data: lr_find.csv.",
                    figure=LR_FIND_FIGURE)
-
-
-def _goal(row) -> str:
-    return f"{row['metric']} {comparison(row['metric'])} {row['target']:g}"
 
 
 def _fastest(g: pd.DataFrame) -> str:

@@ -133,7 +133,8 @@ def _who(row: pd.Series) -> str:
             f"node{'s' if nodes != 1 else ''})")
 
 
-def _goal(row: pd.Series) -> str:
+def goal_text(row: pd.Series) -> str:
+    """``train_loss <= -0.75``: a target as people read it."""
     return f"{row['metric']} {comparison(row['metric'])} {row['target']:g}"
 
 
@@ -148,7 +149,7 @@ def _num(value: float, digits: int = 2) -> str:
 
 def sentence(row: dict, base: pd.Series) -> str:
     """One line for a person: how much sooner, and which factor limits."""
-    who, goal, took = _who(pd.Series(row)), _goal(pd.Series(row)), row["samples_text"]
+    who, goal, took = _who(pd.Series(row)), goal_text(pd.Series(row)), row["samples_text"]
     if row["run"] == base["run"]:
         if not row["reached"]:
             return f"{who} is the base and does not reach {goal} ({took} samples)."
@@ -327,7 +328,7 @@ PROJECT_COLUMNS = ["kind", "run", "metric", "target", "nodes", "ranks", "through
 
 
 def _trend_line(group: pd.DataFrame, trend: Trend) -> str:
-    goal = _goal(group.iloc[0])
+    goal = goal_text(group.iloc[0])
     if trend.fitted:
         slope = 0.0 if abs(trend.slope) < 1e-9 else trend.slope  # a flat line's noise
         return (f"{goal}: statistical efficiency = {trend.intercept:.3g} "
@@ -364,7 +365,7 @@ def project_rows(table: pd.DataFrame, scaled: Sequence[Scaled], base_ranks: int,
         trend = fit_trend(group, base_ranks)
         prediction = (predictions or {}).get((metric, target))
         rows += _target_rows(group, scaled, trend, prediction, batch_at)
-        lines.append(noise.line(_goal(group.iloc[0]), prediction) if prediction and batch_at
+        lines.append(noise.line(goal_text(group.iloc[0]), prediction) if prediction and batch_at
                      else _trend_line(group, trend))
     return pd.DataFrame(rows, columns=PROJECT_COLUMNS), lines
 

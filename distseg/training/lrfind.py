@@ -159,12 +159,10 @@ def _read(reader, ids, k: int, plan: EpochPlan, transform, cfg, feed):
         return images, masks, agreement.failure_of(e)
 
 
-def _sweep(cfg, ctx, feed, state, step) -> tuple[list[float], list[float]]:
+def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float], list[float]]:
     """Collective: the sweep's losses (the global batch's, the same on every rank),
     until it diverges; every rank stops at rank 0's word. A rank's read error rides in
     the step's flags, so every rank raises it."""
-    _, optimizer, _ = state
-    plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
     transform = augment.for_training(cfg.data.augment, cfg.train.seed, cfg.model.spatial_dims)
     lrs, losses = sweep_lrs(), []
     with feed.open_reader() as reader:
@@ -200,18 +198,16 @@ def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
         return Found(cfg, traced, None)
     start = time.perf_counter()
     model, optimizer, _ = state
-    variables = model.variables + optimizer.variables
+    variables = steps.trial_variables(model, optimizer)
     kept = [v.numpy() for v in variables]
-    static = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size).static_batch(
-        len(feed.train_ids), ctx.size)
+    plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
+    static = plan.static_batch(len(feed.train_ids), ctx.size)
     t = cfg.train
     step = traced.get(static) or steps.make_train_step(
         model, optimizer, feed.input_shape, cfg.model.num_classes, t.loss, ranks=ctx.size,
         batch=static, compression=t.compression)
-    lrs, losses = _sweep(cfg, ctx, feed, state, step)
-    for v, value in zip(variables, kept):
-        v.assign(value)
-    step.forget()
+    lrs, losses = _sweep(cfg, ctx, feed, plan, optimizer, step)
+    steps.put_back(variables, kept, step)
     decided = dist.broadcast_object(_decide(lrs, losses) if ctx.is_root() else None)
     if "error" in decided:
         raise NoDescent(decided["error"])
@@ -226,7 +222,6 @@ def refuse_elastic(cfg: config_lib.Config) -> None:
     """An elastic run's ranks build their state before they may talk: no range test
     there (the same one line on every rank)."""
     if cfg.train.lr_auto and not cfg.train.lr_from:
-        with_lr = cfg.train.lr
         raise RunError(f"--lr auto cannot run in an elastic run (its ranks start before they "
                        f"may talk); find the lr in a fixed run and pass --lr-from RUN, or --lr "
-                       f"(the config's is {with_lr:g})", exit_code=EXIT_BAD_INPUT)
+                       f"(the config's is {cfg.train.lr:g})", exit_code=EXIT_BAD_INPUT)

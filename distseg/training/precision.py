@@ -118,7 +118,7 @@ class _Candidate:
     @property
     def variables(self) -> list:
         model, optimizer, _ = self.state
-        return model.variables + optimizer.variables
+        return steps.trial_variables(model, optimizer)
 
 
 def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch, build):
@@ -146,9 +146,7 @@ def _time_step(candidate: _Candidate, batch) -> None:
 
 def _put_back(candidate: _Candidate) -> None:
     """The variables as built, and no memory of the trial's gradients."""
-    for v, value in zip(candidate.variables, candidate.kept):
-        v.assign(value)
-    candidate.step.forget()
+    steps.put_back(candidate.variables, candidate.kept, candidate.step)
 
 
 def _trial(cfg, ctx, feed, build, flags: list) -> Decision:

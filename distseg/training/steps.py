@@ -456,6 +456,21 @@ def average_batchnorm(model, size: int) -> None:
             v.assign(mean)
 
 
+def trial_variables(model, optimizer) -> list:
+    """What trial steps before a run (``precision``, ``lrfind``) change and must put
+    back: the model's variables (weights, BatchNorm statistics, dropout seeds) and the
+    optimizer's state."""
+    return model.variables + optimizer.variables
+
+
+def put_back(variables: list, values: list, step) -> None:
+    """``variables`` as they were (``values``), and ``step`` without the memory of the
+    trial's last gradient."""
+    for v, value in zip(variables, values):
+        v.assign(value)
+    step.forget()
+
+
 class TrainSteps:
     """The train step traced for each per-rank batch a run trains (``make_train_step``;
     the ``goodput`` policy may come back to a batch it left). ``None``: a step for any
