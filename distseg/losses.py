@@ -115,16 +115,24 @@ def global_loss(probs, masks, num_classes: int, kind: str, sum_over_ranks, ranks
     ``dice_ce``. On one rank it is the gradient of ``segmentation_loss`` itself.
     """
     import tensorflow as tf
-    c = num_classes
-    local = loss_sums(probs, masks, c)
+    local = loss_sums(probs, masks, num_classes)
     total = tf.stop_gradient(sum_over_ranks(local))
-    inter, denom, _, voxels = split_sums(total, c)
-    inter_r, denom_r, ce_r, _ = split_sums(local, c)
+    return (loss_from_sums(total, num_classes, kind),
+            surrogate(local, total, num_classes, kind, ranks), local)
+
+
+def surrogate(local, total, num_classes: int, kind: str, parts: int):
+    """The surrogate of ``global_loss`` for the part of a batch whose ``loss_sums`` are
+    ``local``, the whole batch's (held constant) ``total``, the batch in ``parts``
+    parts: the mean of the parts' surrogates' gradients is the whole batch's loss's."""
+    import tensorflow as tf
+    inter, denom, _, voxels = split_sums(total, num_classes)
+    inter_r, denom_r, ce_r, _ = split_sums(local, num_classes)
     d = denom + SMOOTH
     part = -tf.reduce_mean(2.0 * inter_r / d - (2.0 * inter + SMOOTH) * denom_r / (d * d))
     if kind == "dice_ce":
         part = part + ce_r / voxels
-    return loss_from_sums(total, c, kind), float(ranks) * part, local
+    return float(parts) * part
 
 
 # --- numpy forms (whole volumes) ---------------------------------------------------

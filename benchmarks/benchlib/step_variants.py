@@ -19,6 +19,8 @@ Variants (``VARIANTS``):
   ``bare``         forward, backward, update: what Keras ``fit`` runs;
   ``localloss``    each rank's own Dice loss, no forward allreduce, no gradient norms
                    (the step before the global loss);
+  ``consecutive``  one rank's noise scale from consecutive gradients, not the halves
+                   of the batch (what one rank did before 2026-11-26);
   ``overlap``      one allreduce per gradient as the backward pass makes it, so Horovod
                    can reduce while backprop goes on (several ranks only; measured at 2
                    ranks x 8 demo slices: 432.6 against 431.3 ms, no gain).
@@ -212,10 +214,23 @@ def make_nonoise_train_step(model, optimizer, spatial_shape, num_classes: int, l
     return train_step
 
 
+#: distseg's own builder, as imported (``benchlib.train_variant`` puts a variant in its
+#: place in ``steps``).
+_DISTSEG_STEP = steps.make_train_step
+
+
 def original(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
              batch: int | None = None):
     """distseg's own step, untouched."""
     return steps.make_train_step(model, optimizer, spatial_shape, num_classes, loss, ranks, batch)
+
+
+def consecutive(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
+                batch: int | None = None):
+    """distseg's step with one rank's noise scale from consecutive gradients (the last
+    step's kept), not from the batch's two halves: the A/B of the halves' cost."""
+    return _DISTSEG_STEP(model, optimizer, spatial_shape, num_classes, loss, ranks, batch,
+                         halves=False)
 
 
 VARIANTS = {
@@ -227,9 +242,10 @@ VARIANTS = {
     "localloss": make_localloss_train_step,
     "overlap": make_overlap_train_step,
     "nonoise": make_nonoise_train_step,
+    "consecutive": consecutive,
 }
 #: Variants valid on one rank only (they skip the allreduce).
-ONE_RANK_ONLY = ("bare",)
+ONE_RANK_ONLY = ("bare", "consecutive")
 #: Variants valid on several ranks only (their allreduce is their point).
 MANY_RANKS_ONLY = ("overlap",)
 

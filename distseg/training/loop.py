@@ -121,6 +121,7 @@ def use_plan(s: Session, start: tuple[int, int]) -> None:
     the train step traced for its batch."""
     s.batches.use(s.plan, start)
     s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
+    s.scaling.noise.parts = s.train_step.parts
     s.fresh = True
 
 

@@ -105,6 +105,8 @@ class Checked(NamedTuple):
     """Gradients of the trainable variables (of the global batch's loss)."""
     nonfinite: Any
     """1.0 if a loss or a gradient is not finite on this rank."""
+    halves: Any = None
+    """The gradients of each half of the batch (``halved_loss_and_grads``), or None."""
 
 
 #: Positions in the step's flags vector: this rank could not read its batch, was asked
@@ -125,8 +127,9 @@ class StepResult(NamedTuple):
     grad_sq: Any
     """[mean over ranks of |g_rank|^2, |g|^2 of the averaged gradient], then the same two
     of the gradients preconditioned by Adam (``preconditioned_sq``): what
-    ``training.noise`` estimates from. On one rank the previous step's gradient stands
-    in for a second rank (NaN at a launch's first step)."""
+    ``training.noise`` estimates from. On one rank the batch's two halves stand in for
+    two ranks (``can_halve``), or else the previous step's gradient for a second rank
+    (NaN at a launch's first step)."""
 
 
 class Flags(NamedTuple):
@@ -142,18 +145,78 @@ class Flags(NamedTuple):
         return cls(values[FAILED], values[STOP], values[NONFINITE])
 
 
+def can_halve(model, batch: int | None) -> bool:
+    """Whether a one-rank step of ``batch`` samples can take its gradient as two halves
+    (``halved_loss_and_grads``) and still train exactly as one pass over the batch: a
+    batch size known when traced and even, and every BatchNorm layer normalising runs
+    of samples (``model.bn_ghost_batch``) that fit a half, so no layer's output in one
+    half depends on the other. (A layer of a user's own that mixes samples some other
+    way is not seen here: docs/training.md.)"""
+    import keras
+    if not batch or batch % 2:
+        return False
+    half = batch // 2
+    for layer in model._flatten_layers(include_self=False):  # noqa: SLF001 - Keras' walk
+        if isinstance(layer, keras.layers.BatchNormalization):
+            ghost = getattr(layer, "ghost_batch", 0)
+            if not ghost or half % ghost:
+                return False
+    return True
+
+
+def halved_loss_and_grads(model, images, masks, num_classes: int, loss: str):
+    """``loss_and_grads`` of one rank's batch taken as two ranks of half of it would
+    take it: each half its own forward pass and the gradient of its surrogate
+    (``losses.surrogate``), the global loss's sums added over the halves. Returns (the
+    loss, the same, the mean of the halves' gradients, [each half's gradients]): the
+    mean is the batch's gradient, and the halves are the two gradients the noise scale
+    needs (``training.noise``, method ``halves``) without a second pass. The moving
+    statistics (float non-trainable variables) move as one pass over the batch moves
+    them: each half's move from the same start, averaged (``can_halve``)."""
+    import tensorflow as tf
+
+    from distseg import losses
+    h = images.shape[0] // 2
+    stats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    start = [tf.identity(v) for v in stats]
+    with tf.GradientTape(persistent=True) as tape:
+        probs_a = model(images[:h], training=True)
+        after_a = [tf.identity(v) for v in stats]
+        for v, value in zip(stats, start):
+            v.assign(value)
+        probs_b = model(images[h:], training=True)
+        local = [losses.loss_sums(probs_a, masks[:h], num_classes),
+                 losses.loss_sums(probs_b, masks[h:], num_classes)]
+        total = tf.stop_gradient(local[0] + local[1])
+        parts = [losses.surrogate(x, total, num_classes, loss, 2) for x in local]
+    for v, a in zip(stats, after_a):
+        v.assign((tf.convert_to_tensor(v) + a) / 2.0)
+    halves = [tape.gradient(p, model.trainable_variables) for p in parts]
+    del tape
+    grads = [(a + b) / 2.0 for a, b in zip(*halves)]
+    value = losses.loss_from_sums(total, num_classes, loss)
+    return value, value, grads, halves
+
+
 def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str,
-                           ranks: int = 1) -> Checked:
-    """``loss_and_grads`` with what the step needs to skip an update (``Checked``)."""
+                           ranks: int = 1, halved: bool = False) -> Checked:
+    """``loss_and_grads`` (``halved_loss_and_grads`` if ``halved``) with what the step
+    needs to skip an update (``Checked``)."""
     import tensorflow as tf
     # BatchNorm's moving statistics change in the forward pass itself: keep a copy
     # to put back when the step is skipped, so a NaN batch cannot poison them.
     stats = list(model.non_trainable_weights)
     before = [tf.identity(v) for v in stats]
-    value, local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss, ranks)
+    halves = None
+    if halved:
+        value, local_loss, grads, halves = halved_loss_and_grads(model, images, masks,
+                                                                 num_classes, loss)
+    else:
+        value, local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss, ranks)
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]
                            + [tf.math.is_finite(value), tf.math.is_finite(local_loss)])
-    return Checked(stats, before, value, local_loss, grads, 1.0 - tf.cast(finite, tf.float32))
+    return Checked(stats, before, value, local_loss, grads, 1.0 - tf.cast(finite, tf.float32),
+                   halves)
 
 
 def squared_norm(tensors):
@@ -235,6 +298,13 @@ class PreviousGradient:
     def forget(self) -> None:
         """No last gradient: the next step estimates nothing (as a launch's first)."""
         self.valid.assign(0.0)
+
+
+def halves_norms(optimizer, halves, variables):
+    """``StepResult.grad_sq`` of a one-rank step taken as two halves: the halves stand
+    for two ranks' gradients."""
+    scale, use = adam_scale(optimizer, variables)
+    return _pair_norms(flat(halves[0]), flat(halves[1]), scale, use)
 
 
 def _nothing() -> None:
@@ -322,7 +392,8 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
 
 
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
-                    ranks: int = 1, batch: int | None = None, compression: str = "none"):
+                    ranks: int = 1, batch: int | None = None, compression: str = "none",
+                    halves: bool = True):
     """Compiles ``train_step(images, masks, flags) -> StepResult`` (this rank's loss, the
     global batch's loss, any rank's flags, the gradient norms); ``train_step.forget()``
     drops the one-rank step's memory of the last gradient.
@@ -337,28 +408,33 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
     The gradient norms (``StepResult.grad_sq``) are the two batch sizes of the gradient
     noise scale (``training.noise``), raw and preconditioned by Adam; the small batch's
-    ride in the same allreduce. ``ranks``: the ranks sharing the global
+    ride in the same allreduce. On one rank the gradient is taken as two halves where
+    ``can_halve`` allows (``train_step.parts`` is 2), else the last step's gradient is
+    kept as the second. ``ranks``: the ranks sharing the global
     batch (``losses.global_loss``); with one, the step has no collective at all (an
     average over one rank is its own value, and a Horovod op would still wait for
     a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
     every batch's size, when fixed (a fixed global batch): the step is traced for it
     (BatchNorm's ghost batches split statically). ``compression``: how the gradients
-    travel (``dist.average_gradients``; ``none``, exact, by default).
+    travel (``dist.average_gradients``; ``none``, exact, by default). ``halves=False``:
+    never halve (a benchmark's A/B of the two one-rank estimators).
     """
     import tensorflow as tf
 
-    previous = PreviousGradient(model.trainable_variables) if ranks == 1 else None
+    halved = halves and ranks == 1 and can_halve(model, batch)
+    previous = PreviousGradient(model.trainable_variables) if ranks == 1 and not halved else None
 
     # autograph=False: the step's Python branches are on Python values only (tf.cond
     # is explicit), and converting its source took 0.5 s of the demo's 2.5 s trace.
     @tf.function(input_signature=_input_spec(model, spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
                  autograph=False)
     def train_step(images, masks, flags):
-        c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks)
+        c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks, halved)
         all_flags = tf.concat([flags, [c.nonfinite]], 0)
         variables = model.trainable_variables
         if ranks == 1:
-            norms = previous.norms(optimizer, c.grads, variables)
+            norms = (halves_norms(optimizer, c.halves, variables) if halved
+                     else previous.norms(optimizer, c.grads, variables))
             with tf.control_dependencies([norms]):  # Adam's moments before the update
                 apply_unless(all_flags[NONFINITE], optimizer, c.grads, variables, c.stats,
                              c.before)
@@ -375,6 +451,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
     # What steps taken outside training (a timed trial) leave behind, forgotten.
     train_step.forget = previous.forget if previous is not None else _nothing
+    # Gradients per rank the norms come from (``noise.NoiseScale.parts``).
+    train_step.parts = 2 if halved else 1
     return train_step
 
 

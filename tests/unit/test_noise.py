@@ -184,3 +184,88 @@ def test_the_preconditioner_is_adams_bias_corrected_second_moment():
     got = float(steps.preconditioned_sq(optimizer, [tf.constant(g) for g in grads], variables))
     assert got == pytest.approx(want, rel=1e-4)
     assert got != pytest.approx(sum(float((g ** 2).sum()) for g in grads), rel=1e-2)
+
+
+def test_one_rank_halves_recover_known_noise():
+    # A one-rank step that takes its batch of 8 as two halves (parts 2) feeds the norms
+    # of the halves: the same estimate as two ranks of 4.
+    rng = np.random.default_rng(3)
+    d, sigma, batch = 30, 1.0, 8
+    true_g = rng.normal(size=d)
+    want = d * sigma**2 / float(true_g @ true_g)
+    noise = NoiseScale(batch, batch, base=batch, parts=2)
+    assert (noise.method, noise.part, noise.count) == ("halves", 4, 2)
+    for _ in range(3000):
+        noise.update(*_norms(_draws(rng, true_g, sigma, batch // 2, 2), 1.0))
+    assert noise.b_simple == pytest.approx(want, rel=0.15)
+    assert noise.record()["small_batch"] == 4
+
+
+def _model(norm: str, ghost: int = 0, size: int = 16):
+    from distseg.core import config as config_lib
+    from distseg.networks import unet
+    cfg = config_lib.smoke()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, num_classes=2, image_size=size, norm=norm, bn_ghost_batch=ghost))
+    return cfg, unet.from_config(cfg.model)
+
+
+@pytest.mark.parametrize("norm,ghost,batch,want", [
+    ("group", 0, 8, True), ("group", 0, 7, False), ("group", 0, None, False),
+    ("batch", 2, 8, True), ("batch", 4, 8, True), ("batch", 4, 4, False),
+    ("batch", 0, 8, False)])
+def test_a_step_halves_only_where_no_layer_mixes_the_halves(norm, ghost, batch, want):
+    from distseg.training import steps
+    _, model = _model(norm, ghost)
+    assert steps.can_halve(model, batch) is want
+
+
+def _halves_gradients(model, images, masks, c: int, loss: str) -> list:
+    """Each half's gradient (flat), computed apart from the step: the surrogate of its
+    part against the whole batch's sums (``losses.surrogate``)."""
+    import tensorflow as tf
+
+    from distseg import losses
+    from distseg.training import steps
+    out = []
+    for mine in (0, 1):
+        with tf.GradientTape() as tape:
+            sums = [losses.loss_sums(model(images[s], training=True), tf.constant(masks[s]), c)
+                    for s in (slice(0, 2), slice(2, 4))]
+            total = tf.stop_gradient(sums[0] + sums[1])
+            surrogate = losses.surrogate(sums[mine], total, c, loss, 2)
+        out.append(steps.flat(tape.gradient(surrogate, model.trainable_variables)).numpy())
+    return out
+
+
+@pytest.mark.parametrize("norm,ghost", [("group", 0), ("batch", 1)])
+def test_the_halved_step_trains_as_one_pass_and_measures_its_halves(norm, ghost):
+    import keras
+
+    from distseg.training import steps
+    cfg, model = _model(norm, ghost)
+    _, other = _model(norm, ghost)
+    _, probe = _model(norm, ghost)
+    for m in (other, probe):
+        m.set_weights(model.get_weights())
+    size, c, batch = cfg.model.image_size, cfg.model.num_classes, 4
+    # SGD: Adam's first steps turn a gradient's rounding into up to its lr per weight.
+    opts = [keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.05)]
+    halved = steps.make_train_step(model, opts[0], (size, size), c, cfg.train.loss, batch=batch)
+    whole = steps.make_train_step(other, opts[1], (size, size), c, cfg.train.loss, batch=batch,
+                                  halves=False)
+    assert (halved.parts, whole.parts) == (2, 1)
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        images = rng.random((batch, size, size, 1), dtype=np.float32)
+        masks = (images[..., 0] > 0.5).astype(np.uint8)
+        got = halved(images, masks, np.zeros(2, np.float32))
+        ref = whole(images, masks, np.zeros(2, np.float32))
+        np.testing.assert_allclose(float(got.loss), float(ref.loss), rtol=1e-5)
+        if k == 0:  # not Adam: preconditioned == raw
+            a, b = _halves_gradients(probe, images, masks, c, cfg.train.loss)
+            want = [(a @ a + b @ b) / 2, ((a + b) / 2) @ ((a + b) / 2)] * 2
+            np.testing.assert_allclose(got.grad_sq.numpy(), want, rtol=1e-4)
+            assert np.isnan(ref.grad_sq.numpy()).all()  # no last gradient yet
+    for x, y in zip(model.variables, other.variables):  # weights and moving statistics
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)

@@ -22,6 +22,7 @@ same on one machine at 1 and 2 ranks).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -33,7 +34,10 @@ class SimRanks:
     the global loss's sums added over the ranks (the forward allreduce: a first forward
     pass per rank), the gradients of each rank's surrogate averaged (the allreduce) and
     applied by the train step's own Adam update (``steps.apply_adam``); the statistics
-    averaged over ranks at each epoch end (``steps.average_batchnorm``)."""
+    averaged over ranks at each epoch end (``steps.average_batchnorm``). One rank whose
+    step ``steps.can_halve`` (``halves``, set per plan by ``simulate``) takes its batch
+    as two halves, as the loop's step does: two parts of the global loss, one set of
+    statistics moved by the mean of the halves' moves."""
 
     def __init__(self, cfg, ranks: int):
         import keras
@@ -50,11 +54,15 @@ class SimRanks:
         self.stats = list(self.model.non_trainable_weights)
         self.banks = [[v.numpy() for v in self.stats] for _ in range(ranks)]
         self.previous = steps.PreviousGradient(self.model.trainable_variables) if ranks == 1 else None
+        self.halves = False
         shape = [None, cfg.model.image_size, cfg.model.image_size]
         spec = [tf.TensorSpec(shape + [1], tf.float32), tf.TensorSpec(shape, tf.uint8)]
         self.sums_step = tf.function(self._sums, input_signature=spec)
         width = losses.sums_width(cfg.model.num_classes)
-        self.grad_step = tf.function(self._grads, input_signature=spec + [tf.TensorSpec([width], tf.float32)])
+        grad_spec = spec + [tf.TensorSpec([width], tf.float32)]
+        # The gradient of one part of the global loss, the batch in ``parts`` parts.
+        self.grad_steps = {n: tf.function(functools.partial(self._grads, parts=n),
+                                          input_signature=grad_spec) for n in {ranks, 2}}
         self.eval_step = tf.function(self._eval, input_signature=spec)
         self.apply = tf.function(self._apply)
         self.norms_step = tf.function(self._norms)
@@ -64,7 +72,7 @@ class SimRanks:
         probs = self.model(images, training=True)
         return losses.loss_sums(probs, masks, self.cfg.model.num_classes)
 
-    def _grads(self, images, masks, total):
+    def _grads(self, images, masks, total, parts: int):
         import tensorflow as tf
 
         from distseg import losses
@@ -72,7 +80,7 @@ class SimRanks:
             probs = self.model(images, training=True)
             value, surrogate, _ = losses.global_loss(
                 probs, masks, self.cfg.model.num_classes, self.cfg.train.loss,
-                lambda local: total, self.ranks)
+                lambda local: total, parts)
         return value, tape.gradient(surrogate, self.model.trainable_variables)
 
     def _apply(self, grads):
@@ -99,27 +107,33 @@ class SimRanks:
 
         from distseg.training import steps
         variables, opt = self.model.trainable_variables, self.optimizer
-        if self.previous is not None:
+        if len(per_rank) == 1:
             return self.previous.norms(opt, mean, variables)
         small = tf.add_n([tf.stack([steps.squared_norm(g), steps.preconditioned_sq(opt, g, variables)])
-                          for g in per_rank]) / self.ranks
+                          for g in per_rank]) / len(per_rank)
         return tf.stack([small[0], steps.squared_norm(mean), small[1],
                          steps.preconditioned_sq(opt, mean, variables)])
 
     def step(self, batches: list, lr: float) -> tuple[float, list[float]]:
         """One synchronous step: ``batches[r]`` = rank r's (images, masks). Returns the
         mean loss and the gradient norms of the noise scale (``_norms``)."""
-        losses, per_rank, sums = [], [], 0.0
+        if self.halves:
+            (images, masks), = batches
+            h = len(images) // 2
+            batches = [(images[:h], masks[:h]), (images[h:], masks[h:])]
+        bank = [0] * len(batches) if self.halves else list(range(len(batches)))
+        losses, per_rank, sums, moved = [], [], 0.0, []
         for r, (images, masks) in enumerate(batches):
-            self._use_bank(r)
+            self._use_bank(bank[r])
             sums = sums + self.sums_step(images, masks).numpy()
         for r, (images, masks) in enumerate(batches):
-            self._use_bank(r)
-            loss, grads = self.grad_step(images, masks, sums.astype("float32"))
-            self.banks[r] = [v.numpy() for v in self.stats]
+            self._use_bank(bank[r])
+            loss, grads = self.grad_steps[len(batches)](images, masks, sums.astype("float32"))
+            moved.append([v.numpy() for v in self.stats])
             losses.append(float(loss))
             per_rank.append(grads)
-        mean = [sum(gs) / self.ranks for gs in zip(*per_rank)]
+        self.banks = [[sum(v) / len(moved) for v in zip(*moved)]] if self.halves else moved
+        mean = [sum(gs) / len(per_rank) for gs in zip(*per_rank)]
         norms = [float(x) for x in self.norms_step(per_rank, mean)]
         self.optimizer.learning_rate.assign(lr)
         self.apply(mean)
@@ -197,6 +211,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     import numpy as np
 
     from distseg.data import slices as data
+    from distseg.training import steps as steps_lib
     from distseg.training.scaling import Scaling
 
     from benchlib.stateff import curves
@@ -211,6 +226,9 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     val = (images[info.val_indices], masks[info.val_indices])
     for epoch in range(cfg.train.epochs):
         plan = scaling.plan
+        sim.halves = ranks == 1 and steps_lib.can_halve(
+            sim.model, plan.static_batch(len(info.train_indices), ranks))
+        scaling.noise.parts = 2 if sim.halves else 1  # as the loop's ``use_plan``
         steps = sim_epoch(sim, scaling, (images, masks, info.train_indices), epoch, clock)
         record = epoch_record(scaling, epoch, time.perf_counter() - t0, steps,
                               sim.validate(*val), plan)
