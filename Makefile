@@ -120,8 +120,11 @@ bench-link: install
 # batches 16, 32, 64 past G = 8 under the sqrt rule, the gain rule and fixed lr
 # multipliers, the noise scale's prediction of them from the B = 8 run, and the goodput
 # policy against fixed per-rank batches 1-8 at 32 emulated ranks (runs end at the
-# target). About three hours here; results in bench/results/stateff-*.json, which
-# `make bench` prints; the studies: docs/studies/README.md.
+# target); one rank's noise scale against two ranks' (study_noise.py) and the lr found
+# against fixed multipliers on the phantom, validating every 128 samples
+# (study_lr_phantom.py). About three and a half hours here; results in
+# bench/results/stateff-*.json, which `make bench` prints, noise-study-*.json and
+# lr-phantom-*.json; the studies: docs/studies/README.md.
 STATEFF_SEEDS ?= 0,1,2
 STATEFF_SWEEP = gbatch-gn-x1,gbatch-gn-x1.4,gbatch-gn-x2,gbatch-gn-x2.8,gbatch-gn-x4
 bench-stateff: install
@@ -138,6 +141,8 @@ bench-stateff: install
 	  --variants gbatch-gn --ranks 128,256 --seeds $(STATEFF_SEEDS)
 	$(BIN)/python benchmarks/bench_stateff.py --backend sim --stop-at-target \
 	  --variants gbatch-gn-goodput --ranks 32 --seeds $(STATEFF_SEEDS)
+	$(BIN)/python benchmarks/study_noise.py --data data/liver117.h5 --seeds $(STATEFF_SEEDS)
+	for b in 8 16 32; do $(BIN)/python benchmarks/study_lr_phantom.py --global-batch $$b || exit 1; done
 	$(BIN)/python benchmarks/bench_stateff.py --report --backend sim,hvd --scale small,demo \
 	  --variants gbatch-gn,gn,gbatch-gn-gain,gbatch-gn-goodput,$(STATEFF_SWEEP) \
 	  --ranks 1,2,4,8,16,32,64,128,256 --seeds $(STATEFF_SEEDS) --hvd-epochs 8 \

@@ -52,7 +52,8 @@ def table(runs: Sequence[RunData]) -> pd.DataFrame:
 
 
 def lr_text(run: RunData) -> str | None:
-    """The run's base lr and how it was decided: ``0.00354 (found)`` by ``--lr auto``,
+    """The run's base lr and how it was decided: ``0.00354 (found)`` by ``--lr auto``
+    (``(range test inconclusive, kept)`` where it kept the configured lr),
     ``0.00354 (from np1)`` by ``--lr-from``, the bare number where it was set; None
     where the config does not say."""
     train = (run.config or {}).get("train") if isinstance(run.config, dict) else None
@@ -60,7 +61,9 @@ def lr_text(run: RunData) -> str | None:
     if not isinstance(lr, (int, float)):
         return None
     if train.get("lr_auto"):
-        return f"{lr:.3g} (found)"
+        found = (first_run_record(run.path) or {}).get("lr_find")
+        kept = isinstance(found, dict) and found.get("kept")
+        return f"{lr:.3g} ({'range test inconclusive, kept' if kept else 'found'})"
     if train.get("lr_from"):
         return f"{lr:.3g} (from {os.path.basename(os.path.normpath(train['lr_from']))})"
     return f"{lr:.3g}"

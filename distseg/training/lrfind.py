@@ -3,7 +3,7 @@
 The test (Smith 2017, "Cyclical learning rates"; fastai's ``lr_find``, Lightning's
 ``Tuner.lr_find``) trains ``STEPS`` steps of the run's own train step on its real
 global batch, all ranks together, the lr rising exponentially from ``LR_LOW`` to
-``LR_HIGH``, and stops early once the smoothed loss diverges (``_diverged``). Rank
+``LR_HIGH``, and stops early once the smoothed loss diverges (``diverged``). Rank
 0 reads the curve (``suggest``), snaps the lr to a grid of sqrt(2) steps (``snap``) and
 broadcasts it, so every rank trains with the same lr, and 1 x 8 and 2 x 4 of one global
 batch, whose losses differ only in their last bits, land on the same point of the grid.
@@ -42,8 +42,18 @@ SMOOTHING = 0.9
 #: many times what it had fallen from the start (shift- and scale-free: the Dice loss
 #: is negative).
 DIVERGED = 2.0
+#: ... or, while it has fallen less than this share of its size, climbed back by
+#: ``DIVERGED`` x this share (a flat, noisy start is no divergence); and never within
+#: the first 2 x ``SKIP_START`` steps.
+DIVERGE_FLOOR = 0.1
 #: A fall of the smoothed loss smaller than this share of its size counts as none.
 MIN_FALL = 0.01
+#: A steepest fall this late in the sweep (share of its steps), where the loss never
+#: turned (still at its lowest at the sweep's end), is not trusted: the fall was still
+#: speeding up when the lrs ran out, so the test found no upper end of the useful range
+#: (on the phantom it chose 16-1000x the best lr of a sweep of fixed ones,
+#: docs/studies/lr-phantom-2026-11-26.md). The run keeps its configured lr.
+LATE = 2 / 3
 #: Steps at the start of the curve the suggestion never picks (the average settles).
 SKIP_START = 5
 #: The epoch number whose shuffle and augmentation draws the sweep uses: one the run
@@ -85,6 +95,10 @@ class NoDescent(RunError):
     exit_code = EXIT_BAD_INPUT
 
 
+class Inconclusive(Exception):
+    """The sweep found no upper end of the useful lrs (``LATE``): the run keeps its own."""
+
+
 def suggest(lrs: list[float], losses: list[float]) -> tuple[float, str]:
     """The lr of the steepest descent of the loss (smoothed both ways) against log(lr),
     before its lowest point; and why. Raises ``NoDescent`` when the curve never falls."""
@@ -99,8 +113,21 @@ def suggest(lrs: list[float], losses: list[float]) -> tuple[float, str]:
     x = np.log(np.asarray(lrs[:best + 1]))
     slope = np.gradient(np.asarray(s[:best + 1]), x)
     k = SKIP_START + int(np.argmin(slope[SKIP_START:]))
-    return lrs[k], (f"steepest fall of the smoothed loss at {lrs[k]:.3g} (step {k}); "
-                    f"lowest {s[best]:.4g} at {lrs[best]:.3g}")
+    why = (f"steepest fall of the smoothed loss at {lrs[k]:.3g} (step {k}); "
+           f"lowest {s[best]:.4g} at {lrs[best]:.3g}")
+    if _never_turned(losses) and k >= LATE * (len(lrs) - 1):
+        raise Inconclusive(f"{why}, still falling at the sweep's end: no upper end of the "
+                           f"useful lrs found")
+    return lrs[k], why
+
+
+def _never_turned(losses: list[float], margin: int = 3) -> bool:
+    """Whether the sweep ran to its end with its one-way smoothed loss still at (within
+    ``margin`` steps of) its lowest."""
+    if len(losses) < STEPS or not all(math.isfinite(v) for v in losses):
+        return False
+    forward = smooth(losses)
+    return min(range(len(forward)), key=forward.__getitem__) >= len(forward) - 1 - margin
 
 
 def _until_lowest(losses: list[float], margin: int = 3) -> list[float]:
@@ -138,13 +165,16 @@ def _batches(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, plan: 
     return out[:STEPS]
 
 
-def _diverged(s: list[float]) -> bool:
+def diverged(s: list[float]) -> bool:
     """Whether the smoothed loss ``s`` has climbed back from its lowest point by
-    ``DIVERGED`` x its fall from the start (or is not finite)."""
+    ``DIVERGED`` x its fall from the start, or x ``DIVERGE_FLOOR`` of its size if it
+    fell less, after 2 x ``SKIP_START`` steps (or is not finite)."""
     if not math.isfinite(s[-1]):
         return True
+    if len(s) <= 2 * SKIP_START:
+        return False
     fall, rise = s[0] - min(s), s[-1] - min(s)
-    return fall > 0 and rise > DIVERGED * fall
+    return rise > DIVERGED * max(fall, DIVERGE_FLOOR * max(abs(s[0]), 1e-3))
 
 
 def _read(reader, ids, k: int, plan: EpochPlan, transform, cfg, feed):
@@ -174,18 +204,20 @@ def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float
             if failed:
                 agreement.raise_agreed(failure)
             losses.append(float(out.loss))
-            diverged = nonfinite or _diverged(smooth(losses))
-            if dist.broadcast_object(diverged if ctx.is_root() else None):
+            ended = nonfinite or diverged(smooth(losses))
+            if dist.broadcast_object(ended if ctx.is_root() else None):
                 break
     return lrs, losses
 
 
-def _decide(lrs: list[float], losses: list[float]) -> dict:
-    """Rank 0: the found lr and the record of the curve (or the error's message)."""
+def decide(lrs: list[float], losses: list[float]) -> dict:
+    """Rank 0 (and the emulation of ``benchmarks/``): the found lr and the record of the curve (or the error's message)."""
     try:
         raw, why = suggest(lrs, losses)
     except NoDescent as e:
         return {"error": str(e)}
+    except Inconclusive as e:
+        return {"inconclusive": str(e)}
     return {"lr": snap(raw), "raw": raw, "why": why}
 
 
@@ -208,9 +240,12 @@ def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
         batch=static, compression=t.compression)
     lrs, losses = _sweep(cfg, ctx, feed, plan, optimizer, step)
     steps.put_back(variables, kept, step)
-    decided = dist.broadcast_object(_decide(lrs, losses) if ctx.is_root() else None)
+    decided = dist.broadcast_object(decide(lrs, losses) if ctx.is_root() else None)
     if "error" in decided:
         raise NoDescent(decided["error"])
+    if "inconclusive" in decided:
+        decided = {"lr": cfg.train.lr, "raw": None, "kept": True,
+                   "why": f"{decided['inconclusive']}; kept the configured lr {cfg.train.lr:g}"}
     optimizer.learning_rate.assign(decided["lr"])
     record = {**decided, "steps": len(losses), "lrs": lrs[:len(losses)], "losses": losses,
               "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - start}

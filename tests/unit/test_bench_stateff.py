@@ -427,3 +427,38 @@ def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():
         out[n] = (losses, steps.weight_checksum(sim.model.trainable_variables))
     np.testing.assert_allclose(out[8][0], out[16][0], rtol=1e-5)
     np.testing.assert_allclose(out[8][1], out[16][1], rtol=1e-5)
+
+
+def test_the_emulated_range_test_chooses_by_lrfind_and_leaves_no_trace():
+    """``emulation.find_lr``: ``lrfind``'s lrs, stop and choice on the emulated ranks;
+    the weights, Adam's state and the BatchNorm banks are as they were."""
+    import dataclasses
+
+    import numpy as np
+
+    from distseg.training import lrfind, steps
+    from distseg.training.plan import EpochPlan
+
+    from benchlib.stateff import emulation
+    cfg, images, masks = _groupnorm_problem(seed=2, steps=1, batch=64)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, batch_size=4, global_batch=8, global_batch_grows=True))
+    images, masks, ids = images[0], masks[0], np.arange(64)
+    sim = emulation.SimRanks(cfg, 2)
+    before = steps.weight_checksum(steps.trial_variables(sim.model, sim.optimizer))
+    found = emulation.find_lr(sim, EpochPlan.of(cfg.train, 64, 2), (images, masks, ids), 0)
+    assert steps.weight_checksum(steps.trial_variables(sim.model, sim.optimizer)) == before
+    assert 1 < found["steps"] == len(found["losses"]) <= lrfind.STEPS
+    decided = lrfind.decide(lrfind.sweep_lrs(), found["losses"])
+    assert decided == {k: found[k] for k in decided}
+
+
+def test_a_target_counts_once_held_for_the_validations_asked():
+    from benchlib.stateff import emulation
+    records = [{"type": "epoch", "val_dice": {"background": 1.0, "liver": d}}
+               for d in (0.5, 0.86, 0.84, 0.86, 0.9)]
+    assert emulation.held(records[:2], 0.85, 1)
+    assert not emulation.held(records[:3], 0.85, 2) and not emulation.held(records[:4], 0.85, 2)
+    assert emulation.held(records, 0.85, 2)
+    assert study.Emulated(8, 8, 0.85).key() == {"ranks": 8, "sim_ranks": 8, "stop_at": 0.85}
+    assert study.Emulated(8, 8, 0.85, 2).key()["hold"] == 2

@@ -69,10 +69,34 @@ def test_a_loss_that_never_falls_is_one_clear_error(losses):
 
 
 def test_divergence_is_told_for_negative_losses_too():
-    assert not lrfind._diverged(lrfind.smooth([-0.1, -0.2, -0.3, -0.4]))
-    assert lrfind._diverged(lrfind.smooth([-0.1, -0.5, -0.6, 0.9, 2.0, 3.0]))
-    assert lrfind._diverged([-0.1, math.inf])
-    assert not lrfind._diverged(lrfind.smooth([1.0, 0.5, 0.6]))
+    flat = [-0.1] * 10
+    assert not lrfind.diverged(lrfind.smooth(flat + [-0.2, -0.3, -0.4]))
+    assert lrfind.diverged(lrfind.smooth(flat + [-0.5, -0.6, 0.9, 2.0, 3.0]))
+    assert lrfind.diverged([-0.1, math.inf])
+    assert not lrfind.diverged(lrfind.smooth([1.0] * 10 + [0.5, 0.6]))
+
+
+def test_a_flat_noisy_start_is_no_divergence():
+    # The phantom's first steps (seed 2 of the 2026-11-26 study): the loss wanders by
+    # 0.01 around -0.12 while the lr is too small to move it.
+    rng = random.Random(2)
+    start = [-0.12 + rng.uniform(-0.01, 0.01) for _ in range(25)]
+    for k in range(2, len(start) + 1):
+        assert not lrfind.diverged(lrfind.smooth(start[:k]))
+    assert lrfind.diverged(lrfind.smooth(start + [-0.05, 0.0, 0.05]))
+
+
+def test_a_fall_still_speeding_up_at_the_sweeps_end_keeps_the_configured_lr():
+    # A loss that falls ever faster up to the last lr, never turning (the phantom's
+    # GroupNorm U-Net): no upper end was found, so no choice is trusted.
+    accelerating = [-0.2 - 0.5 * (k / (lrfind.STEPS - 1)) ** 4 for k in range(lrfind.STEPS)]
+    with pytest.raises(lrfind.Inconclusive, match="no upper end"):
+        lrfind.suggest(LRS, accelerating)
+    assert "inconclusive" in lrfind.decide(LRS, accelerating)
+    # The same fall turning before the end is read as before.
+    turned = accelerating[:50] + [accelerating[49] + 0.05 * k for k in range(1, 11)]
+    lr, _ = lrfind.suggest(LRS, turned)
+    assert lr < LRS[50]
 
 
 def test_smoothing_is_debiased_and_the_two_way_one_has_no_lag():

@@ -22,6 +22,7 @@ same on one machine at 1 and 2 ranks).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -180,6 +181,44 @@ def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[d
     return records
 
 
+def find_lr(sim: SimRanks, plan, loaded, seed: int) -> dict:
+    """``--lr auto``'s range test on ``sim``, as ``distseg.training.lrfind.find`` runs it:
+    its lrs, its batches (epochs ``lrfind.FIND_EPOCH`` on, of ``plan``), its stop once
+    the smoothed loss diverges and its choice (``lrfind.decide``); the model, optimizer
+    and BatchNorm statistics put back. Returns ``decide``'s dict with the curve
+    (``losses``) and its length (``steps``)."""
+    from distseg.training import lrfind
+    from distseg.training import steps as steps_lib
+    images, masks, train_ids = loaded
+    variables = steps_lib.trial_variables(sim.model, sim.optimizer)
+    kept, banks = [v.numpy() for v in variables], [list(b) for b in sim.banks]
+    shards, epoch = [[] for _ in range(sim.ranks)], lrfind.FIND_EPOCH
+    while len(shards[0]) < lrfind.STEPS:
+        for r in range(sim.ranks):
+            shards[r] += plan.batches(train_ids, r, sim.ranks, epoch, seed)[:plan.steps]
+        epoch += 1
+    lrs, losses = lrfind.sweep_lrs(), []
+    for k in range(lrfind.STEPS):
+        batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
+        loss, _ = sim.step(batches, lrs[k] * plan.lr_target / plan.lr_base)
+        losses.append(loss)
+        if not math.isfinite(loss) or lrfind.diverged(lrfind.smooth(losses)):
+            break
+    for v, value in zip(variables, kept):
+        v.assign(value)
+    sim.banks = banks
+    if sim.previous is not None:
+        sim.previous.forget()
+    return {**lrfind.decide(lrs, losses), "steps": len(losses), "losses": losses}
+
+
+def held(records: list[dict], stop_at: float, hold: int) -> bool:
+    """Whether the last ``hold`` epoch records' validation Dice all reach ``stop_at``."""
+    from benchlib.stateff import curves
+    dice = [curves.dice_of(r["val_dice"]) for r in records if r.get("type") == "epoch"]
+    return len(dice) >= hold and all(d >= stop_at for d in dice[-hold:])
+
+
 def policy_step(scaling, step_seconds: dict):
     """The goodput policy at an epoch's end, as the loop takes it (``Scaling.decide`` and
     ``take``) at the emulated ranks, the seconds of a step at each per-rank batch from
@@ -214,14 +253,23 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     from distseg.training import steps as steps_lib
     from distseg.training.scaling import Scaling
 
-    from benchlib.stateff import curves
     from benchlib.stateff.study import Emulated
     emulated = emulated or Emulated(ranks, ranks)
     info = data.examine(cfg.data.path)
     with data.SliceReader(cfg.data.path, cfg.model.image_size) as reader:
         images, masks = reader.read(np.arange(info.samples))
-    scaling = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
     sim, records, t0 = SimRanks(cfg, ranks), [], time.perf_counter()
+    found = None
+    if cfg.train.lr_auto:
+        plan = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold).plan
+        found = find_lr(sim, plan, (images, masks, info.train_indices), cfg.train.seed)
+        if "error" in found:
+            raise RuntimeError(found["error"])
+        if "inconclusive" in found:  # as ``lrfind.find``: the configured lr kept
+            found.update(lr=cfg.train.lr, kept=True)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=found["lr"]))
+        records.append({"type": "lr_find", **found})
+    scaling = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
     clock = {"global_step": 0}
     val = (images[info.val_indices], masks[info.val_indices])
     for epoch in range(cfg.train.epochs):
@@ -237,7 +285,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
             record["goodput"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
                                  "goodput": {str(b): v for b, v in choice.goodput.items()}}
         records += steps + [record]
-        if emulated.stop_at is not None and curves.dice_of(record["val_dice"]) >= emulated.stop_at:
+        if emulated.stop_at is not None and held(records, emulated.stop_at, emulated.hold):
             break
     return [records] * ranks
 

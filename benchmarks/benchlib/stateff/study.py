@@ -175,13 +175,18 @@ class Emulated:
     sim_ranks: int
     stop_at: float | None = None
     """End the run at the first validation whose Dice (``MEASURE``) reaches this."""
+    hold: int = 1
+    """... the ``hold``-th validation in a row that reaches it."""
 
     @property
     def fold(self) -> int:
         return self.ranks // self.sim_ranks
 
     def key(self) -> dict:
-        return asdict(self)
+        key = asdict(self)
+        if self.hold == 1:  # the runs cached before ``hold`` existed keep their keys
+            del key["hold"]
+        return key
 
 
 def emulated_as(variant: str, ranks: int, stop_at: float | None) -> Emulated | None:
