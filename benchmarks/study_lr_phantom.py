@@ -137,6 +137,10 @@ def sweep(a, workdir: str, data: str, n_train: int) -> list[dict]:
 
 
 def ratio(x: float, y: float) -> float:
+    """x / y; two runs that both never reached the target (the same censored samples)
+    count as equal, one that never reached it against one that did as infinite."""
+    if x == y:
+        return 1.0
     return x / y if math.isfinite(x) and math.isfinite(y) else math.inf
 
 
