@@ -155,12 +155,12 @@ class Found:
     record: dict | None
 
 
-def _batches(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, plan: EpochPlan):
-    """This rank's ``STEPS`` batches of sample ids: epochs of their own, as many as
-    needed."""
+def batch_ids(plan: EpochPlan, ids, rank: int, size: int, seed: int) -> list:
+    """Rank ``rank``'s ``STEPS`` batches of sample ids for the sweep: epochs of their own
+    (``FIND_EPOCH`` on), as many as needed."""
     out, epoch = [], FIND_EPOCH
     while len(out) < STEPS:
-        out += plan.batches(feed.train_ids, ctx.rank, ctx.size, epoch, cfg.train.seed)[:plan.steps]
+        out += plan.batches(ids, rank, size, epoch, seed)[:plan.steps]
         epoch += 1
     return out[:STEPS]
 
@@ -196,7 +196,8 @@ def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float
     transform = augment.for_training(cfg.data.augment, cfg.train.seed, cfg.model.spatial_dims)
     lrs, losses = sweep_lrs(), []
     with feed.open_reader() as reader:
-        for k, ids in enumerate(_batches(cfg, ctx, feed, plan)):
+        for k, ids in enumerate(batch_ids(plan, feed.train_ids, ctx.rank, ctx.size,
+                                          cfg.train.seed)):
             images, masks, failure = _read(reader, ids, k, plan, transform, cfg, feed)
             optimizer.learning_rate.assign(lrs[k] * plan.lr_target / plan.lr_base)
             out = step(images, masks, np.array([failure is not None, 0], np.float32))
@@ -210,14 +211,17 @@ def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float
     return lrs, losses
 
 
-def decide(lrs: list[float], losses: list[float]) -> dict:
-    """Rank 0 (and the emulation of ``benchmarks/``): the found lr and the record of the curve (or the error's message)."""
+def decide(lrs: list[float], losses: list[float], configured: float) -> dict:
+    """Rank 0 (and the emulation of ``benchmarks/``): the lr to train with and why, or
+    the error's message (``error``). An inconclusive test (``Inconclusive``) keeps the
+    ``configured`` lr (``kept``)."""
     try:
         raw, why = suggest(lrs, losses)
     except NoDescent as e:
         return {"error": str(e)}
     except Inconclusive as e:
-        return {"inconclusive": str(e)}
+        return {"lr": configured, "raw": None, "kept": True,
+                "why": f"{e}; kept the configured lr {configured:g}"}
     return {"lr": snap(raw), "raw": raw, "why": why}
 
 
@@ -240,12 +244,9 @@ def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
         batch=static, compression=t.compression)
     lrs, losses = _sweep(cfg, ctx, feed, plan, optimizer, step)
     steps.put_back(variables, kept, step)
-    decided = dist.broadcast_object(decide(lrs, losses) if ctx.is_root() else None)
+    decided = dist.broadcast_object(decide(lrs, losses, t.lr) if ctx.is_root() else None)
     if "error" in decided:
         raise NoDescent(decided["error"])
-    if "inconclusive" in decided:
-        decided = {"lr": cfg.train.lr, "raw": None, "kept": True,
-                   "why": f"{decided['inconclusive']}; kept the configured lr {cfg.train.lr:g}"}
     optimizer.learning_rate.assign(decided["lr"])
     record = {**decided, "steps": len(losses), "lrs": lrs[:len(losses)], "losses": losses,
               "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - start}

@@ -446,10 +446,10 @@ def test_the_emulated_range_test_chooses_by_lrfind_and_leaves_no_trace():
     images, masks, ids = images[0], masks[0], np.arange(64)
     sim = emulation.SimRanks(cfg, 2)
     before = steps.weight_checksum(steps.trial_variables(sim.model, sim.optimizer))
-    found = emulation.find_lr(sim, EpochPlan.of(cfg.train, 64, 2), (images, masks, ids), 0)
+    found = emulation.find_lr(sim, EpochPlan.of(cfg.train, 64, 2), (images, masks, ids), 0, 1e-3)
     assert steps.weight_checksum(steps.trial_variables(sim.model, sim.optimizer)) == before
     assert 1 < found["steps"] == len(found["losses"]) <= lrfind.STEPS
-    decided = lrfind.decide(lrfind.sweep_lrs(), found["losses"])
+    decided = lrfind.decide(lrfind.sweep_lrs(), found["losses"], 1e-3)
     assert decided == {k: found[k] for k in decided}
 
 

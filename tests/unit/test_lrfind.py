@@ -92,7 +92,8 @@ def test_a_fall_still_speeding_up_at_the_sweeps_end_keeps_the_configured_lr():
     accelerating = [-0.2 - 0.5 * (k / (lrfind.STEPS - 1)) ** 4 for k in range(lrfind.STEPS)]
     with pytest.raises(lrfind.Inconclusive, match="no upper end"):
         lrfind.suggest(LRS, accelerating)
-    assert "inconclusive" in lrfind.decide(LRS, accelerating)
+    kept = lrfind.decide(LRS, accelerating, 1e-3)
+    assert kept["lr"] == 1e-3 and kept["kept"] and "kept the configured lr 0.001" in kept["why"]
     # The same fall turning before the end is read as before.
     turned = accelerating[:50] + [accelerating[49] + 0.05 * k for k in range(1, 11)]
     lr, _ = lrfind.suggest(LRS, turned)

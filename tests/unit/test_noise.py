@@ -127,12 +127,13 @@ def test_non_finite_norms_are_skipped_and_state_resumes_exactly():
     assert fresh.b_simple is None
 
 
-def _smoke_model(num_classes=2, size=16):
+def _smoke_model(num_classes=2, size=16, **model):
+    """The smoke U-Net, with ``model`` fields (``norm``, ``bn_ghost_batch``) over it."""
     from distseg.core import config as config_lib
     from distseg.networks import unet
     cfg = config_lib.smoke()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, num_classes=num_classes, image_size=size))
+        cfg.model, num_classes=num_classes, image_size=size, **model))
     return cfg, unet.from_config(cfg.model)
 
 
@@ -201,13 +202,8 @@ def test_one_rank_halves_recover_known_noise():
     assert noise.record()["small_batch"] == 4
 
 
-def _model(norm: str, ghost: int = 0, size: int = 16):
-    from distseg.core import config as config_lib
-    from distseg.networks import unet
-    cfg = config_lib.smoke()
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, num_classes=2, image_size=size, norm=norm, bn_ghost_batch=ghost))
-    return cfg, unet.from_config(cfg.model)
+def _model(norm: str, ghost: int = 0):
+    return _smoke_model(norm=norm, bn_ghost_batch=ghost)
 
 
 @pytest.mark.parametrize("norm,ghost,batch,want", [

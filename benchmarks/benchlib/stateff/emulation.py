@@ -181,7 +181,7 @@ def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[d
     return records
 
 
-def find_lr(sim: SimRanks, plan, loaded, seed: int) -> dict:
+def find_lr(sim: SimRanks, plan, loaded, seed: int, configured: float) -> dict:
     """``--lr auto``'s range test on ``sim``, as ``distseg.training.lrfind.find`` runs it:
     its lrs, its batches (epochs ``lrfind.FIND_EPOCH`` on, of ``plan``), its stop once
     the smoothed loss diverges and its choice (``lrfind.decide``); the model, optimizer
@@ -192,11 +192,7 @@ def find_lr(sim: SimRanks, plan, loaded, seed: int) -> dict:
     images, masks, train_ids = loaded
     variables = steps_lib.trial_variables(sim.model, sim.optimizer)
     kept, banks = [v.numpy() for v in variables], [list(b) for b in sim.banks]
-    shards, epoch = [[] for _ in range(sim.ranks)], lrfind.FIND_EPOCH
-    while len(shards[0]) < lrfind.STEPS:
-        for r in range(sim.ranks):
-            shards[r] += plan.batches(train_ids, r, sim.ranks, epoch, seed)[:plan.steps]
-        epoch += 1
+    shards = [lrfind.batch_ids(plan, train_ids, r, sim.ranks, seed) for r in range(sim.ranks)]
     lrs, losses = lrfind.sweep_lrs(), []
     for k in range(lrfind.STEPS):
         batches = [(images[shards[r][k]], masks[shards[r][k]]) for r in range(sim.ranks)]
@@ -209,7 +205,7 @@ def find_lr(sim: SimRanks, plan, loaded, seed: int) -> dict:
     sim.banks = banks
     if sim.previous is not None:
         sim.previous.forget()
-    return {**lrfind.decide(lrs, losses), "steps": len(losses), "losses": losses}
+    return {**lrfind.decide(lrs, losses, configured), "steps": len(losses), "losses": losses}
 
 
 def held(records: list[dict], stop_at: float, hold: int) -> bool:
@@ -262,11 +258,10 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     found = None
     if cfg.train.lr_auto:
         plan = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold).plan
-        found = find_lr(sim, plan, (images, masks, info.train_indices), cfg.train.seed)
+        found = find_lr(sim, plan, (images, masks, info.train_indices), cfg.train.seed,
+                        cfg.train.lr)
         if "error" in found:
             raise RuntimeError(found["error"])
-        if "inconclusive" in found:  # as ``lrfind.find``: the configured lr kept
-            found.update(lr=cfg.train.lr, kept=True)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=found["lr"]))
         records.append({"type": "lr_find", **found})
     scaling = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
