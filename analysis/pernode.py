@@ -20,7 +20,7 @@ from analysis import noise, stateff, tables
 from analysis.logs import RunData
 from analysis.noise import History
 from analysis.stepmodel import EpochModel, Point, policy_of, rule_text
-from distseg.core import goodput
+from distseg.core import goodput, lr
 from distseg.core.batchplan import BatchPlan
 from distseg.core.config import TrainConfig
 
@@ -33,13 +33,10 @@ NODE_COLUMNS = ["kind", "run", "metric", "target", "nodes", "ranks", "batch_poli
 
 
 def lr_at(train: TrainConfig, plan: BatchPlan, g2: float | None, tr_sigma: float | None) -> float:
-    """The lr the rule sets after the warm-up: ``train.lr`` x the plan's factor; with
-    the ``gain`` rule x ``goodput.gain_lr_factor`` of the gain of the global batch over
-    the base at the noise scale (``goodput.gain``; 1 before any estimate)."""
-    if plan.lr_scaling in goodput.GAIN_RULES:
-        return train.lr * goodput.gain_lr_factor(
-            goodput.gain(plan.global_batch, plan.base, g2, tr_sigma), plan.lr_scaling)
-    return train.lr * plan.lr_factor
+    """The lr the rule sets after the warm-up (``lr.after_warm_up``), a gain rule's at
+    the gain of the global batch over the base at the noise scale (``goodput.gain``; 1
+    before any estimate)."""
+    return lr.after_warm_up(train.lr, plan, goodput.gain(plan.global_batch, plan.base, g2, tr_sigma))
 
 
 def batch_path(model: EpochModel, ranks: int, hist: History | None) -> list[int]:
@@ -99,15 +96,15 @@ def measured_values(run: RunData, points: Sequence[Point], tpe: pd.DataFrame) ->
     batch of its last epoch, the lr of its last step, its step time at that batch (its
     point's) and its steady throughput (``tables.time_per_epoch``)."""
     rows = tables.epoch_batches(run)
-    lr = (run.curve["lr"].astype(float).dropna() if "lr" in run.curve.columns
-          else pd.Series(dtype=float))
+    lrs = (run.curve["lr"].astype(float).dropna() if "lr" in run.curve.columns
+           else pd.Series(dtype=float))
     last = rows.iloc[-1] if len(rows) else pd.Series({"per_rank": math.nan,
                                                       "global_batch": math.nan})
     mine = [p for p in points if p.run == run.label]
     at_last = [p for p in mine if abs(p.batch - last["per_rank"]) < 1e-6] or mine
     return {"measured_per_rank_batch": last["per_rank"],
             "measured_global_batch": last["global_batch"],
-            "measured_lr": float(lr.iloc[-1]) if len(lr) else math.nan,
+            "measured_lr": float(lrs.iloc[-1]) if len(lrs) else math.nan,
             "measured_step_s": at_last[-1].step_s if at_last else math.nan,
             "measured_throughput": float(tpe.loc[tpe["run"] == run.label,
                                                  "throughput_samples_s"].iloc[0])}

@@ -11,24 +11,15 @@ batch in a run (``chosen``). Plain Python: the report imports it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from distseg.core import lr
 from distseg.core.config import TrainConfig
 from distseg.core.errors import InputError
 
 #: Plan kinds whose ranks cut their batches from fixed global batches of
 #: ``global_batch`` (the others: per-rank shards); a run record's ``batch_plan``.
 CUT_KINDS = ("global", "grown", "chosen")
-
-
-def lr_factor(scaling: str, growth: float) -> float:
-    """How the lr grows with the batch: x growth (``linear``, Goyal et al. 2017),
-    x sqrt(growth) (``sqrt``, the rule for Adam of Malladi et al. 2022), x 1 (``none``);
-    for ``gain`` and ``adascale`` the most they can reach, sqrt(growth) and growth (the
-    measured gain is at most the growth)."""
-    return {"linear": float(growth), "sqrt": math.sqrt(growth), "none": 1.0,
-            "gain": math.sqrt(growth), "adascale": float(growth)}[scaling]
 
 
 @dataclass(frozen=True)
@@ -45,8 +36,8 @@ class BatchPlan:
     ``per_rank`` (``batch_size`` per rank) or ``chosen`` (a per-rank batch the
     ``goodput`` policy chose, cut from global batches of ``per_rank * ranks``)."""
     lr_factor: float
-    """What ``train.lr`` is multiplied by at the end of the warm-up (with ``gain``: at
-    most)."""
+    """What ``train.lr`` is multiplied by at the end of the warm-up (``lr.batch_factor``;
+    with a gain rule: at most)."""
     lr_scaling: str
     """The lr rule in force: ``none`` for a fixed global batch, ``train.lr_scaling`` for
     per-rank batches, ``train.grown_lr_scaling`` for a grown one."""
@@ -75,7 +66,7 @@ def batch_plan(t: TrainConfig, ranks: int, per_rank: int | None = None) -> Batch
         return planned
     rule = t.grown_lr_scaling if t.global_batch else t.lr_scaling
     big = per_rank * ranks
-    return BatchPlan(per_rank, big, "chosen", lr_factor(rule, big / planned.base), rule,
+    return BatchPlan(per_rank, big, "chosen", lr.batch_factor(rule, big / planned.base), rule,
                      planned.base)
 
 
@@ -83,7 +74,7 @@ def _planned(t: TrainConfig, ranks: int) -> BatchPlan:
     """``batch_plan`` of the config's own batch."""
     if not t.global_batch:
         return BatchPlan(t.batch_size, t.batch_size * ranks, "per_rank",
-                         lr_factor(t.lr_scaling, ranks), t.lr_scaling, t.batch_size)
+                         lr.batch_factor(t.lr_scaling, ranks), t.lr_scaling, t.batch_size)
     g = t.global_batch
     if g % ranks == 0:
         return BatchPlan(g // ranks, g, "global", 1.0, "none", g)
@@ -93,5 +84,5 @@ def _planned(t: TrainConfig, ranks: int) -> BatchPlan:
                          f" or {ranks * (g // ranks + 1)}), or pass --batch-size per rank")
     per_rank = -(-g // ranks)  # ceil: the global batch never shrinks below G
     grown = per_rank * ranks
-    return BatchPlan(per_rank, grown, "grown", lr_factor(t.grown_lr_scaling, grown / g),
+    return BatchPlan(per_rank, grown, "grown", lr.batch_factor(t.grown_lr_scaling, grown / g),
                      t.grown_lr_scaling, g)

@@ -18,7 +18,6 @@ large-batch study use these same definitions.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,20 +32,6 @@ def gain(batch: float, base: float, g2: float | None, tr_sigma: float | None) ->
     if g2 is None or tr_sigma is None or batch <= base:
         return 1.0 if batch >= base else batch / base
     return (tr_sigma / base + g2) / (tr_sigma / batch + g2)
-
-
-#: The lr rules that follow the measured gain: ``gain`` x sqrt(r) (AdaptDL's AdamScale
-#: for Adam), ``adascale`` x r (AdaScale's rule for SGD, McCandlish et al.'s optimal step
-#: eps_max / (1 + B_noise / B) over the base batch's).
-GAIN_RULES = ("gain", "adascale")
-
-
-def gain_lr_factor(gain: float, rule: str = "gain") -> float:
-    """What a gain rule (``GAIN_RULES``) multiplies the base lr by once warmed up, for
-    the gain r: sqrt(r) for ``gain``, r for ``adascale``; never below 1. The loop's
-    ``gain_lr`` and the report's predicted lr both take it from here."""
-    r = max(gain, 1.0)
-    return r if rule == "adascale" else math.sqrt(r)
 
 
 def efficiency(batch: float, base: float, g2: float | None, tr_sigma: float | None) -> float:

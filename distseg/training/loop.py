@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from distseg.core import config as config_lib
-from distseg.core import rundir
+from distseg.core import lr, rundir
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import augment, feeds
@@ -141,10 +141,10 @@ def _next_batch(s: Session, result: EpochResult):
 
 def _set_lr(s: Session) -> float:
     before = s.scaling.lr_now
-    lr = s.scaling.lr(s.global_step)
-    if lr != before:  # changes during the warm-up, and every step with the gain rule
-        s.optimizer.learning_rate.assign(lr)
-    return lr
+    now = s.scaling.lr(s.global_step)
+    if now != before:  # changes during the warm-up, and every step with the gain rule
+        lr.assign(s.optimizer, now)
+    return now
 
 
 def _step(s: Session, result: EpochResult, step: int, images, masks) -> steps.StepResult:
@@ -186,7 +186,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     step_start = time.perf_counter()
     ids, images, masks = _next_batch(s, result)
     data_wait = time.perf_counter() - step_start
-    lr = _set_lr(s)
+    step_lr = _set_lr(s)
     first, out = s.fresh, _step(s, result, step, images, masks)
     s.fresh = False
     failed, stop, nonfinite = steps.Flags.of(out.flags)
@@ -197,7 +197,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     s.scaling.observe(grad_sq, applied=not nonfinite, seconds=None if first else now - step_start)
     log_step(s, result, dict(epoch=result.epoch, step=step, global_step=s.global_step,
                              t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
-                             loss=loss, loss_local=loss_local, lr=lr, samples=len(ids),
+                             loss=loss, loss_local=loss_local, lr=step_lr, samples=len(ids),
                              grad_sq=grad_sq, **({"skipped": True} if nonfinite else {})))
     result.seen.append(ids)
     result.losses.append(loss)

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from distseg.core import config as config_lib
+from distseg.core import lr
 from distseg.core.errors import EXIT_BAD_INPUT, RunError
 from distseg.data import augment, feeds
 from distseg.parallel import agreement
@@ -199,7 +200,7 @@ def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float
         for k, ids in enumerate(batch_ids(plan, feed.train_ids, ctx.rank, ctx.size,
                                           cfg.train.seed)):
             images, masks, failure = _read(reader, ids, k, plan, transform, cfg, feed)
-            optimizer.learning_rate.assign(lrs[k] * plan.lr_target / plan.lr_base)
+            lr.assign(optimizer, lrs[k] * plan.lr_target / plan.lr_base)
             out = step(images, masks, np.array([failure is not None, 0], np.float32))
             failed, _, nonfinite = steps.Flags.of(out.flags)
             if failed:
@@ -247,7 +248,7 @@ def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
     decided = dist.broadcast_object(decide(lrs, losses, t.lr) if ctx.is_root() else None)
     if "error" in decided:
         raise NoDescent(decided["error"])
-    optimizer.learning_rate.assign(decided["lr"])
+    lr.assign(optimizer, decided["lr"])
     record = {**decided, "steps": len(losses), "lrs": lrs[:len(losses)], "losses": losses,
               "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - start}
     found = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=decided["lr"]))

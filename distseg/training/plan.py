@@ -3,8 +3,9 @@ epoch has, and the learning rate those batches were planned with.
 
 ``EpochPlan.of`` turns a config's batch (``batchplan.batch_plan``: a fixed global batch
 split over the ranks, a grown one, per-rank batches, or the ``goodput`` policy's
-choice) into steps per epoch, the warm-up and the lr target; ``EpochPlan.batches``
-cuts one rank's batches of an epoch. Plain Python: no TensorFlow, no Horovod.
+choice) into steps per epoch, the warm-up and the lr target (whose rules are
+``core.lr``'s); ``EpochPlan.batches`` cuts one rank's batches of an epoch. Plain
+Python: no TensorFlow, no Horovod.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distseg.core import batchplan, goodput, schema
+from distseg.core import batchplan, schema
 from distseg.data import prefetch, sharding
-from distseg.training import steps
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,6 @@ class EpochPlan:
         if self.batch.cut_global:
             return sharding.global_batches(ids, rank, size, self.batch.cut_global, epoch, seed)
         return sharding.shard_batches(ids, rank, size, self.batch.per_rank, epoch, seed)
-
-    def lr(self, clock: float, gain: float = 1.0, progress: float = 0.0) -> float:
-        """The lr at ``clock`` steps of this plan's batch; the ``gain`` rule reads the
-        measured ``gain`` and the gain-weighted ``progress`` instead (``steps.gain_lr``)."""
-        batch = self.batch
-        if batch.lr_scaling in goodput.GAIN_RULES and batch.global_batch > batch.base:
-            return steps.gain_lr(self.lr_base, gain, progress, self.warmup_progress,
-                                 self.batch.lr_scaling)
-        return steps.lr_at(clock, self.lr_base, self.lr_target, self.warmup_steps)
 
     def static_batch(self, train_samples: int, size: int) -> int | None:
         """The one size of every batch of every rank, when there is one (the step is

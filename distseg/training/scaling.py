@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distseg.core import batchplan, goodput
+from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
-from distseg.training import steps
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 from distseg.training.noise import NoiseScale
 from distseg.training.plan import EpochPlan
@@ -85,8 +84,8 @@ class Scaling:
         return self.train_cfg.warmup_epochs * self.horizon / self.train_cfg.epochs
 
     def decay(self) -> float:
-        """The schedule's factor on the lr of the next step (``steps.decay``)."""
-        return steps.decay(self.train_cfg.lr_schedule, self.trained, self.warm, self.horizon)
+        """The schedule's factor on the lr of the next step (``lr.decay``)."""
+        return lr.decay(self.train_cfg.lr_schedule, self.trained, self.warm, self.horizon)
 
     # --- each step -------------------------------------------------------------------
 
@@ -97,7 +96,7 @@ class Scaling:
         # before).
         big = self.plan.batch.global_batch
         clock = global_step if self.policy is None else self.samples / big
-        self.lr_now = self.plan.lr(clock, self.noise.gain(big), self.progress) * self.decay()
+        self.lr_now = lr.at(self.plan, clock, self.noise.gain(big), self.progress) * self.decay()
         return self.lr_now
 
     def observe(self, grad_sq, applied: bool, seconds: float | None = None) -> None:
@@ -183,7 +182,7 @@ class Scaling:
     def _keep_horizon(self, horizon: float, epochs: int) -> None:
         """The first launch's horizon; stretched in proportion when a resume changes
         ``--epochs`` (then ``note`` says how the next step's lr moves)."""
-        before = steps.decay(self.train_cfg.lr_schedule, self.trained,
+        before = lr.decay(self.train_cfg.lr_schedule, self.trained,
                              self.train_cfg.warmup_epochs * horizon / epochs, horizon)
         self.horizon = horizon * self.train_cfg.epochs / epochs
         if epochs != self.train_cfg.epochs and self.train_cfg.lr_schedule != "constant":

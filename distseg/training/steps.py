@@ -1,11 +1,9 @@
 """The pieces of one training step, each built at module level so tests can import them.
 
 ``make_train_step`` and ``make_eval_step`` compile the ``tf.function`` steps of a
-model; ``lr_at`` gives the learning rate of every step (its target from
-``batchplan.batch_plan``);
-``weight_checksum``, ``check_weights`` and ``average_batchnorm`` keep the ranks'
-copies of the model identical. TensorFlow is imported inside the functions, so the
-learning-rate arithmetic is importable without it.
+model; ``weight_checksum``, ``check_weights`` and ``average_batchnorm`` keep the ranks'
+copies of the model identical. TensorFlow is imported inside the functions. The
+learning rate of every step is ``distseg.core.lr``'s.
 """
 
 from __future__ import annotations
@@ -16,43 +14,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from distseg.core import goodput
 from distseg.core.errors import RunError
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-
-
-def lr_at(step: float, base: float, target: float, warmup_steps: float) -> float:
-    """Linear warm-up from the single-process ``base`` to the scaled ``target``."""
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return target
-    return base + (target - base) * step / warmup_steps
-
-
-#: nnU-Net's exponent of the ``poly`` schedule.
-POLY_EXPONENT = 0.9
-
-
-def decay(schedule: str, trained: float, warm: float, horizon: float) -> float:
-    """What the lr ``schedule`` multiplies the lr by after ``trained`` samples of a run
-    planned for ``horizon`` samples whose warm-up lasts ``warm``: 1 through the warm-up,
-    then ``cosine`` 0.5 (1 + cos(pi f)) or ``poly`` (1 - f)^0.9, f the share of the
-    samples after the warm-up already trained (0 past the horizon); ``constant`` 1."""
-    if schedule == "constant" or trained <= warm:
-        return 1.0
-    f = min(1.0, (trained - warm) / max(horizon - warm, 1.0))
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * f))
-    return (1.0 - f) ** POLY_EXPONENT
-
-
-def gain_lr(base: float, gain: float, progress: float, warmup: float,
-            rule: str = "gain") -> float:
-    """The ``gain`` rule (AdaScale's gain r applied to Adam as AdaptDL's ``AdamScale``
-    applies it): ``base`` x sqrt(r), reached by a linear warm-up over ``warmup`` steps
-    of the base batch, counted in gain-weighted ``progress`` (each step adds its gain),
-    so the warm-up lasts as many one-process samples at any batch."""
-    return lr_at(progress, base, base * goodput.gain_lr_factor(gain, rule), warmup)
 
 
 def _input_spec(model, spatial_shape: Sequence[int], batch: int | None = None):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -224,10 +224,15 @@ def test_a_killed_run_stays_readable_and_its_resume_repeats_no_step(tiny, tmp_pa
     assert_export_matches(live, export(tmp_path, run_dir), run_dir)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: What ``tensorboard --port 0`` prints once it listens on the port the kernel gave it.
+SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+
+
+def _served_port(output) -> int | None:
+    """The port a ``tensorboard --port 0`` writing to file ``output`` listens on, once
+    it says so (no port is picked here and handed on: another process could take it)."""
+    found = SERVING.search(output.read_text(errors="replace")) if output.exists() else None
+    return int(found.group(1)) if found else None
 
 
 def _get(url: str):
@@ -239,14 +244,15 @@ def _get(url: str):
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_a_tensorboard_server_serves_the_runs_scalars(finished):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
+def test_a_tensorboard_server_serves_the_runs_scalars(finished, tmp_path):
     cmd = [f"{BIN}/tensorboard", "--logdir", os.path.dirname(finished), "--host", "127.0.0.1",
-           "--port", str(port), "--reload_interval", "1"]
+           "--port", "0", "--reload_interval", "1"]
     run = f"{os.path.basename(finished)}/{rundir.TENSORBOARD_DIR}"
     want = expected(finished)
-    with background(cmd, env=command_env()) as server:
+    output = tmp_path / "tensorboard.out"
+    with open(output, "w") as out, background(cmd, env=command_env(), stdout=out) as server:
+        port = wait_for(lambda: _served_port(output), 120, "tensorboard listening", proc=server)
+        base = f"http://127.0.0.1:{port}"
         wait_for(lambda: run in (_get(f"{base}/data/runs") or []), 120,
                  f"run {run} served by tensorboard", poll=1.0, proc=server)
         for tag in ("train/loss", "epoch/val_loss", "ranks/imbalance_ratio"):

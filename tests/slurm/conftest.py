@@ -134,6 +134,51 @@ class Cluster:
         return self.wait(job_id, ("RUNNING",), timeout=timeout, poll=0.3)
 
 
+#: Attempts at starting a cluster whose daemons found their port taken: the ports are
+#: free when chosen, but nothing holds them until slurmctld and slurmd bind them.
+START_ATTEMPTS = 3
+#: What a daemon logs when its port was taken in between.
+PORT_TAKEN = "already in use"
+
+
+def _port_was_taken(folder: str) -> bool:
+    """Whether a daemon of the cluster in ``folder`` failed to bind its port."""
+    for name in os.listdir(folder):
+        if name.endswith(".log"):
+            with open(os.path.join(folder, name), errors="replace") as f:
+                if PORT_TAKEN in f.read():
+                    return True
+    return False
+
+
+def _start(options, env_extra) -> tuple[str, int, dict]:
+    """scripts/slurm-cluster.sh started in a new folder on a free port pair, again on
+    new ports when a daemon's port was taken in between; (folder, port, env)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        folder = tempfile.mkdtemp(prefix="distseg-slurm-")
+        port = _free_port_pair()
+        env = dict(os.environ, DISTSEG_SLURM_PORT=str(port), **env_extra)
+        try:
+            started = subprocess.run(["bash", SCRIPT, "start", folder, *options], env=env,
+                                     capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            _stop(folder, env)
+            pytest.fail("scripts/slurm-cluster.sh start did not finish in 600 s")
+        if started.returncode == 0:
+            return folder, port, env
+        retry = attempt < START_ATTEMPTS and _port_was_taken(folder)
+        _stop(folder, env)
+        if not retry:
+            pytest.fail(f"the test cluster did not start: {started.stdout[-2000:]}"
+                        f"{started.stderr[-2000:]}")
+    raise AssertionError("unreachable")
+
+
+def _stop(folder: str, env: dict) -> None:
+    subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _cluster(*options: str, **env: str):
     """Starts scripts/slurm-cluster.sh in a new folder with ``options`` and ``env``;
@@ -142,23 +187,11 @@ def _cluster(*options: str, **env: str):
         pytest.skip("the Slurm test cluster runs its daemons as root (CI is root)")
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
         pytest.skip("no slurmctld and no apt-get to install it")
-    folder = tempfile.mkdtemp(prefix="distseg-slurm-")
-    port = _free_port_pair()
-    env = dict(os.environ, DISTSEG_SLURM_PORT=str(port), **env)
-    try:
-        started = subprocess.run(["bash", SCRIPT, "start", folder, *options], env=env,
-                                 capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
-        pytest.fail("scripts/slurm-cluster.sh start did not finish in 600 s")
-    if started.returncode != 0:
-        subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
-        pytest.fail(f"the test cluster did not start: {started.stdout[-2000:]}{started.stderr[-2000:]}")
+    folder, port, full_env = _start(options, env)
     try:
         yield folder, port
     finally:
-        subprocess.run(["bash", SCRIPT, "stop", folder], env=env, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop(folder, full_env)
 
 
 @pytest.fixture(scope="session")

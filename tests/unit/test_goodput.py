@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from distseg.core import batchplan, goodput
+from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
@@ -25,12 +25,11 @@ def test_efficiency_is_the_noise_scale_ratio():
 
 
 def test_the_gain_rule_scales_the_lr_by_the_root_of_the_gain_never_below_1():
-    assert [goodput.gain_lr_factor(g) for g in (4.0, 2.25, 1.0, 0.5)] == [2.0, 1.5, 1.0, 1.0]
-    # The loop's lr once warmed up (``steps.gain_lr``) is the base x this factor.
-    from distseg.training import steps
+    assert [lr.gain_factor(g) for g in (4.0, 2.25, 1.0, 0.5)] == [2.0, 1.5, 1.0, 1.0]
+    # The loop's lr once warmed up (``lr.gain_lr``) is the base x this factor.
     for gain in (0.5, 1.0, 2.25, 4.0, 7.3):
-        assert steps.gain_lr(1e-3, gain, progress=10.0, warmup=5.0) == (
-            1e-3 * goodput.gain_lr_factor(gain))
+        assert lr.gain_lr(1e-3, gain, progress=10.0, warmup=5.0) == (
+            1e-3 * lr.gain_factor(gain))
 
 
 def test_step_times_fit_a_known_line():

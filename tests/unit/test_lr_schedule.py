@@ -1,4 +1,4 @@
-"""``--lr-schedule``: the factor ``steps.decay`` puts on the lr after the warm-up, and
+"""``--lr-schedule``: the factor ``lr.decay`` puts on the lr after the warm-up, and
 how ``Scaling`` counts it in samples, keeps its horizon through a checkpoint, and
 stretches it when a resume asks for more epochs."""
 
@@ -10,9 +10,8 @@ import math
 
 import pytest
 
-from distseg.core import batchplan, goodput
 from distseg.core import config as config_lib
-from distseg.training import steps
+from distseg.core import lr
 from distseg.training.noise import Average
 from distseg.training.scaling import Scaling
 
@@ -28,16 +27,16 @@ def _scaling(schedule: str, ranks: int = 1, epochs: int = 4, warmup: float = 1.0
 @pytest.mark.parametrize("schedule, mid, end", [("constant", 1.0, 1.0), ("cosine", 0.5, 0.0),
                                                 ("poly", 0.5 ** 0.9, 0.0)])
 def test_each_schedule_is_1_through_the_warm_up_then_falls_to_its_end(schedule, mid, end):
-    assert steps.decay(schedule, 0, 100, 1100) == 1.0
-    assert steps.decay(schedule, 100, 100, 1100) == 1.0
-    assert steps.decay(schedule, 600, 100, 1100) == pytest.approx(mid)
-    assert steps.decay(schedule, 1100, 100, 1100) == pytest.approx(end)
-    assert steps.decay(schedule, 5000, 100, 1100) == pytest.approx(end)
+    assert lr.decay(schedule, 0, 100, 1100) == 1.0
+    assert lr.decay(schedule, 100, 100, 1100) == 1.0
+    assert lr.decay(schedule, 600, 100, 1100) == pytest.approx(mid)
+    assert lr.decay(schedule, 1100, 100, 1100) == pytest.approx(end)
+    assert lr.decay(schedule, 5000, 100, 1100) == pytest.approx(end)
 
 
 def test_cosine_and_poly_fall_monotonically():
     for schedule in ("cosine", "poly"):
-        values = [steps.decay(schedule, x, 0, 1000) for x in range(0, 1001, 50)]
+        values = [lr.decay(schedule, x, 0, 1000) for x in range(0, 1001, 50)]
         assert all(a >= b for a, b in zip(values, values[1:])), schedule
 
 
@@ -92,14 +91,14 @@ def test_a_bad_schedule_is_refused_naming_the_field():
 
 
 def test_adascale_takes_the_whole_gain_where_gain_takes_its_square_root():
-    assert goodput.gain_lr_factor(4.0, "gain") == 2.0
-    assert goodput.gain_lr_factor(4.0, "adascale") == 4.0
-    assert goodput.gain_lr_factor(0.5, "adascale") == 1.0  # never below the base lr
-    assert batchplan.lr_factor("adascale", 4) == 4.0 and batchplan.lr_factor("gain", 4) == 2.0
+    assert lr.gain_factor(4.0, "gain") == 2.0
+    assert lr.gain_factor(4.0, "adascale") == 4.0
+    assert lr.gain_factor(0.5, "adascale") == 1.0  # never below the base lr
+    assert lr.batch_factor("adascale", 4) == 4.0 and lr.batch_factor("gain", 4) == 2.0
     base = dataclasses.replace(config_lib.smoke().train, lr=1e-3, batch_size=2, global_batch=0,
                                warmup_epochs=0.0)
     lrs = {}
-    for rule in goodput.GAIN_RULES:  # 4 ranks of 2 over a base of 2: gain 1.6 at this noise
+    for rule in lr.GAIN_RULES:  # 4 ranks of 2 over a base of 2: gain 1.6 at this noise
         s = Scaling.start(dataclasses.replace(base, lr_scaling=rule), SAMPLES, 4)
         s.noise.averages["preconditioned"] = Average(1.0, 2.0, 1.0)
         lrs[rule] = s.lr(0)

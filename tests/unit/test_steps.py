@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 
-from distseg.core import batchplan, rundir
 from distseg.core import config as config_lib
+from distseg.core import lr, rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
 from distseg.training import checkpoint, steps
@@ -23,13 +23,13 @@ from distseg.training.plan import EpochPlan
     ("linear", 1, 1e-3), ("linear", 16, 16e-3), ("sqrt", 16, 4e-3), ("none", 16, 1e-3),
 ])
 def test_scaled_lr(scaling, size, want):
-    assert 1e-3 * batchplan.lr_factor(scaling, size) == pytest.approx(want, rel=1e-12)
+    assert 1e-3 * lr.batch_factor(scaling, size) == pytest.approx(want, rel=1e-12)
 
 
 def test_lr_warm_up_is_linear_then_flat():
-    got = [steps.lr_at(s, 1.0, 5.0, 4) for s in range(7)]
+    got = [lr.warm_up(s, 1.0, 5.0, 4) for s in range(7)]
     assert got == [1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0]
-    assert steps.lr_at(0, 1.0, 5.0, 0) == 5.0  # no warm-up: the scaled lr from step 0
+    assert lr.warm_up(0, 1.0, 5.0, 0) == 5.0  # no warm-up: the scaled lr from step 0
 
 
 def test_schedule_from_the_config():
@@ -39,7 +39,7 @@ def test_schedule_from_the_config():
     # half an epoch of warm-up rounds to 4 steps
     assert (sched.steps, sched.warmup_steps) == (9, 4)
     assert sched.lr_target == pytest.approx(4 * t.lr)
-    assert [sched.lr(s) / t.lr for s in (0, 2, 4, 9)] == pytest.approx([1, 2.5, 4, 4])
+    assert [lr.at(sched, s) / t.lr for s in (0, 2, 4, 9)] == pytest.approx([1, 2.5, 4, 4])
 
 
 def test_a_chosen_batch_keeps_the_samples_of_an_epoch_and_its_shards_disjoint():
@@ -224,12 +224,12 @@ def test_the_gain_rule_follows_the_measured_gain_and_warms_up_in_progress():
     four = EpochPlan.of(t, train_samples=64, size=4)  # b = 4, B = 16, base 4
     # One epoch of the base batch: 64 samples / 4 = 16 steps of progress.
     assert four.warmup_progress == 16.0 and four.lr_target == pytest.approx(2e-3)
-    assert four.lr(0, gain=4.0, progress=0.0) == pytest.approx(1e-3)
-    assert four.lr(0, gain=4.0, progress=8.0) == pytest.approx(1.5e-3)
-    assert four.lr(99, gain=4.0, progress=16.0) == pytest.approx(2e-3)  # x sqrt(4)
-    assert four.lr(99, gain=2.25, progress=40.0) == pytest.approx(1.5e-3)  # x sqrt(2.25)
+    assert lr.at(four, 0, gain=4.0, progress=0.0) == pytest.approx(1e-3)
+    assert lr.at(four, 0, gain=4.0, progress=8.0) == pytest.approx(1.5e-3)
+    assert lr.at(four, 99, gain=4.0, progress=16.0) == pytest.approx(2e-3)  # x sqrt(4)
+    assert lr.at(four, 99, gain=2.25, progress=40.0) == pytest.approx(1.5e-3)  # x sqrt(2.25)
     # One rank: the batch the lr was set for, so no gain enters.
-    assert EpochPlan.of(t, 64, 1).lr(5, gain=9.0, progress=100.0) == pytest.approx(1e-3)
+    assert lr.at(EpochPlan.of(t, 64, 1), 5, gain=9.0, progress=100.0) == pytest.approx(1e-3)
     # The fixed rules ignore the gain.
     linear = EpochPlan.of(dataclasses.replace(t, lr_scaling="linear"), 64, 4)
-    assert linear.lr(99, gain=1.0, progress=0.0) == pytest.approx(4e-3)
+    assert lr.at(linear, 99, gain=1.0, progress=0.0) == pytest.approx(4e-3)
