@@ -20,11 +20,9 @@ Results go to ``bench/results/augment-<date>-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,16 +31,15 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
 from distseg.core import config as config_lib  # noqa: E402
 from distseg.data import augment, feeds  # noqa: E402
 
 from benchlib import launch, machine, runlogs  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 
 KINDS = ("none", "light", "default")
-THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
 #: The cost the augmentation may add to a step (the task's goal).
 BUDGET = 0.10
 
@@ -50,18 +47,10 @@ BUDGET = 0.10
 def train(args: list[str], core: int, workdir: str, name: str) -> str:
     """One rank of distseg-train pinned to ``core``; returns its run directory."""
     run_dir = os.path.join(workdir, name)
-    cmd = ["taskset", "-c", str(core), os.path.join(BIN, "distseg-train"), *args, *THREADS,
-           "--no-validate", "--no-tensorboard", "--run-dir", run_dir]
+    cmd = launch.train_command([*args, "--no-validate", "--no-tensorboard"], run_dir,
+                               threads=1, core=core)
     launch.run_train(cmd, name)
     return run_dir
-
-
-def kind_config(kind: str, workdir: str) -> str:
-    """A config file that sets ``data.augment`` (``distseg-train --config``)."""
-    path = os.path.join(workdir, f"augment-{kind}.json")
-    with open(path, "w") as f:
-        json.dump({"data": {"augment": kind}}, f)
-    return path
 
 
 def summary(run_dir: str) -> dict:
@@ -84,7 +73,7 @@ def rounds(a, workload: str, args: list[str], workdir: str) -> list[dict]:
     for rnd in range(a.rounds):
         for kind in (KINDS if rnd % 2 == 0 else KINDS[::-1]):
             name = f"{workload}-r{rnd}-{kind}"
-            run = train([*args, "--config", kind_config(kind, workdir)], a.core, workdir, name)
+            run = train([*args, "--config", launch.augment_config(kind, workdir)], a.core, workdir, name)
             row = {"workload": workload, "round": rnd, "augment": kind, **summary(run)}
             print(json.dumps({k: row[k] for k in ("workload", "round", "augment", "median_step_s",
                                                   "median_data_wait_s")}), flush=True)
@@ -107,7 +96,7 @@ def augmenter_alone(path: str, preset: str, core: int, samples: int, workdir: st
     """Milliseconds per sample of each kind on ``samples`` real training samples of
     ``path`` read as the run reads them, this process pinned to ``core``."""
     cfg = config_lib.resolve(preset, overrides={"data.path": path, "run_dir": workdir})
-    feed = feeds.open_feed(cfg, 1, check_labels=False)
+    _, feed = feeds.open_feed(cfg, 1, check_labels=False)
     ids = np.asarray(feed.train_ids)[:samples]
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
@@ -136,13 +125,6 @@ def budget(alone: dict, runs: dict) -> dict:
                    "budget_ms_per_sample": 1e3 * BUDGET * per_sample,
                    "share_of_step": v["ms_per_sample"] / (1e3 * per_sample)}
             for kind, v in alone.items()}
-
-
-def volumes_file(workdir: str) -> str:
-    path = os.path.join(workdir, "liver117-3d.h5")
-    subprocess.run([os.path.join(BIN, "distseg-data"), "lits-sample", "--ndim", "3", "--out", path],
-                   check=True, capture_output=True, timeout=600)
-    return path
 
 
 def workload(a, name: str, preset: str, data: str, workdir: str) -> dict:
@@ -185,18 +167,18 @@ def main(argv=None) -> None:
     p.add_argument("--precision", default="float32", choices=config_lib.PRECISIONS,
                    help="one precision for every run (auto's trial would differ between runs)")
     p.add_argument("--skip", default="", help="leave out: 2d, 3d")
-    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
-    a = p.parse_args(argv)
+    a = add_results_dir(p).parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-              "budget_share": BUDGET, "core": a.core, "load_average_start": machine.load_average(),
+    result = {**launch.invocation(), "budget_share": BUDGET, "core": a.core,
+              "load_average_start": machine.load_average(),
               "machine": machine.describe(REPO, {"intra_op": 1, "inter_op": 1})}
     with tempfile.TemporaryDirectory(prefix="bench-augment-") as workdir:
         if "2d" not in skip:
             result["2d"] = workload(a, "2d", "demo", a.data, workdir)
         if "3d" not in skip:
             three = argparse.Namespace(**{**vars(a), "epochs": a.epochs3d, "steps": a.steps3d})
-            result["3d"] = workload(three, "3d", "liver3d", a.data3d or volumes_file(workdir), workdir)
+            volumes = a.data3d or launch.lits_sample(os.path.join(workdir, "liver117-3d.h5"), 3)
+            result["3d"] = workload(three, "3d", "liver3d", volumes, workdir)
     result["load_average_end"] = machine.load_average()
     path = launch.write_result(result, a.results_dir, "augment")
     print_table(result)

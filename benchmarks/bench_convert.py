@@ -34,7 +34,7 @@ import numpy as np
 from distseg.data import slices as data
 from distseg.data.convert import samples
 
-BIN = os.path.dirname(sys.executable)
+from benchlib.launch import BIN
 
 
 def convert(src: str, out: str, *extra: str) -> dict:

@@ -28,38 +28,38 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchlib import launch  # noqa: E402
 from benchlib.args import add_precision  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 
-def train_args(args, run_dir):
-    return [f"{BIN}/distseg-train", "--preset", args.preset, "--data", args.data,
-            "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-            "--intra-op-threads", "1", "--inter-op-threads", "1", "--no-validate",
-            "--checkpoint-every", "0", "--precision", args.precision]
+def train_command(args, run_dir, ranks=1, options=()):
+    flags = ["--preset", args.preset, "--data", args.data, "--epochs", str(args.epochs),
+             "--batch-size", str(args.batch_size), "--no-validate", "--checkpoint-every", "0",
+             "--precision", args.precision]
+    return launch.train_command(flags, run_dir, ranks=ranks, threads=1,
+                                 horovodrun_options=options)
 
 
 def run_variant(name, args, workdir):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ['PATH']}")
+    env = launch.command_env()
     if name.endswith("+nopin"):  # any variant without distseg's core pinning
         env["DISTSEG_PIN"] = "0"
         name = name[: -len("+nopin")]
     run_dir = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
     os.rmdir(run_dir)
-    hvd = [f"{BIN}/horovodrun", "-np", "2", "-H", "localhost:2"]
     if name == "1proc":
-        procs = [train_args(args, run_dir)]
+        procs = [train_command(args, run_dir)]
     elif name == "indep":
-        procs = [train_args(args, run_dir + "-a"), train_args(args, run_dir + "-b")]
+        procs = [train_command(args, run_dir + "-a"), train_command(args, run_dir + "-b")]
     elif name == "hvd-default":
         env.update(DISTSEG_HOROVOD_DEFAULTS="0", DISTSEG_PIN="0")
-        procs = [hvd + train_args(args, run_dir)]
+        procs = [train_command(args, run_dir, ranks=2)]
     elif name == "mpi":
-        procs = [hvd + ["--mpi"] + train_args(args, run_dir)]
+        procs = [train_command(args, run_dir, ranks=2, options=["--mpi"])]
     elif name == "gloo":
-        procs = [hvd + ["--gloo"] + train_args(args, run_dir)]
+        procs = [train_command(args, run_dir, ranks=2, options=["--gloo"])]
     else:
         raise ValueError(name)
     running = [subprocess.Popen(p, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -19,7 +19,6 @@ Needs root (network namespaces); says why not otherwise.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -27,13 +26,12 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.path.dirname(sys.executable)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from distseg.core import link, rundir, timeline  # noqa: E402
 
-from benchlib import machine, netns  # noqa: E402
-from benchlib.args import add_precision  # noqa: E402
+from benchlib import launch, machine, netns  # noqa: E402
+from benchlib.args import add_precision, add_results_dir  # noqa: E402
 from benchlib.runlogs import run_throughput  # noqa: E402
 
 VARIANTS = ("1proc", "distseg", "fp16", "overlap", "mwms")
@@ -66,13 +64,15 @@ MODELS = {
 TAG = "dsbl"
 
 
-def train_command(args, model: str, run_dir: str, compression: str) -> list[str]:
+def train_command(args, model: str, run_dir: str, compression: str, step: str) -> list[str]:
+    """One rank's command (``mpirun`` starts it on each host): ``step`` one of
+    ``STEP_VARIANTS`` runs under ``benchlib.train_variant``, any other distseg's own."""
     preset, extra = MODELS[model]
-    return [f"{BIN}/distseg-train", "--preset", preset, *extra, "--data", args.data,
-            "--run-dir", run_dir, "--epochs", str(args.epochs), "--batch-size", "8",
-            "--max-steps-per-epoch", str(args.steps), "--intra-op-threads", "1",
-            "--inter-op-threads", "1", "--no-validate", "--checkpoint-every", "0",
-            "--compression", compression, "--precision", args.precision]
+    flags = ["--preset", preset, *extra, "--data", args.data, "--epochs", str(args.epochs),
+             "--batch-size", "8", "--max-steps-per-epoch", str(args.steps), "--no-validate",
+             "--checkpoint-every", "0", "--compression", compression, "--precision", args.precision]
+    return launch.train_command(flags, run_dir, threads=1,
+                                variant=["--step", step] if step in STEP_VARIANTS else ())
 
 
 def _env() -> dict:
@@ -101,11 +101,8 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     """One distseg run: one process on host a, or one rank on each host."""
     run_dir = tempfile.mkdtemp(dir=work)
     os.rmdir(run_dir)
-    train = train_command(args, model, run_dir, "fp16" if variant == "fp16" else "none")
     step, settings = ENV_VARIANTS.get(variant, (variant, {}))
-    if step in STEP_VARIANTS:
-        train = [sys.executable, "-m", "benchlib.train_variant", "--step", step, "--",
-                 *train[1:]]
+    train = train_command(args, model, run_dir, "fp16" if variant == "fp16" else "none", step)
     ranks = 1 if variant == "1proc" else 2
     timeline_file = os.path.join(work, os.path.basename(run_dir) + "-timeline.json")
     if args.timeline:
@@ -334,8 +331,7 @@ def parse(argv=None):
     p.add_argument("--no-timeline", dest="timeline", action="store_false",
                    help="no Horovod timeline for the 2-rank runs (on by default: it gives "
                         "the step breakdown, at the cost of a few writes per tensor)")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
-    args = add_precision(p).parse_args(argv)
+    args = add_results_dir(add_precision(p)).parse_args(argv)
     args.rates, args.models = args.rates.split(","), args.models.split(",")
     args.variants = args.variants.split(",")
     unknown = sorted(set(args.variants) - set(VARIANTS + EXTRA_VARIANTS))
@@ -369,14 +365,11 @@ def main(argv=None) -> int:
     print_table(summary)
     print_breakdown(parts)
     print_validation(checks)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"link-{'-'.join(args.models)}-"
-                                  f"{datetime.datetime.now().strftime('%Y-%m-%d-%H%M')}.json")
-    with open(path, "w") as f:
-        json.dump({"benchmark": "bench_link", "args": vars(args),
-                   "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),
-                   "rows": rows, "summary": summary, "breakdown": parts, "projection": checks},
-                  f, indent=1)
+    path = launch.write_result({"benchmark": "bench_link", "args": vars(args),
+                                "machine": machine.describe(ROOT, {"intra_op": 1, "inter_op": 1}),
+                                "rows": rows, "summary": summary, "breakdown": parts,
+                                "projection": checks},
+                               args.results_dir, f"link-{'-'.join(args.models)}")
     print(f"\nwrote {path}")
     return 0
 

@@ -39,11 +39,14 @@ import time
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
-from distseg.networks import memory
-from distseg.networks import spec as spec_lib
-from distseg.training import memprobe
+from distseg.networks import memory  # noqa: E402
+from distseg.networks import spec as spec_lib  # noqa: E402
+from distseg.training import memprobe  # noqa: E402
+
+from benchlib.args import add_results_dir, set_threads  # noqa: E402
 
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
          "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
@@ -166,9 +169,7 @@ def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0)
 def dice_check(steps: int, batch: int, seeds=(0, 1)) -> dict:
     """Each precision trained from each seed (same initial weights and batches for both
     precisions of a seed): Dice per run and the mean over seeds."""
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(1)
     data = (phantom(24, 32, seed=1), phantom(6, 32, seed=2))
     runs = []
     for seed in seeds:
@@ -232,8 +233,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one round, short Dice run")
     ap.add_argument("--rounds", type=int, default=2, help="round-robin rounds of the options")
-    ap.add_argument("--out", default="bench/results", help="folder of the JSON results")
-    args = ap.parse_args()
+    args = add_results_dir(ap).parse_args()
     sizes, size, rounds = ([32, 48, 64], 64, 1) if args.quick else ([32, 64, 96], 96, args.rounds)
     started = time.time()
     print("1. estimate vs measured (float32, batch 2)", flush=True)
@@ -246,8 +246,8 @@ def main() -> int:
     rows = table(acc, opts, size, dice)
     print_table(rows)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"memory-{stamp}.json")
+    os.makedirs(args.results_dir, exist_ok=True)
+    path = os.path.join(args.results_dir, f"memory-{stamp}.json")
     with open(path, "w") as f:
         json.dump({"date": stamp, "machine": machine(), "wall_seconds": time.time() - started,
                    "rows": [{"measure": m, "goal": g, "measured": v, "met": ok} for m, g, v, ok in rows],

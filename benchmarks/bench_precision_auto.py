@@ -22,33 +22,26 @@ Results, with the CPU's bfloat16 flags, go to ``bench/results/precision-<date>-<
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
 from distseg.training import precision  # noqa: E402
 
 from benchlib import launch, runlogs  # noqa: E402
-
-THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
+from benchlib.args import add_results_dir  # noqa: E402
 
 
 def train(args: list[str], ranks: int, workdir: str, name: str) -> str:
     """Runs distseg-train (under horovodrun on 2+ ranks); returns its run directory."""
     run_dir = os.path.join(workdir, name)
-    cmd = [os.path.join(BIN, "distseg-train"), *args, *THREADS, "--run-dir", run_dir]
-    if ranks > 1:
-        cmd = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", *cmd]
-    launch.run_train(cmd, name)
+    launch.run_train(launch.train_command(args, run_dir, ranks=ranks, threads=1), name)
     return run_dir
 
 
@@ -130,9 +123,7 @@ def liver2d_steps(a, workdir: str) -> dict:
 
 
 def liver3d_runs(a, workdir: str) -> dict:
-    volumes = os.path.join(workdir, "liver117-3d.h5")
-    subprocess.run([os.path.join(BIN, "distseg-data"), "lits-sample", "--ndim", "3", "--out", volumes],
-                   check=True, capture_output=True)
+    volumes = launch.lits_sample(os.path.join(workdir, "liver117-3d.h5"), 3)
     out = {}
     for variant in ("auto", "float32"):
         args = ["--preset", "liver3d", "--data", volumes, "--epochs", str(a.epochs3d),
@@ -153,11 +144,9 @@ def main(argv=None) -> None:
     p.add_argument("--liver2d-steps", type=int, default=5)
     p.add_argument("--epochs3d", type=int, default=30)
     p.add_argument("--skip", default="", help="leave out: demo, split, liver2d, liver3d")
-    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
-    a = p.parse_args(argv)
+    a = add_results_dir(p).parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "bf16_flags": precision.read_bf16_flags(), "command": " ".join(sys.argv)}
+    result = {**launch.invocation(), "bf16_flags": precision.read_bf16_flags()}
     with tempfile.TemporaryDirectory(prefix="bench-precision-") as workdir:
         if "demo" not in skip:
             result["demo_runs"] = demo_rounds(a, workdir)

@@ -37,14 +37,15 @@ Two back-ends run the same algorithm on the same batches:
 The benchmark phantom (2,560 slices from 160 cases, 2,048 for training) is made once
 and cached under ``data/bench/``; every finished run is cached as JSON under
 ``data/bench/stateff-runs/``, so the study can be run in parts and the table rebuilt
-with ``--report``. Results go to ``bench/results/stateff-<date>.json``. This file is
-the command line; the study's pieces are in ``benchmarks/benchlib/stateff/``.
+with ``--report``. Results go to ``bench/results/stateff-<date>.json`` (``--results-dir``
+and ``--out`` say where else). This file is the command line; the study's pieces are in
+``benchmarks/benchlib/stateff/``.
 
     python benchmarks/bench_stateff.py --backend sim --variants base,sqrt --ranks 1,8 --seeds 0,1
     python benchmarks/bench_stateff.py --backend hvd --variants sqrt-gn --ranks 1,2 --seeds 0,1
     python benchmarks/bench_stateff.py --report
 
-Issue 28 (docs/statistical-efficiency.md): global batches past 8 under the sqrt and gain
+The large-batch study (docs/statistical-efficiency.md): global batches past 8 under the sqrt and gain
 rules and fixed lr multipliers (``gbatch-gn-x1`` ... ``-x4``), emulated as 8 ranks of
 B/8 slices, runs that end at the target (``--stop-at-target``), the goodput policy at
 32 ranks (``gbatch-gn-goodput``); their rows come from ``benchlib.stateff.largebatch``:
@@ -64,6 +65,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from distseg.core.config import LIVER_CLASSES  # noqa: E402
 
+from benchlib.args import add_results_dir  # noqa: E402
 from benchlib.stateff import emulation, goals, largebatch, results, runs, summary  # noqa: E402
 from benchlib.stateff.study import MEASURE, SAMPLES_PER_EVAL, SCALES, TARGET, VARIANTS  # noqa: E402
 
@@ -107,8 +109,9 @@ def parse_args(argv=None):
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     ap.add_argument("--check-sim", action="store_true", help="sim vs hvd on the same config")
     ap.add_argument("--workdir", default=os.environ.get("TMPDIR", "/tmp"))
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default=None,
+                    help="the results file (default: stateff-<date>.json in --results-dir)")
+    args = add_results_dir(ap).parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or not set(args.backend) <= {"sim", "hvd"} or not set(args.scale) <= set(SCALES):
         ap.error(f"unknown variant(s) {unknown} (known: {', '.join(VARIANTS)}), back-end "

@@ -29,7 +29,7 @@ configuration, one intra-op thread per rank; throughput counts the epochs after 
 first (the precision trial runs before them). Results, with the machine description, go to
 ``bench/results/bench-<date>-<time>.json``.
 
-and issue 21's rows: one rank's samples/s at per-rank batches 1, 2 and 4 against 8 (what
+and the fixed-global-batch study's rows: one rank's samples/s at per-rank batches 1, 2 and 4 against 8 (what
 strong scaling costs per sample), and the step-time cost of the global loss's allreduce
 and the noise scale's norms at 2 ranks (``distseg-2`` against ``distseg-2+localloss``,
 the step before them); ``--skip strong_scaling`` leaves them out.
@@ -63,16 +63,16 @@ from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
-from benchlib import machine, table  # noqa: E402
+from benchlib import launch, machine, table  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 from benchlib.runlogs import rank_records, run_precision, run_throughput  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
 
 #: The runs every round trains, in this order.
 BASE_TRAINERS = ("distseg-1", "keras-fit", "distseg-2", "mwms-2")
-#: Issue 21's runs: what strong scaling costs per sample on this CPU (1 rank at a
+#: The fixed-global-batch study's runs: what strong scaling costs per sample on this CPU (1 rank at a
 #: per-rank batch of 1, 2 and 4 beside ``distseg-1``'s 8), and the step before the
 #: global loss and the noise scale (``localloss``) beside ``distseg-2``.
 PER_RANK_BATCHES = (1, 2, 4)
@@ -139,7 +139,7 @@ def parse_args(argv=None) -> Settings:
                    help="interleaved rounds of every training run (the median of 3 resists one disturbed round)")
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
-    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    add_results_dir(p)
     p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+fancy")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
@@ -164,12 +164,10 @@ def parse_args(argv=None) -> Settings:
             p.error(f"--trainers: {peer} trains in the precision {lead} chose; add {lead}")
     if "strong_scaling" not in skip:
         ab += [n for n in STRONG_SCALING_TRAINERS if n not in ab]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     return Settings(data=a.data, preset=a.preset, epochs=a.epochs, rounds=a.rounds,
                     batch_size=a.batch_size, threads=a.threads, results_dir=a.results_dir,
                     ab=ab, bf16_dice_epochs=a.bf16_dice_epochs, bf16_dice_seeds=a.bf16_dice_seeds,
-                    trainers=trainers, skip=skip, env=env)
+                    trainers=trainers, skip=skip, env=launch.command_env())
 
 
 def check_trainer_name(name: str, error) -> None:
@@ -211,10 +209,9 @@ def run_json(cmd: list[str], s: Settings, env: dict | None = None, timeout: floa
     return json.loads(found[-1])
 
 
-def train_args(s: Settings, run_dir: str) -> list[str]:
-    return ["--preset", s.preset, "--data", s.data, "--run-dir", run_dir, "--epochs", str(s.epochs),
-            "--batch-size", str(s.batch_size), "--intra-op-threads", str(s.threads),
-            "--inter-op-threads", "1", "--no-validate", "--checkpoint-every", "0"]
+def train_args(s: Settings) -> list[str]:
+    return ["--preset", s.preset, "--data", s.data, "--epochs", str(s.epochs),
+            "--batch-size", str(s.batch_size), "--no-validate", "--checkpoint-every", "0"]
 
 
 def distseg_command(name: str, s: Settings, run_dir: str,
@@ -234,12 +231,11 @@ def distseg_command(name: str, s: Settings, run_dir: str,
         variant_args += MODIFIERS[m][0]
         env.update(MODIFIERS[m][1])
         flags += MODIFIERS[m][2]
-    trainer = ([sys.executable, "-m", "benchlib.train_variant", *variant_args, "--"]
-               if variant_args else [os.path.join(BIN, "distseg-train")])
-    launcher = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}"]
     paired = ["--precision", precision] if precision else []
-    return ((launcher if ranks > 1 else []) + trainer + train_args(s, run_dir) + paired + flags,
-            env, ranks)
+    # The change's flags after the base ones: where both name one (bN), the change wins.
+    cmd = launch.train_command(train_args(s) + paired + flags, run_dir, ranks=ranks,
+                               threads=s.threads, variant=variant_args)
+    return cmd, env, ranks
 
 
 def data_wait_share(run_dir: str, ranks: int) -> float:
@@ -321,8 +317,7 @@ def measure_pipeline(s: Settings) -> dict:
 
 
 def measure_bandwidth(s: Settings) -> dict:
-    reduce = run_json([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2",
-                       sys.executable, "-m", "benchlib.bandwidth", "allreduce",
+    reduce = run_json([*launch.horovodrun(2), sys.executable, "-m", "benchlib.bandwidth", "allreduce",
                        "--preset", s.preset, "--data", s.data, "--threads", str(s.threads)], s)
     copy = run_json([sys.executable, "-m", "benchlib.bandwidth", "memcpy",
                      "--bytes", str(reduce["bytes"])], s)
@@ -542,7 +537,7 @@ def ab_rows(results: dict) -> list[table.Row]:
 
 
 def strong_scaling_rows(results: dict) -> list[table.Row]:
-    """Issue 21: per-sample speed at per-rank batches 1, 2, 4 against 8 (one rank), and
+    """The fixed-global-batch study: per-sample speed at per-rank batches 1, 2, 4 against 8 (one rank), and
     what the global loss's allreduce and the noise scale's norms cost a 2-rank step
     (1 - distseg-2 / distseg-2+localloss, in %)."""
     rows = []
@@ -590,15 +585,6 @@ def all_rows(results: dict, results_dir: str) -> list[table.Row]:
 # --- the run ----------------------------------------------------------------------
 
 
-def write_results(s: Settings, doc: dict) -> str:
-    os.makedirs(s.results_dir, exist_ok=True)
-    path = os.path.join(s.results_dir, f"bench-{time.strftime('%Y-%m-%d-%H%M')}.json")
-    with open(path + ".partial", "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(path + ".partial", path)
-    return path
-
-
 def stop_on_sigterm(signum, frame) -> None:
     """SIGTERM ends the benchmark like Ctrl-C: the running command's process group is
     killed and the work directory removed."""
@@ -628,7 +614,7 @@ def main(argv=None) -> int:
     results.update(rows=[r.to_dict() for r in rows], load_average_end=machine.load_average(),
                    wall_seconds=time.perf_counter() - start,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
-    path = write_results(s, results)
+    path = launch.write_result(results, s.results_dir, "bench")
     print(table.format_table(rows))
     print(f"\n{precision_note(results)}")
     print(f"\n{results['machine']['cpu_model']}, {results['machine']['physical_cores']} cores; "

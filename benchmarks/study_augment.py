@@ -22,11 +22,9 @@ seed, the difference and its median) and writes
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -35,13 +33,13 @@ from scipy import ndimage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
 from distseg.data import h5format, synth  # noqa: E402
 from distseg.data import slices as data  # noqa: E402
 
 from benchlib import launch, runlogs  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 
 KINDS = ("none", "default")
 #: The soft-tissue level the phantom's contrast is scaled about (HU).
@@ -104,11 +102,8 @@ def phantom_file(path: str, a) -> str:
 def train(args: list[str], workdir: str, name: str, kind: str, threads: int) -> str:
     """One rank of distseg-train with ``data.augment`` ``kind``; its run directory."""
     run_dir = os.path.join(workdir, name)
-    config = os.path.join(workdir, f"augment-{kind}.json")
-    with open(config, "w") as f:
-        json.dump({"data": {"augment": kind}}, f)
-    cmd = [os.path.join(BIN, "distseg-train"), *args, "--config", config, "--run-dir", run_dir,
-           "--intra-op-threads", str(threads), "--inter-op-threads", "1", "--no-tensorboard"]
+    cmd = launch.train_command([*args, "--config", launch.augment_config(kind, workdir),
+                                "--no-tensorboard"], run_dir, threads=threads)
     launch.run_train(cmd, name, timeout=6 * 3600)
     return run_dir
 
@@ -171,10 +166,7 @@ def lits_data(a, workdir: str, ndim: int) -> str:
     bundled = os.path.join(REPO, "data", "liver117.h5")
     if a.data or (ndim == 2 and os.path.exists(bundled)):
         return a.data or bundled
-    path = os.path.join(workdir, f"liver117-{ndim}d.h5")
-    subprocess.run([os.path.join(BIN, "distseg-data"), "lits-sample", "--ndim", str(ndim), "--out", path],
-                   check=True, capture_output=True, timeout=600)
-    return path
+    return launch.lits_sample(os.path.join(workdir, f"liver117-{ndim}d.h5"), ndim)
 
 
 def study_lits(a, workdir: str, preset: str, ndim: int) -> dict:
@@ -201,7 +193,7 @@ def parse_args(argv=None):
         s.add_argument("--steps", type=int, default=0, help="cap steps per epoch (0: whole epochs)")
         s.add_argument("--threads", type=int, default=1, help="intra-op threads of the one rank")
         s.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))
-        s.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+        add_results_dir(s)
         if name == "phantom":
             s.add_argument("--cases", type=int, default=16, help="training phantoms")
             s.add_argument("--val-cases", type=int, default=4, help="shifted validation phantoms")
@@ -226,8 +218,7 @@ def main(argv=None) -> None:
         else:
             result = study_lits(a, workdir, "demo" if a.study == "lits" else "liver3d",
                                 2 if a.study == "lits" else 3)
-    result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=" ".join(sys.argv),
-                  seeds=a.seeds, epochs=a.epochs, precision=a.precision)
+    result.update(**launch.invocation(), seeds=a.seeds, epochs=a.epochs, precision=a.precision)
     path = launch.write_result(result, a.results_dir, f"augment-study-{a.study}")
     print_table(result)
     print(f"results: {path}")

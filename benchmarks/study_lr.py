@@ -20,17 +20,16 @@ import argparse
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
-from benchlib import launch, runlogs  # noqa: E402
+from benchlib import launch, machine, runlogs  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 
 
 def held_from(dice: list, target: float, hold: int = 2) -> int | None:
@@ -53,14 +52,9 @@ def train(a, arm: str, seed: int, ranks: int, core: int | None, workdir: str) ->
     """One run of ``arm``; its row."""
     flags, name = arm_args(arm)
     run_dir = os.path.join(workdir, f"{name}-s{seed}-np{ranks}")
-    train_cmd = [os.path.join(BIN, "distseg-train"), "--preset", a.preset, "--data", a.data,
-                 "--epochs", str(a.epochs), "--seed", str(seed), *flags, "--run-dir", run_dir,
-                 "--intra-op-threads", "1", "--inter-op-threads", "1", "--no-tensorboard"]
-    if ranks > 1:
-        cmd = [os.path.join(BIN, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-               *train_cmd]
-    else:
-        cmd = (["taskset", "-c", str(core)] if core is not None else []) + train_cmd
+    cmd = launch.train_command(["--preset", a.preset, "--data", a.data, "--epochs", str(a.epochs),
+                                "--seed", str(seed), *flags, "--no-tensorboard"], run_dir,
+                               ranks=ranks, threads=1, core=core)
     start = time.monotonic()
     launch.run_train(cmd, run_dir, timeout=6 * 3600)
     return row(a, arm, seed, ranks, run_dir, time.monotonic() - start)
@@ -117,8 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--target", type=float, default=0.75, help="validation liver Dice target")
     p.add_argument("--parallel", type=int, default=2, help="1-rank runs at a time")
     p.add_argument("--workdir", default=None)
-    p.add_argument("--results", default=os.path.join(REPO, "bench", "results"))
-    return p.parse_args(argv)
+    return add_results_dir(p).parse_args(argv)
 
 
 def main(argv=None) -> None:
@@ -126,10 +119,9 @@ def main(argv=None) -> None:
     workdir = a.workdir or tempfile.mkdtemp(prefix="lr-study-")
     rows = run_all(a, workdir)
     print_table(rows, a.target)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
+    commit = machine.revision(REPO, short=True)
     path = launch.write_result({"study": "lr", "commit": commit, "args": vars(a), "runs": rows},
-                               a.results, "lr-study")
+                               a.results_dir, "lr-study")
     print(f"\nwritten: {path}")
 
 

@@ -1,5 +1,5 @@
 """The learning rate on the phantom, where samples can be counted finely: the large-batch
-study's emulation (``benchlib.stateff.emulation``, the loop's own ``Scaling``, held step
+study's emulation (``benchlib.stateff.emulation``, the loop's own ``TrainingState``, held step
 for step to ``distseg-train``) of the small U-Net with GroupNorm on ``phantom64`` at a
 global batch of 8, validating every ``--every`` samples; a run's cost is its samples to
 validation liver Dice ``--target`` held for two validations in a row (the first of the
@@ -34,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from benchlib import launch  # noqa: E402
+from benchlib import launch, machine  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 from benchlib.stateff import study  # noqa: E402
 
 #: The demo's lr, the sweep's x1.
@@ -83,8 +84,7 @@ def run(a, arm: dict, seed: int, core: int, workdir: str, data: str, n_train: in
     script = _RUN.format(benchmarks=HERE, repo=REPO, over=json.dumps(arm_config(a, arm, seed, n_train)),
                          data=data, run_dir=run_dir, target=a.target)
     out = subprocess.run(["taskset", "-c", str(core), sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=3 * 3600,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                         capture_output=True, text=True, timeout=3 * 3600, env=launch.command_env())
     if out.returncode:
         raise RuntimeError(f"{run_dir} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -198,8 +198,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=float, default=0.25, help="passes of lr warm-up")
     p.add_argument("--target", type=float, default=study.TARGET)
     p.add_argument("--workdir", default=None)
-    p.add_argument("--results", default=os.path.join(REPO, "bench", "results"))
-    return p.parse_args(argv)
+    return add_results_dir(p).parse_args(argv)
 
 
 def main(argv=None) -> None:
@@ -216,11 +215,10 @@ def main(argv=None) -> None:
     goals = goal_rows(a, rows, chosen)
     print_rows(choosing, [], chosen, a.choose_seeds)
     print_rows(rows, goals, chosen, a.seeds)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
+    commit = machine.revision(REPO, short=True)
     path = launch.write_result({"study": "lr-phantom", "commit": commit, "args": vars(a),
                                 "chosen_schedule": chosen, "choosing": choosing, "runs": rows,
-                                "goals": goals}, a.results, f"lr-phantom-b{a.global_batch}")
+                                "goals": goals}, a.results_dir, f"lr-phantom-b{a.global_batch}")
     print(f"\nwritten: {path}")
 
 

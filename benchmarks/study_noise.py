@@ -24,16 +24,15 @@ import argparse
 import concurrent.futures
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, HERE)
 
-from benchlib import launch, runlogs  # noqa: E402
+from benchlib import launch, machine, runlogs  # noqa: E402
+from benchlib.args import add_results_dir  # noqa: E402
 
 #: The one-rank estimators (the step variant each runs) and the reference.
 ONE_RANK = {"halves": "distseg", "consecutive": "consecutive"}
@@ -44,14 +43,12 @@ def train(a, arm: str, seed: int, core: int | None, workdir: str) -> str:
     """One run of ``arm`` at ``seed``; its run folder."""
     run_dir = os.path.join(workdir, f"{arm}-s{seed}")
     flags = ["--preset", a.preset, "--data", a.data, "--epochs", str(a.epochs),
-             "--seed", str(seed), "--run-dir", run_dir, "--intra-op-threads", "1",
-             "--inter-op-threads", "1", "--no-tensorboard"]
+             "--seed", str(seed), "--no-tensorboard"]
     if arm == REFERENCE:
-        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2",
-               os.path.join(BIN, "distseg-train"), *flags]
+        cmd = launch.train_command(flags, run_dir, ranks=2, threads=1)
     else:
-        variant = [sys.executable, "-m", "benchlib.train_variant", "--step", ONE_RANK[arm], "--"]
-        cmd = (["taskset", "-c", str(core)] if core is not None else []) + variant + flags
+        cmd = launch.train_command(flags, run_dir, threads=1, core=core,
+                                   variant=["--step", ONE_RANK[arm]])
     launch.run_train(cmd, run_dir, timeout=6 * 3600)
     return run_dir
 
@@ -107,23 +104,20 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--epochs", type=int, default=8, help="the demo's 8 by default")
     p.add_argument("--workdir", default=None)
-    p.add_argument("--results", default=os.path.join(REPO, "bench", "results"))
-    return p.parse_args(argv)
+    return add_results_dir(p).parse_args(argv)
 
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    # ``benchlib.train_variant`` runs as a module from here.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
     workdir = a.workdir or tempfile.mkdtemp(prefix="noise-study-")
     rows = [run_seed(a, seed, workdir) for seed in a.seeds]
     print_rows(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
+    commit = machine.revision(REPO, short=True)
     summary = {arm: statistics.median(r[f"{arm}_ratio"] for r in rows) for arm in ONE_RANK}
     print("\nmedian over seeds: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items()))
     path = launch.write_result({"study": "noise", "commit": commit, "args": vars(a),
-                                "seeds": rows, "median_ratio": summary}, a.results, "noise-study")
+                                "seeds": rows, "median_ratio": summary}, a.results_dir,
+                                "noise-study")
     print(f"written: {path}")
 
 

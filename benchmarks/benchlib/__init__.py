@@ -5,4 +5,9 @@ FLOP/s (``flops``), bf16 against fp32 step time (``precision``), the input pipel
 alone (``pipeline``), allreduce and memory-copy bandwidth (``bandwidth``), local copies
 of distseg's train step for A/B runs (``step_variants``, ``train_variant``), the
 machine description (``machine``), and the table itself (``table``).
+
+What every benchmark and study shares lives here too, one copy each: the command line
+of a ``distseg-train`` run, its environment, the data files made with distseg's tools
+and the results file (``launch``), the shared flags, ``--results-dir`` among them
+(``args``), the commit (``machine.revision``) and what a run's logs say (``runlogs``).
 """

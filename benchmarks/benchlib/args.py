@@ -1,13 +1,21 @@
 """The command-line options that every benchmark piece shares: the workload of
 ``make bench`` (the demo preset on LiTS case 117, batch 8 per rank, one intra-op
 thread) unless told otherwise, the precision a timed network computes in
-(``add_precision``); and the preset's config with the classes of its data file and a
-precision a network can be built in (``preset_config``)."""
+(``add_precision``) and the folder results go to (``add_results_dir``); and what they
+ask for, applied: the thread pools of ``--threads`` (``set_threads``), and the preset's
+config with the classes of its data file and a precision a network can be built in
+(``preset_config``)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "bench", "results")
+"""Where every benchmark and study writes its results: bench/results of this checkout,
+wherever it is started from."""
 
 
 def workload_parser(doc: str | None, *, epochs: int | None = None, batch_size: bool = True,
@@ -26,6 +34,15 @@ def workload_parser(doc: str | None, *, epochs: int | None = None, batch_size: b
     return p
 
 
+def set_threads(intra: int, inter: int = 1) -> None:
+    """TensorFlow's thread pools in this process (before its first op): ``--threads``
+    intra-op threads and one inter-op thread, as every timed run and peer has, unless
+    told otherwise."""
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
 def add_precision(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--precision float32|bfloat16`` (default float32): what the networks a tool times
     compute in. A preset's ``auto`` is no answer here: only a ``distseg-train`` run's
@@ -36,6 +53,14 @@ def add_precision(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="float32",
                    help="what the network computes in (not auto: only a distseg-train run's "
                         "start decides that)")
+    return p
+
+
+def add_results_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--results-dir DIR`` (default ``RESULTS_DIR``): the one spelling of the folder
+    a benchmark writes its dated results file to."""
+    p.add_argument("--results-dir", default=RESULTS_DIR,
+                   help="folder of the JSON results (default: bench/results of this checkout)")
     return p
 
 

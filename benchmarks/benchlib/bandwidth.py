@@ -23,6 +23,8 @@ import time
 
 from distseg.core import link
 
+from benchlib.args import set_threads
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -89,9 +91,7 @@ def main(argv=None):
         return
     from distseg.parallel import distributed as dist
     ctx = dist.init()
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(args.threads)
     seconds, nbytes = allreduce_seconds(gradient_shapes(args.preset, args.data), args.repeats)
     if ctx.is_root():
         print(json.dumps({"ranks": ctx.size, "bytes": nbytes, "seconds": seconds,

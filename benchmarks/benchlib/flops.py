@@ -30,7 +30,7 @@ import math
 import os
 import time
 
-from benchlib.args import add_precision, preset_config
+from benchlib.args import add_precision, preset_config, set_threads
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -107,9 +107,7 @@ def main(argv=None):
     p.add_argument("--gemm-n", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=10)
     args = add_precision(p).parse_args(argv)
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(args.threads)
     from distseg.networks import unet as model_lib
     # The classes only size the 1x1 head: a negligible share of the FLOPs. The count is
     # the same in either precision (the same layers); the rate it is set against is the

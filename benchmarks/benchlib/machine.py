@@ -74,9 +74,15 @@ def command_output(cmd: list[str], cwd: str | None = None) -> str | None:
     return text.splitlines()[0] if done.returncode == 0 and text else None
 
 
+def revision(repo: str, short: bool = False) -> str | None:
+    """The commit checked out in ``repo`` (abbreviated with ``short``), or None where
+    git cannot say (no git, not a checkout)."""
+    return command_output(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], cwd=repo)
+
+
 def git_state(repo: str) -> dict:
     """Commit and whether the working tree differs from it (read-only git calls)."""
-    commit = command_output(["git", "rev-parse", "HEAD"], cwd=repo)
+    commit = revision(repo)
     status = command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"commit": commit, "modified_files": status is not None}
 

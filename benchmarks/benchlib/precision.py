@@ -35,7 +35,7 @@ import os
 import statistics
 import time
 
-from benchlib.args import workload_parser
+from benchlib.args import set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -112,8 +112,7 @@ def run(args) -> dict:
     """Times every mode (``POLICY`` or ``POLICY:MODEL_VARIANT``) round-robin; with
     ``--dice-epochs``, also trains each and scores it."""
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(args.threads)
     if args.grappler_bf16:
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     from distseg.core import config as config_lib

@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-from benchlib.args import add_precision, workload_parser
+from benchlib.args import add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -104,12 +104,9 @@ def time_round(fn, batches, flags, steps: int, start: int) -> tuple[float, float
 
 def run(args) -> dict:
     """Times every variant round-robin; returns {name: {"wall_ms", "cpu_ms"}} medians."""
-    import tensorflow as tf
-
     from distseg.parallel import distributed as dist
     ctx = dist.init()
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(args.threads)
     batches, fns, flags = build(args, ctx)
     for fn in fns.values():  # trace and warm up
         time_round(fn, batches, flags, 2, 0)

@@ -143,7 +143,7 @@ def make_bare_train_step(model, optimizer, spatial_shape, num_classes: int, loss
 
 def make_localloss_train_step(model, optimizer, spatial_shape, num_classes: int, loss: str,
                               ranks: int = 1, batch: int | None = None):
-    """distseg's step before the global loss (issue 21): each rank's own Dice loss, no
+    """distseg's step before the global loss (the fixed-global-batch study): each rank's own Dice loss, no
     forward allreduce of the Dice sums and no gradient norms for the noise scale; the
     A/B of what those two cost (``make bench``'s ``global_loss_cost`` row)."""
     import tensorflow as tf

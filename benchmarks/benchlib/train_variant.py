@@ -57,8 +57,8 @@ def _uncompressed(build, *args, compression: str = "none", **kwargs):
         # Only distseg's own one-rank step keeps the last gradient (``original`` returns
         # it, ``forget`` and all); the variants keep nothing across steps.
         step.forget = _nothing
-    if not hasattr(step, "parts"):
-        step.parts = 1  # the variants take one gradient per rank (``NoiseScale.parts``)
+    if not hasattr(step, "gradients_per_rank"):
+        step.gradients_per_rank = 1  # the variants take one gradient per rank
     return step
 
 

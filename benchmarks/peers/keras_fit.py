@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from benchlib.args import add_precision, workload_parser
+from benchlib.args import add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -55,13 +55,6 @@ class EpochTimer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds.append(time.perf_counter() - self._start)
-
-
-def set_threads(intra: int, inter: int = 1) -> None:
-    """TensorFlow's thread pools, before its first op."""
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
 def train_arrays(path: str, image_size: int):

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from benchlib.args import add_precision, workload_parser
+from benchlib.args import add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -80,8 +80,7 @@ class MwmsStep:
 def worker(args) -> dict:
     """One MWMS worker (``TF_CONFIG`` set): trains and returns its epochs' seconds."""
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_threads(args.threads)
     import keras
 
     from distseg.core import batchplan

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from distseg.core import rundir
+from distseg.core import lr, rundir
 
 from support import REPO
 
@@ -297,9 +297,9 @@ def test_a_grown_batch_is_emulated_as_8_ranks_with_the_same_batches_and_lr():
             for r in (16, 64)}
     for r, sched in real.items():
         folded = EpochPlan.of(t, 2048, 8, per_rank=r // 8)
-        assert (folded.steps, folded.batch.global_batch, folded.batch.base, folded.lr(0)) == \
-            (sched.steps, sched.batch.global_batch, sched.batch.base, sched.lr(0))
-        assert folded.steps * r == 512 and sched.lr(0) == pytest.approx(1e-3 * (r / 8) ** 0.5)
+        assert (folded.steps, folded.batch.global_batch, folded.batch.base, lr.at(folded, 0)) == \
+            (sched.steps, sched.batch.global_batch, sched.batch.base, lr.at(sched, 0))
+        assert folded.steps * r == 512 and lr.at(sched, 0) == pytest.approx(1e-3 * (r / 8) ** 0.5)
         # the same samples in every global batch at r ranks and at 8
         ids = np.arange(2048)
         whole = None
@@ -380,14 +380,14 @@ def test_the_gain_rule_against_the_best_fixed_multiplier_and_the_default_against
 
 def test_the_emulated_goodput_policy_switches_as_the_loop_does():
     """``emulation.policy_step`` at 32 emulated ranks (8 sim ranks x 4 per-rank slices),
-    through the loop's own ``Scaling``: a noise scale far above the batch makes per-rank
+    through the loop's own ``TrainingState``: a noise scale far above the batch makes per-rank
     2 worth its lower step cost, and the plan and noise-scale sizes follow; a small one
     keeps per-rank 1."""
     import dataclasses
 
     from distseg.core import config as config_lib
     from distseg.training.noise import Average
-    from distseg.training.scaling import Scaling
+    from distseg.training.state import TrainingState
 
     from benchlib.stateff import emulation
     cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn-goodput", 32, 0, 24, None)
@@ -395,7 +395,7 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
         config_lib.demo().train, **cfg_over["train"]))
     seconds = {1: 0.1, 2: 0.15, 4: 0.3, 8: 0.6}  # per sample: 2 is 1.33x faster than 1
     for phi, expect in ((1e4, 2), (8.0, 1)):
-        scaling = Scaling.start(cfg.train, 2048, 8, fold=emulated.fold)
+        scaling = TrainingState.initial(cfg.train, 2048, 8, fold=emulated.fold)
         assert (scaling.plan.batch.per_rank, scaling.plan.batch.global_batch) == (4, 32)
         assert (scaling.noise.small, scaling.noise.big, scaling.noise.base) == (4, 32, 8)
         scaling.noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
@@ -405,7 +405,7 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
         assert (plan.batch.per_rank, plan.batch.global_batch, plan.steps) == \
             (4 * expect, 32 * expect, 512 // (32 * expect))
         assert (scaling.noise.small, scaling.noise.big) == (4 * expect, 32 * expect)
-        assert plan.lr(0) == pytest.approx(1e-3 * (4 * expect) ** 0.5)
+        assert lr.at(plan, 0) == pytest.approx(1e-3 * (4 * expect) ** 0.5)
 
 
 def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():

@@ -10,8 +10,8 @@ time to a validation Dice, docs/statistical-efficiency.md), one concern each:
                  ``tests/e2e/test_bench_stateff_parity.py``;
   ``runs``       one run, cached as JSON, and the grid of runs;
   ``summary``    the table over seeds, printed and as Markdown;
-  ``goals``      issue 21's goal rows and the noise scale's predictions;
-  ``largebatch`` issue 28's rows: global batches past 8 under each lr rule, the noise
+  ``goals``      the fixed-global-batch study's goal rows and the noise scale's predictions;
+  ``largebatch`` the large-batch study's rows: global batches past 8 under each lr rule, the noise
                  scale's prediction from the B = 8 run, the goodput policy against
                  fixed per-rank batches in projected time;
   ``results``    the results file ``bench/results/stateff-<date>.json``.

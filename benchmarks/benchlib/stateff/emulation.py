@@ -5,14 +5,14 @@ batches, or ``distseg.data.sharding.shard_batches``), each rank has its own forw
 backward pass and its own BatchNorm moving statistics, the gradients are averaged,
 the loop's Adam update applied (``steps.apply_adam``), the BatchNorm statistics
 averaged over ranks at each epoch end, and the learning rate is the loop's
-(``Scaling.lr``). It measures samples, not time, at a fraction of the cost of 8
+(``TrainingState.lr``). It measures samples, not time, at a fraction of the cost of 8
 oversubscribed processes.
 
 A global batch grown past G can be emulated as fewer ranks of more slices each
 (``study.Emulated``: with GroupNorm and the global loss the same training up to float
 rounding), and under ``train.batch_policy`` goodput the per-rank batch is chosen at each
 epoch's end as the loop chooses it (``policy_step``), from given step times. The lr, the
-noise scale and the policy are the loop's own object (``training.scaling.Scaling``).
+noise scale and the policy are the loop's own object (``training.state.TrainingState``).
 
 A measuring copy is held to the real thing: ``tests/e2e/test_bench_stateff_parity.py``
 runs ``distseg-train`` at 1 and 2 ranks and this emulation on the same config, seed
@@ -28,6 +28,10 @@ import math
 import statistics
 import time
 
+from distseg.core import lr as lr_lib
+
+from benchlib import args as bench_args
+
 
 class SimRanks:
     """N data-parallel ranks emulated in one process, step for step as distseg's loop:
@@ -41,17 +45,14 @@ class SimRanks:
     statistics moved by the mean of the halves' moves."""
 
     def __init__(self, cfg, ranks: int):
-        import keras
         import tensorflow as tf
 
         from distseg import losses
-        from distseg.networks import unet as model_lib
-        from distseg.training import steps
-        keras.utils.set_random_seed(cfg.train.seed)  # rank 0's initial state, broadcast
+        from distseg.training import factory, steps
         self.cfg, self.ranks = cfg, ranks
-        self.model = model_lib.from_config(cfg.model)
-        self.optimizer = keras.optimizers.Adam(learning_rate=cfg.train.lr)
-        self.optimizer.build(self.model.trainable_variables)
+        # As the run builds them, from rank 0's seed (its initial state is broadcast).
+        spatial = (cfg.model.image_size, cfg.model.image_size)
+        self.model, self.optimizer = factory.model_and_optimizer(cfg, spatial, cfg.train.seed)
         self.stats = list(self.model.non_trainable_weights)
         self.banks = [[v.numpy() for v in self.stats] for _ in range(ranks)]
         self.previous = steps.PreviousGradient(self.model.trainable_variables) if ranks == 1 else None
@@ -136,7 +137,7 @@ class SimRanks:
         self.banks = [[sum(v) / len(moved) for v in zip(*moved)]] if self.halves else moved
         mean = [sum(gs) / len(per_rank) for gs in zip(*per_rank)]
         norms = [float(x) for x in self.norms_step(per_rank, mean)]
-        self.optimizer.learning_rate.assign(lr)
+        lr_lib.assign(self.optimizer, lr)
         self.apply(mean)
         return statistics.fmean(losses), norms
 
@@ -159,7 +160,7 @@ class SimRanks:
 
 def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[dict]:
     """One benchmark epoch of ``sim`` under ``scaling`` (the loop's own
-    ``training.scaling.Scaling``: its plan's batches, its lr, fed each step's gradient
+    ``training.state.TrainingState``: its plan's batches, its lr, fed each step's gradient
     norms as the loop feeds it); ``clock`` holds the global step; returns its ``step``
     records, shaped like the loop's."""
     t = sim.cfg.train
@@ -216,7 +217,7 @@ def held(records: list[dict], stop_at: float, hold: int) -> bool:
 
 
 def policy_step(scaling, step_seconds: dict):
-    """The goodput policy at an epoch's end, as the loop takes it (``Scaling.decide`` and
+    """The goodput policy at an epoch's end, as the loop takes it (``TrainingState.decide`` and
     ``take``) at the emulated ranks, the seconds of a step at each per-rank batch from
     ``step_seconds`` (measured throughput, not this process's clock). Returns the
     choice; on a switch ``scaling`` holds the new batch's plan and noise-scale sizes."""
@@ -247,7 +248,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
 
     from distseg.data import slices as data
     from distseg.training import steps as steps_lib
-    from distseg.training.scaling import Scaling
+    from distseg.training.state import TrainingState
 
     from benchlib.stateff.study import Emulated
     emulated = emulated or Emulated(ranks, ranks)
@@ -257,21 +258,21 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     sim, records, t0 = SimRanks(cfg, ranks), [], time.perf_counter()
     found = None
     if cfg.train.lr_auto:
-        plan = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold).plan
+        plan = TrainingState.initial(cfg.train, len(info.train_indices), ranks, fold=emulated.fold).plan
         found = find_lr(sim, plan, (images, masks, info.train_indices), cfg.train.seed,
                         cfg.train.lr)
         if "error" in found:
             raise RuntimeError(found["error"])
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=found["lr"]))
         records.append({"type": "lr_find", **found})
-    scaling = Scaling.start(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
+    scaling = TrainingState.initial(cfg.train, len(info.train_indices), ranks, fold=emulated.fold)
     clock = {"global_step": 0}
     val = (images[info.val_indices], masks[info.val_indices])
     for epoch in range(cfg.train.epochs):
         plan = scaling.plan
         sim.halves = ranks == 1 and steps_lib.can_halve(
             sim.model, plan.static_batch(len(info.train_indices), ranks))
-        scaling.noise.parts = 2 if sim.halves else 1  # as the loop's ``use_plan``
+        scaling.noise.gradients_per_rank = 2 if sim.halves else 1  # as the loop's ``use_plan``
         steps = sim_epoch(sim, scaling, (images, masks, info.train_indices), epoch, clock)
         record = epoch_record(scaling, epoch, time.perf_counter() - t0, steps,
                               sim.validate(*val), plan)
@@ -286,7 +287,6 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
 
 
 def set_threads(n: int) -> None:
-    """One TensorFlow thread for the emulation, like each real rank (before any op)."""
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(n)
-    tf.config.threading.set_inter_op_parallelism_threads(n)
+    """``n`` TensorFlow threads, intra- and inter-op, for the emulation (1: like each
+    real rank; before any op)."""
+    bench_args.set_threads(n, n)

@@ -1,4 +1,4 @@
-"""Issue 21's goals, measured from the study's runs and table: time to the target at
+"""The fixed-global-batch study's goals, measured from the study's runs and table: time to the target at
 2 vs 1 ranks, the largest fall of the validation Dice, samples to the target at 2, 4
 and 8 ranks vs 1, and the gradient noise scale's prediction of a larger batch's
 samples (McCandlish et al.; ``analysis.noise``), each row with the numbers behind it."""
@@ -137,7 +137,7 @@ def _samples_goal(samples: dict[int, float | None], variant: str) -> dict:
 
 def goal_rows(rows: list[dict], runs: list[dict], variant: str,
               scale: str = "small", grown: str = "gn", timed: tuple[str, str] | None = None) -> list[dict]:
-    """Issue 21's goals, measured for ``variant`` (the recommended default, a fixed
+    """The fixed-global-batch study's goals, measured for ``variant`` (the recommended default, a fixed
     global batch) at ``scale``, each with the numbers behind it (``detail``); ``grown``:
     the variant whose 8-rank runs (8 slices per rank) the noise scale predicts;
     ``timed``: the (variant, scale) of the real runs timed to the target (default:

@@ -1,4 +1,4 @@
-"""Issue 28's large-batch rows: global batches 8 to 64 (and 32 ranks x 1 to 8 slices)
+"""The large-batch study's large-batch rows: global batches 8 to 64 (and 32 ranks x 1 to 8 slices)
 in the step-exact emulation, from the study's scored runs. No TensorFlow.
 
   the sweep        samples to target per global batch B and lr rule: ``sqrt``
@@ -188,7 +188,7 @@ def goodput_row(compared: list[dict]) -> dict:
 
 
 def rows(runs: list[dict], seeds: list[int], step_seconds: dict[int, float]) -> tuple[list[dict], dict]:
-    """(issue 28's goal rows, the numbers behind them for the results file)."""
+    """(the large-batch study's goal rows, the numbers behind them for the results file)."""
     tables = {s: sweep(runs, s) for s in seeds}
     preds = [p for s in seeds for p in predictions(runs, s)]
     compared = [c for c in (goodput_vs_fixed(runs, s, step_seconds) for s in seeds) if c]
@@ -218,7 +218,7 @@ def _seconds(t: float | None, beyond: float | None) -> str:
 
 
 def markdown(large: dict) -> str:
-    """Issue 28's tables as Markdown, for docs/statistical-efficiency.md: the sweep (a
+    """The large-batch study's tables as Markdown, for docs/statistical-efficiency.md: the sweep (a
     rule not run: blank; not reached: "n/r"), the predictions, goodput vs fixed."""
     names = list(RULES)
     lines = ["| seed | B | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]

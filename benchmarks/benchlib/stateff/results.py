@@ -9,7 +9,7 @@ import json
 import os
 import platform
 
-from benchlib.stateff.study import BATCH, ROOT, SAMPLES_PER_EVAL, SCALES, VARIANTS
+from benchlib.stateff.study import BATCH, SAMPLES_PER_EVAL, SCALES, VARIANTS
 
 
 def machine() -> dict:
@@ -19,10 +19,10 @@ def machine() -> dict:
 
 def write_results(args, runs: list[dict], rows: list[dict], goals: list[dict],
                   large_batch: dict | None = None) -> str:
-    """Writes the results file (``--out``, else today's under bench/results); returns
-    its path. ``large_batch``: issue 28's numbers (``largebatch.rows``)."""
+    """Writes the results file (``--out``, else today's in ``--results-dir``); returns
+    its path. ``large_batch``: the large-batch study's numbers (``largebatch.rows``)."""
     today = datetime.date.today().isoformat()
-    out = args.out or os.path.join(ROOT, "bench", "results", f"stateff-{today}.json")
+    out = args.out or os.path.join(args.results_dir, f"stateff-{today}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     doc = {
         "benchmark": "bench_stateff", "date": today, "machine": machine(),

@@ -7,16 +7,15 @@ import json
 import math
 import os
 import subprocess
-import sys
 from dataclasses import asdict, dataclass
 
-from distseg.core import batchplan
 from distseg.core import config as config_lib
+from distseg.core import lr
+
+from benchlib.launch import BIN
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 """The repository root."""
-BIN = os.path.dirname(sys.executable)
-"""This interpreter's console scripts (``distseg-train``, ``horovodrun``, ...)."""
 
 SAMPLES_PER_EVAL = 512
 """Training samples between two validations, at every rank count."""
@@ -40,7 +39,7 @@ losses are held bit for bit to ``distseg-train``'s
 in float32 too, and keep their cache keys (the precision is not in ``run_config``)."""
 MULTIPLIERS = {f"x{math.sqrt(2 ** k):.2g}": math.sqrt(2 ** k) for k in range(5)}
 """The sweep's fixed lr multipliers past the base batch, name -> factor: x1, x1.4, x2,
-x2.8, x4, each sqrt(2) apart, computed as ``batchplan.lr_factor("sqrt", B / 8)`` computes
+x2.8, x4, each sqrt(2) apart, computed as ``lr.batch_factor("sqrt", B / 8)`` computes
 sqrt's (so at B = 16, 32, 64 the sqrt rule's factor is bit for bit one of them)."""
 PER_RANK_SPEED = os.path.join(ROOT, "bench", "results", "bench-2026-11-25-1527.json")
 """The ``make bench`` result whose 1-rank runs at per-rank batch 1, 2, 4 and 8
@@ -97,7 +96,7 @@ VARIANTS = {
                               "model": {"norm": "group"}, "global_batch": BATCH,
                               "warmup_passes": 0.0, "lr_multiplier": m})
        for name, m in MULTIPLIERS.items()},
-    "demo-now": ("the demo preset since issue 21: global batch 8, global loss, BatchNorm "
+    "demo-now": ("the demo preset since the fixed-global-batch study: global batch 8, global loss, BatchNorm "
                  "ghost batches of 2", {"model": {"bn_ghost_batch": 2},
                                         "global_batch": BATCH, "warmup_passes": 1.0}),
 }
@@ -154,7 +153,7 @@ def same_run(variant: str, ranks: int) -> str:
     """The variant whose run is this one's: a sweep multiplier equal to the sqrt rule's
     factor at ``ranks`` (no warm-up in either) is ``gbatch-gn``'s run, not a second one."""
     m = VARIANTS[variant][1].get("lr_multiplier")
-    if m is not None and ranks > BATCH and m == batchplan.lr_factor("sqrt", ranks / BATCH):
+    if m is not None and ranks > BATCH and m == lr.batch_factor("sqrt", ranks / BATCH):
         return "gbatch-gn"
     return variant
 
