@@ -6,8 +6,9 @@ The trainer logs McCandlish et al.'s simple noise scale B_simple = tr(Sigma) / |
 ``epoch`` record's ``noise_scale`` (``distseg.training.noise``): moving averages up to
 the end of that epoch, ``null`` where not estimable (1-rank logs from before
 2026-11-25: ``method`` ``none``; one rank then differenced consecutive gradients, which
-read 3-4x two ranks' estimate, and since 2026-11-26 takes its batch as two halves,
-``method`` ``halves``, where its model allows).
+read well above two ranks' estimate (docs/studies/noise-halves-2026-11-26.md), and
+since 2026-11-26 takes its batch as two halves, ``method`` ``halves``, where its model
+allows).
 
 It predicts the samples to each target at another global batch B from the noise scale
 averaged over training progress, as Pollux does (Qiao et al. 2021), not from one

@@ -20,13 +20,14 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
-#: Below this many bytes of logs, starting workers costs more than it saves: they
-#: take about 0.7 s to start, and save about 20 % of 8 s per GiB (measured on 2 cores).
+#: Below this many bytes of logs, starting workers costs more than it saves: their
+#: start-up is fixed, what they save grows with the logs
+#: (docs/studies/report-speed-2026-11-23.md, "When workers pay").
 MIN_BYTES = 512 << 20
 #: Memory the workers may hold together while parsing.
 MEMORY_BUDGET = 2 << 30
-#: A worker's peak memory over the size of the file it parses (measured 3.6x, plus
-#: 0.1 GiB of libraries, on an 87 MiB log of 350,000 steps; rounded up).
+#: A worker's peak memory over the size of the file it parses: the measured ratio and
+#: the libraries it imports, rounded up (docs/studies/report-speed-2026-11-23.md).
 PEAK_PER_BYTE = 5
 #: Most workers started, whatever the cores (more rarely pays: the parent combines
 #: the results in one thread).

@@ -141,8 +141,9 @@ def launcher() -> tuple[int, list[str]] | None:
 def passed_marker(pid: int) -> str:
     """The file that says this horovodrun's options passed ``check``: Horovod runs the
     script every second for the whole run, and the check (Horovod's parser, a host
-    lookup) costs ~0.1 s of CPU that only the first run needs. Named by the pid and
-    start time of horovodrun, so no later process can match it."""
+    lookup) would take a steady share of a core that only the first run needs
+    (docs/studies/horovod-settings-2026-11-22.md, "The elastic discovery script").
+    Named by the pid and start time of horovodrun, so no later process can match it."""
     return os.path.join(tempfile.gettempdir(),
                         f"distseg-hosts-{os.getuid()}-{pid}-{_stat(pid)[19]}.ok")
 

@@ -20,7 +20,7 @@ from distseg.core import rundir
 from distseg.core.errors import InputError
 
 LR_SCALINGS = ("linear", "sqrt", "none", "gain", "adascale")
-#: How the lr decays after the warm-up, over the samples the run plans (``steps.decay``).
+#: How the lr decays after the warm-up, over the samples the run plans (``lr.decay``).
 LR_SCHEDULES = ("constant", "cosine", "poly")
 BATCH_POLICIES = ("fixed", "goodput")
 COMPRESSIONS = ("none", "fp16")
@@ -64,23 +64,26 @@ class ModelConfig:
     """Dropout rate applied in the bottleneck (0 disables it)."""
     norm: str = "batch"
     """Normalisation after each convolution: ``batch``, ``group`` or ``none``. The
-    liver2d and liver3d presets use ``group``: on a 2,048-slice phantom the validation
-    Dice of BatchNorm models fell by up to 0.61 between validations at 1 rank and 0.21
-    at 8 (its moving statistics lag the weights), of GroupNorm models by at most 0.07 at
-    1-8 ranks, for the same samples to target (docs/statistical-efficiency.md). The demo
-    keeps ``batch``: on its 96 LiTS slices and 8 epochs BatchNorm reached validation
-    liver Dice 0.79 at 1 rank where GroupNorm reached 0.46. ``smoke`` keeps ``batch``
-    for the tests of the BatchNorm machinery."""
+    liver2d and liver3d presets use ``group``: BatchNorm's moving statistics lag weights
+    that move fast, so its validation Dice collapsed between validations at every rank
+    count; GroupNorm, which validates exactly as it trains, did not, and needed about
+    as many samples to the target
+    (docs/studies/normalisation-and-lr-scaling-2026-11-23.md). The demo keeps
+    ``batch``: a short run on little data favours it, and its step is the faster
+    (docs/studies/normalisation-layers-2026-11-23.md). ``smoke`` keeps ``batch`` for
+    the tests of the BatchNorm machinery."""
     bn_ghost_batch: int = 0
     """BatchNorm statistics over runs of this many samples (ghost batches; 0: each
     rank's whole batch). With a fixed global batch G, g = G / N makes one process
     normalise exactly as N ranks of g samples do, so BatchNorm runs stay exact across
-    rank counts up to N (the demo preset: 4, for 1 and 2 ranks)."""
+    rank counts up to N (the demo preset: 2, exact at 1, 2 and 4 ranks)."""
     bn_momentum: float = 0.9
     """Momentum of BatchNorm's moving statistics (``norm: batch`` only; used in
     validation and inference).
-    0.9, not Keras' 0.99: with 0.99 the statistics still held ~40% of their initial
-    values after the demo's 96 steps, and validation Dice was near 0."""
+    0.9, not Keras' 0.99: a short run's moving statistics must forget their initial
+    values within its few steps, or validation normalises with them. With 0.99 the
+    demo's validation Dice stayed near 0
+    (docs/studies/normalisation-and-lr-scaling-2026-11-23.md, "BatchNorm momentum")."""
     num_classes: int = 0
     """Output classes, background included. 0 (every preset): the data file's
     ``num_classes``, filled in at start-up; any other value must equal it
@@ -117,6 +120,12 @@ class ModelConfig:
     least 10 % faster on every rank, else float32 (``distseg.training.precision``). A
     run's config.json holds the precision decided."""
 
+    @property
+    def channels(self) -> int:
+        """The input channels the network takes: ``in_channels``, or 1 before start-up
+        has filled it in from the data file (CT's one channel)."""
+        return self.in_channels or 1
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -152,9 +161,10 @@ class TrainConfig:
     own rule, McCandlish et al.'s optimal step for SGD)."""
     grown_lr_scaling: str = "sqrt"
     """The same choice for a fixed ``global_batch`` G grown past it (more ranks than G):
-    the lr follows global / G. ``sqrt`` by default: in the step-exact emulation it
-    reached the target in fewer samples than ``gain`` at 16 and 32 ranks
-    (docs/statistical-efficiency.md)."""
+    the lr follows global / G. ``sqrt`` by default: in the step-exact emulation past G
+    it reached the target in fewer samples than ``gain``, whose measured gain stays
+    below the batch ratio (docs/studies/grown-batch-2026-11-25.md,
+    docs/studies/past-global-batch-8-2026-11-26.md)."""
     batch_policy: str = "fixed"
     """``fixed``: the batch of ``batch_plan`` all run long. ``goodput``: at each epoch's
     end rank 0 chooses the per-rank batch of the next epoch (powers of two up to
@@ -175,7 +185,7 @@ class TrainConfig:
     lr_schedule: str = "constant"
     """After the warm-up: ``constant``, ``cosine`` (half a cosine down to 0) or ``poly``
     (nnU-Net's (1 - f)^0.9), f the share of the run's planned samples trained since the
-    warm-up (``steps.decay``)."""
+    warm-up (``lr.decay``)."""
     loss: str = "dice"
     """``dice`` (negative mean soft Dice over classes) or ``dice_ce`` (plus cross-entropy)."""
     seed: int = 0
@@ -372,17 +382,18 @@ def with_data_classes(cfg: Config, path: str, num_classes: int,
 def default() -> Config:
     """The livermask-style 2D default: 240x240, 4 poolings, 64 filters (~31M params),
     GroupNorm (the large-batch study's choice, see ``ModelConfig.norm``), a fixed global
-    batch of 8 (docs/statistical-efficiency.md: more ranks, the same model sooner)."""
+    batch of 8 (more ranks, the same model sooner:
+    docs/studies/fixed-global-batch-2026-11-24.md)."""
     return Config(model=ModelConfig(norm="group"),
                   train=TrainConfig(global_batch=8, global_batch_grows=True))
 
 
 def liver2d() -> Config:
-    """``default()`` with ``--augment default``: on phantoms validated on phantoms of
-    other seeds, shifted in contrast, intensity, rotation and scale, this GroupNorm
-    model reached a validation liver Dice 0.30-0.37 higher with it than without at
-    each of 3 seeds; on LiTS 117 a median 0.03 higher (docs/studies/
-    augmentation-2026-11-26.md). The BatchNorm demo lost with it, so demo keeps none."""
+    """``default()`` with ``--augment default``: validated on phantoms of other seeds,
+    shifted in contrast, intensity, rotation and scale, this GroupNorm model reached a
+    far higher validation liver Dice with it than without at every seed, and a slightly
+    higher one on the LiTS case (docs/studies/augmentation-2026-11-26.md). The
+    BatchNorm demo lost with it, so demo keeps none."""
     base = default()
     return dataclasses.replace(base, data=dataclasses.replace(base.data, augment="default"))
 
@@ -393,7 +404,8 @@ def demo() -> Config:
     return dataclasses.replace(
         base,
         # Ghost batches of 2: BatchNorm normalises as 4 ranks x 2 slices would, so 1, 2
-        # and 4 ranks train the same model (docs/statistical-efficiency.md).
+        # and 4 ranks train the same model (docs/studies/fixed-global-batch-2026-11-24.md,
+        # "Which normalisation for the demo").
         model=dataclasses.replace(base.model, image_size=128, base_filters=16, norm="batch",
                                   bn_ghost_batch=2),
         train=dataclasses.replace(base.train, epochs=8, batch_size=8, lr=1e-3, warmup_epochs=1.0,

@@ -16,9 +16,9 @@ from __future__ import annotations
 #: Allreduce sizes (bytes) timed at start-up: from one small message to a gradient's
 #: worth (the demo U-Net's gradients are 8 MB, liver2d's 124 MB).
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
-#: Sizes up to this are always timed: below it a shaped TCP link is not yet at its
-#: rate (1 Gbit/s tbf, 2026-11-25: 0.28, 0.57, 0.70 and 0.90 Gbit/s seen by allreduces
-#: of 1, 4, 16 and 64 MiB), so a fit to small sizes alone reads it low.
+#: Sizes up to this are always timed: a shaped TCP link reaches its rate only at tens
+#: of MiB, so a fit to small sizes alone reads it low
+#: (docs/studies/link-2026-11-26.md, "The start-up probe's sizes").
 PROBE_ALWAYS = 16 << 20
 #: Timed repeats of each size (the first size once more, untimed: Horovod's set-up).
 PROBE_REPEATS = 3

@@ -18,6 +18,7 @@ itself, and gives ``abort`` the function that closes that handle.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from typing import Callable
 
@@ -74,3 +75,11 @@ class PartialFile:
         except BaseException:
             self.abort()
             raise
+
+
+def write_json(path: str, obj) -> None:
+    """Writes ``obj`` as JSON to ``path`` through ``PATH.tmp`` and a rename (a run's
+    config.json, a checkpoint's manifest)."""
+    with PartialFile(path, f"{path}.tmp") as part:
+        with open(part.partial, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)

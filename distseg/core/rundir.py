@@ -47,7 +47,7 @@ TEMPORARY = ".tmp."
 JOB_FILE = "job.txt"
 #: ``RUN/tensorboard``: rank 0's live TensorBoard scalars (``training.board``).
 TENSORBOARD_DIR = "tensorboard"
-#: An epoch's Horovod timeline (``training.parts.Timeline``), by epoch.
+#: An epoch's Horovod timeline (``training.observers.Timeline``), by epoch.
 TIMELINE_FILE = "comm-timeline-e{epoch}.json"
 #: A ``--model-fn`` run's copy of its model's source file.
 MODEL_FN_FILE = "model_fn.py"

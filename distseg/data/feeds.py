@@ -11,7 +11,7 @@ No Horovod here: ``rank`` and ``size`` come in as ints.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from distseg.core import batchplan
 from distseg.core import config as config_lib
@@ -24,7 +24,7 @@ class SliceFeed:
     """2D: slices of a slice file, validated slice by slice."""
 
     def __init__(self, cfg: config_lib.Config, info: data.DatasetInfo):
-        self.cfg, self.info = cfg, info
+        self.info, self.path, self.resize = info, cfg.data.path, cfg.data.resize
         self.input_shape = (cfg.model.image_size, cfg.model.image_size)
         self.train_ids = info.train_indices
         self.val_count = len(info.val_indices)
@@ -33,8 +33,7 @@ class SliceFeed:
         return self.info.summary()
 
     def open_reader(self) -> data.SliceReader:
-        return data.SliceReader(self.cfg.data.path, image_size=self.cfg.model.image_size,
-                                resize=self.cfg.data.resize)
+        return data.SliceReader(self.path, image_size=self.input_shape[0], resize=self.resize)
 
 
 class VolumeFeed:
@@ -43,7 +42,8 @@ class VolumeFeed:
 
     def __init__(self, cfg: config_lib.Config, info: volumes.VolumeInfo,
                  slab: Sequence[int]):
-        self.cfg, self.info = cfg, info
+        self.info, self.path, self.seed = info, cfg.data.path, cfg.train.seed
+        self.foreground_fraction = cfg.data.foreground_fraction
         self.input_shape = tuple(int(s) for s in slab)
         self.train_ids = volumes.slab_ids(info, self.input_shape, "train")
         self.val_count = len(info.val_cases)
@@ -52,19 +52,26 @@ class VolumeFeed:
         return self.info.summary(self.input_shape)
 
     def open_reader(self) -> volumes.SlabReader:
-        return volumes.SlabReader(self.cfg.data.path, self.input_shape,
-                                  foreground_fraction=self.cfg.data.foreground_fraction,
-                                  seed=self.cfg.train.seed)
+        return volumes.SlabReader(self.path, self.input_shape,
+                                  foreground_fraction=self.foreground_fraction, seed=self.seed)
 
 
 Feed = SliceFeed | VolumeFeed
 
 
-def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
+class Opened(NamedTuple):
+    """A run's config checked against its data file, with the file's classes filled in
+    (``with_data_classes``: what the run builds, trains and saves), and its feed. The
+    feed keeps only where and how it reads: the config is the caller's."""
+
+    cfg: config_lib.Config
+    feed: Feed
+
+
+def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
     """The feed of ``cfg`` after every check of the data file against the run
-    (``check_labels``: read every mask once; rank 0 does, the others trust it). The
-    feed's ``cfg`` is ``cfg`` with the file's classes filled in (``with_data_classes``):
-    what the run builds, trains and saves.
+    (``check_labels``: read every mask once; rank 0 does, the others trust it), and
+    ``cfg`` with the file's classes.
 
     Raises:
       DatasetError: one line naming the file and what would fix it (a volume file
@@ -80,12 +87,12 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Feed:
                                  slab=volumes.parse_slab(cfg.data.slab),
                                  num_classes=cfg.model.num_classes)
         _check_pooling(cfg, slab)
-        return VolumeFeed(cfg, info, slab)
+        return Opened(cfg, VolumeFeed(cfg, info, slab))
     info = data.examine(cfg.data.path, check_labels=check_labels)
     cfg = _with_file_classes(cfg, info)
     data.check_fit(info, ranks=ranks, batch_size=per_rank, image_size=cfg.model.image_size,
                    resize=cfg.data.resize, num_classes=cfg.model.num_classes)
-    return SliceFeed(cfg, info)
+    return Opened(cfg, SliceFeed(cfg, info))
 
 
 def with_classes(cfg: config_lib.Config) -> config_lib.Config:

@@ -272,9 +272,10 @@ class SliceReader(H5Reader):
           DatasetError: an index outside the file, or a chunk that could not be read
             (damaged file, failing storage).
         """
-        # One slice at a time into one array: h5py's fancy selection of a few slices
-        # costs ~2.3 ms of CPU per slice against ~0.12 ms for this (a 128x128 slice),
-        # time a rank pinned to its core takes from its own training step.
+        # One slice at a time into one array: h5py builds a fancy selection of a few
+        # slices point by point, an order of magnitude more CPU per slice, which a rank
+        # pinned to its core takes from its own training step
+        # (docs/studies/first-step-reader-optimizer-2026-11-25.md).
         indices = np.asarray(indices, dtype=np.int64)
         outside = indices[(indices < 0) | (indices >= len(self._images))]
         if len(outside):

@@ -99,7 +99,7 @@ def convention(cfg: config_lib.Config, known: predict.TrainingData, window, over
         "format": FORMAT, "format_version": FORMAT_VERSION, "model_file": MODEL_FILE,
         "spatial_dims": dims,
         "layout": "channels_last",
-        "input": {"name": "image", "shape": [None] + spatial + [cfg.model.in_channels or 1],
+        "input": {"name": "image", "shape": [None] + spatial + [cfg.model.channels],
                   "dtype": "float32",
                   "range": ([0.0, 1.0] if all(i.kind != "zscore" for i in prep.intensities)
                             else "per channel: see channels"),

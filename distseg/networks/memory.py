@@ -25,11 +25,11 @@ six terms:
   and run a train step (Keras objects, the traced graph, oneDNN's primitive cache):
   ``RUNTIME_BYTES``.
 
-The last two are calibrated against this machine (TensorFlow 2.18.1 CPU with oneDNN,
-Keras 3, AMD EPYC with AVX512_BF16, one intra-op thread): the runtime is peak RSS minus
-the TensorFlow allocator's own peak (``tf.config.experimental.get_memory_info``) at
-small inputs, the workspace what remained of the measured peak at 64^3 and 96^3. The
-runs and the error at other sizes are in docs/memory.md; ``benchmarks/bench_memory.py``
+The last two are calibrated on one machine and TensorFlow version: the runtime is peak
+RSS minus the TensorFlow allocator's own peak (``tf.config.experimental.get_memory_info``)
+at small inputs, the workspace what remained of the measured peak at large ones. The
+machine, the runs and the error at other sizes are in
+docs/studies/memory-calibration-2026-11-23.md; ``benchmarks/bench_memory.py``
 re-measures them.
 
 What a real train step holds is measured by ``distseg.training.memprobe.measure``,
@@ -55,16 +55,17 @@ WORKSPACE_TENSORS = {("float32", False): 3.3, ("float32", True): 4.8,
                      ("bfloat16", False): 3.3, ("bfloat16", True): 4.7}
 """(precision, recompute) -> how many full-resolution ``base_filters``-channel
 float32-sized tensors the backward pass holds at its peak on top of the kept
-activations (calibrated, docs/memory.md; in bfloat16 the measured workspace does not
-halve, so it is counted in float32 sizes for both precisions)."""
+activations (calibrated: docs/studies/memory-calibration-2026-11-23.md; in bfloat16
+the measured workspace does not halve, so it is counted in float32 sizes for both
+precisions)."""
 
 RUNTIME_BYTES = 150 * 2 ** 20
-"""Peak RSS beyond the other terms at small inputs (calibrated, docs/memory.md): Keras
-objects, the traced step, oneDNN's primitive cache, and a one-rank Horovod (its
-libraries, background thread and fusion buffer), since ``measure`` times training's own
-step. 200 MiB while the step ran Keras' own Adam (a dozen ops per variable) and was
-traced through autograph; with the fused Adam the peak at 16^3 and 32^3 x 4 filters
-fell to 156 and 164 MiB (3 and 2 runs, 2026-11-25)."""
+"""Peak RSS beyond the other terms at small inputs: Keras objects, the traced step,
+oneDNN's primitive cache, and a one-rank Horovod (its libraries, background thread and
+fusion buffer), since ``measure`` times training's own step. Calibrated on the step as
+it is traced now (the fused Adam, no autograph), which is smaller than a step of Keras'
+own Adam (docs/studies/memory-calibration-2026-11-23.md, "The runtime and workspace
+constants")."""
 
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}

@@ -24,9 +24,9 @@ def level_precision(precision: str, spatial: tuple[int, ...], level: int) -> str
     """The precision U-Net level ``level`` computes in: ``precision``, except that a
     bfloat16 3D level with an extent of 2 or less computes in float32. oneDNN's bfloat16
     3D convolution filter gradient (TensorFlow 2.18.1, AVX512_BF16) intermittently
-    returns non-finite values when an extent is 2 (5 to 14 of 30 random calls on
-    2x2x2, 2x4x4 and 2x8x8 inputs here), which made bfloat16 runs diverge to NaN within
-    tens of steps; such levels hold a negligible share of the activations."""
+    returns non-finite values when an extent is 2, which made bfloat16 runs diverge to
+    NaN (docs/studies/memory-calibration-2026-11-23.md, "Float32 where an extent is
+    2"); such levels hold a negligible share of the activations."""
     if precision == "bfloat16" and len(spatial) == 3 and min(s // 2 ** level for s in spatial) <= 2:
         return "float32"
     return precision
@@ -141,5 +141,5 @@ def spec_of(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> UNetS
                          f"{PRECISIONS}")
     shape = spatial_shape(cfg.image_size, input_shape, cfg.spatial_dims, cfg.depth)
     return UNetSpec(shape, depth=cfg.depth, base_filters=cfg.base_filters,
-                    in_channels=cfg.in_channels or 1, num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,
+                    in_channels=cfg.channels, num_classes=cfg.num_classes, norm=cfg.norm, recompute=cfg.recompute,
                     precision=cfg.precision)

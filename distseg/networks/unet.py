@@ -54,10 +54,11 @@ class FusedBatchNorm(layers.BatchNormalization):
     moving-statistics rule (momentum, biased batch variance). distseg's BatchNorm.
 
     Keras 3's own layer computes the batch moments and the normalisation as a dozen
-    separate element-wise ops, each a pass over the activations, forward and backward:
-    the fused kernel made the demo U-Net's training step 1.2x faster in float32 here
-    (docs/performance.md). In bfloat16, Keras' layer also keeps a float32 copy of every
-    convolution output for the backward pass, which undoes half of what bfloat16 saves;
+    separate element-wise ops, each a pass over the activations, forward and backward;
+    the fused kernel makes fewer passes, so the training step is faster
+    (docs/studies/normalisation-layers-2026-11-23.md). In bfloat16, Keras' layer also
+    keeps a float32 copy of every convolution output for the backward pass, which
+    undoes much of what bfloat16 saves (docs/studies/memory-calibration-2026-11-23.md);
     the fused kernel keeps its input in bfloat16. ``update_stats=False`` normalises with
     the batch moments without moving the statistics: a recomputation in the backward
     pass must not count the batch twice. Inference uses the Keras path unchanged.
@@ -110,7 +111,8 @@ class FusedBatchNorm(layers.BatchNormalization):
 
     def _split_batches(self, x):
         """``_ghost_batches`` for a batch size known when traced: the fused kernel on
-        each run, joined (half the overhead of ``tf.map_fn``'s loop, measured)."""
+        each run, joined, with less overhead than a loop over the runs
+        (docs/studies/fixed-global-batch-2026-11-24.md, "Ghost batches")."""
         runs = [self._fused(part) for part in tf.split(x, x.shape[0] // self.ghost_batch)]
         return (tf.concat([r[0] for r in runs], 0), tf.reduce_mean([r[1] for r in runs], 0),
                 tf.reduce_mean([r[2] for r in runs], 0))
@@ -121,7 +123,9 @@ class FusedBatchNorm(layers.BatchNormalization):
         the step runs: the runs become channels of one fused kernel call. (B, *S, C) is
         viewed as (g, *S, B/g x C), channel (r, c) holding channel c of run r, so the
         kernel's per-channel statistics are the runs' own. One call instead of a
-        ``tf.map_fn`` loop over the runs, which cost 40 % of the demo's step.)"""
+        ``tf.map_fn`` loop over the runs, whose per-run overhead took a large share of
+        the demo's step: docs/studies/fixed-global-batch-2026-11-24.md, "Ghost
+        batches".)"""
         g, shape = self.ghost_batch, tf.shape(x)
         rank = len(x.shape)
         runs = shape[0] // g
@@ -150,13 +154,14 @@ class GroupNorm(layers.GroupNormalization):
 
     Keras reduces a (batch, positions, groups, channels per group) view over two strided
     axes and leaves the backward pass to automatic differentiation, a dozen more passes
-    over every activation: GroupNorm took 28% of the demo U-Net's training step here.
-    Here every reduction runs over the positions of a (batch, positions, channels) view
-    with the channels contiguous, the few per-channel sums are then added up per group,
-    and the backward pass needs two reductions and one pass over the activations. Same
-    weights, names, groups, epsilon and results (to float32 rounding) as Keras' layer;
-    statistics and arithmetic in float32 whatever the input's dtype, as Keras does.
-    Other configurations fall back to Keras' own code.
+    over every activation: a large share of a U-Net's training step
+    (docs/studies/normalisation-layers-2026-11-23.md). Here every reduction runs over
+    the positions of a (batch, positions, channels) view with the channels contiguous,
+    the few per-channel sums are then added up per group, and the backward pass needs
+    two reductions and one pass over the activations. Same weights, names, groups,
+    epsilon and results (to float32 rounding) as Keras' layer; statistics and arithmetic
+    in float32 whatever the input's dtype, as Keras does. Other configurations fall back
+    to Keras' own code.
     """
 
     def call(self, inputs):
@@ -274,8 +279,8 @@ class ConvUnit(layers.Layer):
         grads = tape.gradient(y, again + variables, output_gradients=dy)
         # The backward pass moves on only once this unit's weight gradients exist:
         # otherwise the executor may defer them and hold several units' recomputed
-        # tensors at once (without this, 5 of 24 measured runs peaked far above the
-        # others, up to the plain model's peak; with it, none of 14).
+        # tensors at once, and a run could peak as high as the plain model
+        # (docs/studies/memory-calibration-2026-11-23.md, "Recompute: units, not levels").
         with tf.control_dependencies([g for g in grads[len(again):] if g is not None]):
             inputs = [tf.identity(g) for g in grads[:len(again)]]
         return inputs, grads[len(again):]

@@ -187,7 +187,7 @@ def build(cfg: ModelConfig, input_shape: Sequence[int], run_dir: str = "", name:
     import keras
 
     fn = function_of(cfg, run_dir)
-    shape = tuple(int(s) for s in input_shape) + (cfg.in_channels or 1,)
+    shape = tuple(int(s) for s in input_shape) + (cfg.channels,)
     policy = "mixed_bfloat16" if cfg.precision == "bfloat16" else "float32"
     before = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)

@@ -27,13 +27,13 @@ from distseg.core import errors
 from distseg.parallel import mpilib
 
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
-#: environment. Measured on 2 cores with 2 ranks (see docs/performance.md).
+#: environment (compared in docs/studies/horovod-settings-2026-11-22.md).
 HOROVOD_DEFAULTS = {
     # Coordination cycle in ms. A step waits on two collectives in turn (the global
-    # loss's sums, then the gradients), each up to a cycle: at 2 ranks a small U-Net's
-    # step took 19.2 ms at 2 ms, 17.1 at 1, 15.9 at 0.5 and 15.4 at 0.1, against 15.6
-    # for one process's half batch; the demo's was as fast at 0.5 as at 0.1 ms
-    # (docs/performance.md). 0.5 ms wakes the thread 5 times less often than 0.1.
+    # loss's sums, then the gradients), each up to a cycle, so a long cycle slows a
+    # small step; 0.5 ms takes most of what a shorter one gains and wakes the thread
+    # 5 times less often than 0.1 (docs/studies/step-profile-2026-11-24.md, "The
+    # Horovod cycle").
     "HOROVOD_CYCLE_TIME": "0.5",
     # Fuse the whole gradient set into one buffer (bytes): 128 MiB holds the 124 MB of
     # fp32 gradients of the 31M-parameter liver2d U-Net (the jobs/ templates agree).
@@ -413,7 +413,8 @@ def allreduce_many(arrays, op: str = "mean") -> list[np.ndarray]:
     """Sum or mean over ranks of several arrays in one fused collective (eager).
 
     One round trip instead of one per array: averaging the ~40 BatchNorm statistics
-    of a U-Net one by one cost ~0.4 s per epoch, 13% of a 2-rank demo epoch.
+    of a U-Net one by one cost a noticeable share of a 2-rank demo epoch
+    (docs/studies/horovod-settings-2026-11-22.md, "The per-epoch costs").
     """
     hvd = _require()
     import tensorflow as tf

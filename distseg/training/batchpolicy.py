@@ -79,10 +79,10 @@ class BatchPolicy:
             self.times = goodput.StepTimes.restore(state.get("times"))
 
 
-def kept_per_rank(scaling: dict | None, ranks: int) -> int | None:
-    """The per-rank batch a checkpoint's ``scaling`` state was training with under the
+def kept_per_rank(kept: dict | None, ranks: int) -> int | None:
+    """The per-rank batch a checkpoint's training state (``kept``) was training with under the
     policy at ``ranks`` ranks (None: none kept, or kept at another number of ranks)."""
-    state = (scaling or {}).get("policy")
+    state = (kept or {}).get("policy")
     if state and state.get("ranks") == ranks:
         return int(state["per_rank"])
     return None

@@ -24,13 +24,13 @@ import time
 
 from distseg.core import rundir, tbscalars
 from distseg.parallel import distributed as dist
-from distseg.training.parts import Part
+from distseg.training.observers import Observer
 
 #: Seconds after which a step's scalars are flushed (epochs flush at their end).
 FLUSH_S = 10.0
 
 
-class Board(Part):
+class Board(Observer):
     """One rank's part of the live scalars: every rank tallies its own step times for
     the epoch's balance; rank 0 alone holds the writer.
 

@@ -1,4 +1,5 @@
-"""Checkpoints of a run: everything needed to continue it exactly, saved by rank 0.
+"""Checkpoints of a run: everything needed to continue it exactly, saved by rank 0
+(``save`` gathers every rank's local state to it; ``write`` writes the files).
 
 Layout under ``RUN/checkpoints/``, one stem per checkpoint (the names are
 ``distseg.core.rundir``'s)::
@@ -34,16 +35,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distseg.core import rundir
+from distseg.core import partial, rundir
 from distseg.core.errors import InputError, WriteError
 from distseg.core.partial import PartialFile
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Writes ``obj`` as JSON to ``path`` through ``PATH.tmp`` and a rename."""
-    with PartialFile(path, f"{path}.tmp") as part:
-        with open(part.partial, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
+from distseg.parallel import agreement
+from distseg.parallel import distributed as dist
 
 
 def sha256(path: str) -> str:
@@ -85,10 +81,11 @@ class Position:
     """Ranks that wrote it."""
     train_time: float = 0.0
     """Training seconds already spent in the unfinished epoch."""
-    scaling: dict | None = None
-    """The lr rule's state: the noise scale's averages (``NoiseScale.state``) and the
-    gain-weighted progress, so ``--resume`` continues the lr where it was (None in
-    checkpoints from before it was kept: the averages start afresh)."""
+    training: dict | None = None
+    """The training state's ``state()`` (``state.TrainingState``): the noise scale's
+    averages, the lr's clocks and the batch policy, so ``--resume`` continues them where
+    they were (None in checkpoints from before it was kept: the averages start afresh).
+    Manifests written before the state had its name hold it as ``scaling``."""
 
 
 def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
@@ -154,8 +151,20 @@ def _save_failed(ckdir: str, position: Position, what: str, error: OSError) -> W
     return WriteError.of(ckdir, f"writing checkpoint {label} ({what}); {newest}", error)
 
 
-def save(run_dir: str, position: Position, model, optimizer, ranks: list[RankState],
-         keep: int) -> str:
+def save(ctx, run_dir: str, position: Position, model, optimizer, mine: RankState,
+         keep: int) -> None:
+    """Collective: rank 0 writes a checkpoint holding every rank's ``RankState`` (this
+    rank's: ``mine``). One it cannot write (a full disk: ``write`` raises
+    ``WriteError``) stops every rank with rank 0's line and exit 1."""
+    everyone = dist.allgather_object(mine)
+    if ctx.is_root():
+        agreement.agree(write, run_dir, position, model, optimizer, everyone, keep)
+    else:
+        agreement.agree(lambda: None)
+
+
+def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankState],
+          keep: int) -> str:
     """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
     and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
     (gathered). Returns the stem's path.
@@ -186,9 +195,9 @@ def save(run_dir: str, position: Position, model, optimizer, ranks: list[RankSta
             kind: {"name": os.path.basename(path), "sha256": sha256(path)}
             for kind, path in files.items()}}
         # Last: a manifest means a whole checkpoint.
-        write_json_atomic(manifest_path, manifest)
+        partial.write_json(manifest_path, manifest)
         what = rundir.LATEST_CHECKPOINT
-        write_json_atomic(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
+        partial.write_json(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
                           {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
                            "step": position.step})
         what = "removing older checkpoints"
@@ -229,6 +238,7 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
         files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
+        m.setdefault("training", m.get("scaling"))  # a manifest from before the rename
         position = Position(**{k: m[k] for k in Position.__dataclass_fields__ if k in m})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{path}: not a checkpoint manifest ({type(e).__name__}: {e})") from e

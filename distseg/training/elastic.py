@@ -11,24 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 from distseg.core import config as config_lib
+from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, resume, startup
+from distseg.training import checkpoint, factory, lrfind, precision, resume, startup
 
 
-def start(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
-          resuming: bool, state) -> resume.Resumed | None:
-    """Collective: where this incarnation of an elastic run starts. The first one
-    prepares the run directory (and loads a checkpoint when ``resuming``) exactly like
-    a plain run; a later one, after a rank was lost or hosts changed, continues from
-    the state committed after the last epoch, at the new size."""
+def resumed_from(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
+                 resuming: bool, state) -> resume.Resumed | None:
+    """Collective: what this incarnation of an elastic run continues. The first one
+    opens the run directory (and loads a checkpoint when ``resuming``) exactly like a
+    plain run; a later one, after a rank was lost or hosts changed, continues from the
+    state committed after the last epoch, at the new size."""
     if not elastic.started:
-        if resuming:
-            resumed = resume.restore(ctx, cfg.run_dir, *state)
-            resume.check_extends(resumed, cfg.train.epochs)
-        else:
-            resumed = None
-        startup.prepare_run_dir(cfg, ctx, resuming=resuming)
+        resumed = startup.open_run_dir(cfg, ctx, state, resuming)
         elastic.started = True
         elastic.epoch = resumed.position.epoch if resumed else 0
         elastic.commit()  # a rank lost in the first epoch must not set up the run again
@@ -46,9 +42,25 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     ``train`` (``loop.launch``) with the learning rate and shards of the current number
     of ranks."""
     ctx = dist.context()
-    feed = agreement.agree(startup.check_inputs, cfg, ctx)
-    resumed = start(elastic, cfg, ctx, resuming, state)
-    return train(startup.Start(cfg, state, resumed), ctx, feed, threads, elastic=elastic)
+    _, feed = agreement.agree(startup.check_inputs, cfg, ctx)  # cfg: as run() filled it
+    resumed = resumed_from(elastic, cfg, ctx, resuming, state)
+    steps = factory.TrainSteps(cfg, state, feed.input_shape, ctx.size)
+    return train(startup.Prepared(cfg, state, steps, resumed), ctx, feed, threads,
+                 elastic=elastic)
+
+
+def run(cfg: config_lib.Config, ctx: dist.Context, resuming: bool, threads: tuple[int, int],
+        train) -> int:
+    """An elastic run: each rank builds its state alone, with no collective (a rank that
+    joins later runs this alone), then Horovod's elastic loop calls ``launch`` for
+    every incarnation."""
+    cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
+    cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
+    cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
+    lrfind.refuse_elastic(cfg)  # nor a range test
+    state = factory.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
+    elastic = dist.elastic_state(state.synced, epoch=0, size=ctx.size, started=False)
+    return dist.run_elastic(launch, elastic, train, cfg, resuming, state, threads)
 
 
 def commit(elastic: Any, epochs_done: int, size: int) -> None:

@@ -5,12 +5,12 @@ initialise and pin; scale the learning rate by the number of ranks with a warm-u
 average gradients with one grouped allreduce per step; broadcast rank 0's initial
 state; checkpoint and print on rank 0 only; every rank logs its own measurements.
 
-The loop conducts; its parts keep their own state. ``run`` reads like its outline:
+The loop conducts; its observers keep their own state. ``run`` reads like its outline:
 start-up (``startup``), ``open_session``, then per epoch ``train_epoch`` ->
-``validate`` -> the ``epoch`` record (``records``) -> the parts (``parts``) -> the
-batch policy's switch -> ``close_epoch``. What changes with progress (the lr, the
-batch, the noise scale) is ``Session.scaling`` (``scaling.Scaling``); the batches
-come from the epoch plan (``plan``). Every piece that can fail on one rank alone goes
+``validate`` -> the ``epoch`` record (``records``) -> the observers (``observers``) ->
+the batch policy's switch -> ``close_epoch``. What changes with progress (the lr, the
+batch, the noise scale) is ``Session.training`` (``state.TrainingState``); the batches
+come from the epoch plan (``plan``); the model and its steps from ``factory``. Every piece that can fail on one rank alone goes
 through ``agreement.agree`` (or rides in a step's allreduce), so all ranks stop
 together with the same message.
 """
@@ -29,42 +29,42 @@ from distseg.core import config as config_lib
 from distseg.core import lr, rundir
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
-from distseg.data import augment, feeds
+from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import board as board_lib
-from distseg.training import checkpoint, lrfind, precision, records, resume, startup, steps, stopping, validation
+from distseg.training import checkpoint, factory, records, resume, startup, steps, stopping, validation
 from distseg.training import elastic as elastic_lib
-from distseg.training.parts import Console, Timeline
-from distseg.training.plan import PlannedBatches, stand_in, start_step
+from distseg.training.observers import Console, Timeline
+from distseg.training.plan import PlannedBatches, origin_step
 from distseg.training.runlog import RunLog
-from distseg.training.scaling import Scaling
 from distseg.training.session import EpochResult, Failure, Session
+from distseg.training.state import TrainingState
 
 # --- the session: what the epochs of one launch share ------------------------------
 
 
-def start_scaling(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
-                  resumed: resume.Resumed | None, start: tuple[int, int]) -> tuple[Scaling, int]:
-    """The training state this launch starts from, and its global step: a resumed
+def training_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
+                   resumed: resume.Resumed | None, origin: tuple[int, int]) -> tuple[TrainingState, int]:
+    """The training state this launch begins with, and its global step: a resumed
     launch continues what its checkpoint kept."""
-    kept = resumed.position.scaling if resumed else None
-    scaling = Scaling.start(cfg.train, len(feed.train_ids), ctx.size, kept)
-    global_step = start_step(resumed.position.global_step if resumed else 0, scaling.plan, start)
-    scaling.restore(kept, global_step)
-    if scaling.note:
-        resumed.warnings.append(scaling.note)
-    return scaling, global_step
+    kept = resumed.position.training if resumed else None
+    training = TrainingState.initial(cfg.train, len(feed.train_ids), ctx.size, kept)
+    global_step = origin_step(resumed.position.global_step if resumed else 0, training.plan, origin)
+    training.restore(kept, global_step)
+    if training.note:
+        resumed.warnings.append(training.note)
+    return training, global_step
 
 
-def open_parts(s: Session, resources: contextlib.ExitStack) -> tuple:
+def open_observers(s: Session, resources: contextlib.ExitStack) -> tuple:
     """The observers, in the order every rank calls them: the timeline (it stops
     Horovod's timeline after a step), TensorBoard (its epoch end is a collective), the
     console."""
     board = board_lib.open_board(s.cfg.run_dir, s.ctx, s.global_step, s.start_time,
                                  s.cfg.train.tensorboard, resources)
-    timeline = Timeline(s.cfg.run_dir, s.ctx, s.start[0])
+    timeline = Timeline(s.cfg.run_dir, s.ctx, s.origin[0])
     return tuple(p for p in (timeline, board, s.console) if p is not None)
 
 
@@ -78,15 +78,15 @@ def watch_collectives(s: Session, resources: contextlib.ExitStack) -> None:
     resources.callback(dist.watch_collectives, None)
 
 
-def open_session(begin: startup.Start, ctx: dist.Context, feed: feeds.Feed,
+def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed,
                  resources: contextlib.ExitStack) -> Session:
     """Opens the reader and the log, starts the clock on an agreed barrier, routes the
     stop signals to a flag and starts the prefetcher. Everything opened is closed by
     ``resources``."""
-    cfg, resumed = begin.cfg, begin.resumed
-    model, optimizer, synced = begin.state
-    start = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
-    scaling, done = start_scaling(cfg, ctx, feed, resumed, start)
+    cfg, resumed = prepared.cfg, prepared.resumed
+    model, optimizer, synced = prepared.state
+    origin = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
+    training, global_step = training_state(cfg, ctx, feed, resumed, origin)
     reader = resources.enter_context(agreement.agree(feed.open_reader))
     log = resources.enter_context(agreement.agree(RunLog, cfg.run_dir, ctx.rank))
     measured = startup.measure_link(ctx)
@@ -95,33 +95,32 @@ def open_session(begin: startup.Start, ctx: dist.Context, feed: feeds.Feed,
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
     stop = StopFlag()
     stopping.install(stop, resources, stopping.stop_signals(dist.is_elastic()))
-    left = (cfg.train.epochs - start[0]) * scaling.plan.steps - start[1]
+    left = (cfg.train.epochs - origin[0]) * training.plan.steps - origin[1]
     shape, t = feed.input_shape, cfg.train
     s = Session(
         cfg=cfg, ctx=ctx, feed=feed, model=model, optimizer=optimizer, synced=synced,
-        reader=reader, log=log, t0=t0, start_time=start_time, stop=stop, scaling=scaling,
+        reader=reader, log=log, t0=t0, start_time=start_time, stop=stop, training=training,
         batches=resources.enter_context(contextlib.closing(PlannedBatches(
             reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch,
-            augment.for_training(cfg.data.augment, t.seed, cfg.model.spatial_dims)))),
-        train_steps=steps.TrainSteps(model, optimizer, shape, cfg.model.num_classes, t.loss,
-                                     ctx.size, t.compression, begin.traced),
-        eval_step=steps.make_eval_step(model, shape, cfg.model.num_classes),
-        predict=steps.make_predict_step(model, shape),
-        console=Console.open(ctx, done + left, done, resources),
-        resumed=resumed, start=start, global_step=done, epochs_done=start[0], link=measured,
-        precision=begin.precision, lr_find=begin.lr_find)
-    use_plan(s, start)
-    s.parts = open_parts(s, resources)
+            factory.transform(cfg)))),
+        train_steps=prepared.train_steps,
+        eval_step=factory.eval_step(cfg, model, shape),
+        predict=factory.predict_step(model, shape),
+        console=Console.open(ctx, global_step + left, global_step, resources),
+        resumed=resumed, origin=origin, global_step=global_step, epochs_done=origin[0], link=measured,
+        precision=prepared.precision, lr_find=prepared.lr_find)
+    use_plan(s, origin)
+    s.observers = open_observers(s, resources)
     watch_collectives(s, resources)
     return s
 
 
-def use_plan(s: Session, start: tuple[int, int]) -> None:
-    """Trains from (epoch, step) ``start`` on with the plan in force: its batches and
+def use_plan(s: Session, origin: tuple[int, int]) -> None:
+    """Trains from (epoch, step) ``origin`` on with the plan in force: its batches and
     the train step traced for its batch."""
-    s.batches.use(s.plan, start)
+    s.batches.use(s.plan, origin)
     s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
-    s.scaling.noise.parts = s.train_step.parts
+    s.training.noise.gradients_per_rank = s.train_step.gradients_per_rank
     s.fresh = True
 
 
@@ -136,12 +135,12 @@ def _next_batch(s: Session, result: EpochResult):
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
         result.failure = result.failure or agreement.failure_of(e)
         # the size the step was traced for
-        return stand_in(s.plan.batch.per_rank, s.feed.input_shape, s.cfg.model.in_channels or 1)
+        return factory.stand_in(s.cfg, s.feed.input_shape, s.plan.batch.per_rank)
 
 
 def _set_lr(s: Session) -> float:
-    before = s.scaling.lr_now
-    now = s.scaling.lr(s.global_step)
+    before = s.training.lr_now
+    now = s.training.lr(s.global_step)
     if now != before:  # changes during the warm-up, and every step with the gain rule
         lr.assign(s.optimizer, now)
     return now
@@ -169,15 +168,15 @@ def _check_nonfinite(s: Session, result: EpochResult, step: int, loss: float) ->
 
 
 def log_step(s: Session, result: EpochResult, fields: dict) -> None:
-    """The ``step`` record, then the parts see it. A failed write is shared in the next
+    """The ``step`` record, then the observers see it. A failed write is shared in the next
     step's allreduce, or at the epoch's end."""
     try:
         record = s.log.write("step", **fields)
     except OSError as e:
         result.failure = result.failure or agreement.failure_of(e)
         record = {"type": "step", **fields}
-    for part in s.parts:
-        part.on_step(record)
+    for observer in s.observers:
+        observer.on_step(record)
 
 
 def run_step(s: Session, result: EpochResult, step: int) -> bool:
@@ -194,7 +193,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
         agreement.raise_agreed(result.failure)
     loss_local, loss, grad_sq = float(out.loss_local), float(out.loss), [float(g) for g in out.grad_sq]
     now = time.perf_counter()
-    s.scaling.observe(grad_sq, applied=not nonfinite, seconds=None if first else now - step_start)
+    s.training.observe(grad_sq, applied=not nonfinite, seconds=None if first else now - step_start)
     log_step(s, result, dict(epoch=result.epoch, step=step, global_step=s.global_step,
                              t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
                              loss=loss, loss_local=loss_local, lr=step_lr, samples=len(ids),
@@ -217,7 +216,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
 def _carry_over(s: Session, epoch: int, result: EpochResult) -> None:
     """A launch resumed inside ``epoch`` starts from what its checkpoint had seen."""
     carried = s.resumed.carried if s.resumed else None
-    if carried is None or epoch != s.start[0] or not s.start[1]:
+    if carried is None or epoch != s.origin[0] or not s.origin[1]:
         return
     result.seen.append(np.asarray(carried.seen, np.int64))
     result.losses.extend(carried.losses)
@@ -231,12 +230,12 @@ def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
     position = checkpoint.Position(
         epoch=result.epoch + (0 if step else 1), step=step, global_step=s.global_step,
         size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start,
-        scaling=s.scaling.state())
+        training=s.training.state())
     seen, losses, local = ((result.seen, result.losses, result.losses_local) if step
                            else ([], [], []))
     mine = resume.rank_state(s.model, seen, losses, local)
-    resume.save(s.ctx, s.cfg.run_dir, position, s.model, s.optimizer, mine,
-                s.cfg.train.keep_checkpoints)
+    checkpoint.save(s.ctx, s.cfg.run_dir, position, s.model, s.optimizer, mine,
+                    s.cfg.train.keep_checkpoints)
 
 
 def _stop_inside_epoch(s: Session, result: EpochResult, step: int):
@@ -256,24 +255,24 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
         dist.barrier()
     result = EpochResult(epoch=epoch, start=time.perf_counter())
     _carry_over(s, epoch, result)
-    first = s.start[1] if epoch == s.start[0] else 0
-    for part in s.parts:
-        part.on_epoch_start(epoch, s.plan.steps - first)
+    first = s.origin[1] if epoch == s.origin[0] else 0
+    for observer in s.observers:
+        observer.on_epoch_start(epoch, s.plan.steps - first)
     for step in range(first, s.plan.steps):
         if run_step(s, result, step) and step + 1 < s.plan.steps:
             _stop_inside_epoch(s, result, step + 1)
     steps.average_batchnorm(s.model, s.ctx.size)
     result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
     result.train_time = result.elapsed_before + time.perf_counter() - result.start
-    for part in s.parts:
-        part.on_epoch_trained()
+    for observer in s.observers:
+        observer.on_epoch_trained()
     return result
 
 
 def _shard_scores(s: Session) -> tuple[validation.Scores, Failure | None]:
     """This rank's validation scores, and its failure (shared by the caller)."""
     try:
-        return validation.score(s.feed, s.reader, s.eval_step, s.predict, s.ctx.rank,
+        return validation.score(s.cfg, s.feed, s.reader, s.eval_step, s.predict, s.ctx.rank,
                                 s.ctx.size), None
     except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
         return validation.Scores.empty(s.cfg.model.num_classes), agreement.failure_of(e)
@@ -296,9 +295,9 @@ def validate(s: Session) -> dict:
 def decide_batch(s: Session):
     """Collective under the ``goodput`` policy: rank 0's choice of the next epoch's
     per-rank batch, the same on every rank (None without the policy)."""
-    if s.scaling.policy is None:
+    if s.training.policy is None:
         return None
-    return dist.broadcast_object(s.scaling.decide() if s.ctx.is_root() else None)
+    return dist.broadcast_object(s.training.decide() if s.ctx.is_root() else None)
 
 
 def switch_batch(s: Session, epoch: int) -> None:
@@ -307,7 +306,7 @@ def switch_batch(s: Session, epoch: int) -> None:
     batch = s.plan.batch
     s.console.set_left((s.cfg.train.epochs - epoch) * s.plan.steps)
     s.console.say(f"batch policy: {batch.per_rank} per rank from epoch {epoch} "
-                  f"(global {batch.global_batch}; {s.scaling.policy.last.reason})")
+                  f"(global {batch.global_batch}; {s.training.policy.last.reason})")
 
 
 def close_epoch(s: Session, result: EpochResult, epoch: int) -> None:
@@ -328,16 +327,16 @@ def train_epochs(s: Session) -> int:
     """The epoch loop; returns the number of epochs finished. A stop asked for during
     validation or the epoch's end takes effect here, after the epoch's checkpoint."""
     epochs = s.cfg.train.epochs
-    for epoch in range(s.start[0], epochs):
+    for epoch in range(s.origin[0], epochs):
         result = train_epoch(s, epoch)
         val = validate(s)
         result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
         choice = decide_batch(s) if epoch + 1 < epochs else None
         record = agreement.agree(records.epoch_record, s, result, val, choice)
         s.epochs_done = epoch + 1
-        for part in s.parts:  # TensorBoard's is a collective: every rank, in order
-            part.on_epoch_end(record)
-        if s.scaling.take(choice):
+        for observer in s.observers:  # TensorBoard's is a collective: every rank, in order
+            observer.on_epoch_end(record)
+        if s.training.take(choice):
             switch_batch(s, epoch + 1)
         close_epoch(s, result, epoch)
     return s.epochs_done
@@ -346,17 +345,18 @@ def train_epochs(s: Session) -> int:
 # --- the run ------------------------------------------------------------------------
 
 
-def launch(start: startup.Start, ctx: dist.Context, feed: feeds.Feed, threads: tuple[int, int],
-           elastic: Any | None = None) -> int:
-    """Trains from ``start`` (its checkpoint, or the beginning) with the ranks of
-    ``ctx``; returns 0. Writes the run's records and, whatever happens, its ``end``."""
+def launch(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed,
+           threads: tuple[int, int], elastic: Any | None = None) -> int:
+    """Trains from what start-up ``prepared`` (its checkpoint, or the beginning) with
+    the ranks of ``ctx``; returns 0. Writes the run's records and, whatever happens, its
+    ``end``."""
     session, error = None, None
     # Closed in reverse order on the way out, whatever happens.
     with contextlib.ExitStack() as resources:
         try:
-            session = open_session(start, ctx, feed, resources)
+            session = open_session(prepared, ctx, feed, resources)
             session.elastic = elastic
-            if start.resumed:
+            if prepared.resumed:
                 records.write_resume_record(session)
             records.write_run_record(session, threads)
             records.say_lr_found(session)
@@ -375,15 +375,7 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     ctx = dist.init()
     threads = threads_lib.configure_threads(cfg.train, ctx.cores)
     if dist.is_elastic():
-        # No collective before the elastic loop: a rank that joins later runs this alone.
-        cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
-        cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
-        cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
-        lrfind.refuse_elastic(cfg)  # nor a range test
-        state = startup.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
-        elastic = dist.elastic_state(state[2], epoch=0, size=ctx.size, started=False)
-        return dist.run_elastic(elastic_lib.launch, elastic, launch, cfg, resuming, state,
-                                threads)
-    feed = agreement.agree(startup.check_inputs, cfg, ctx)
-    cfg = feed.cfg  # with the data file's classes: what is built, trained and saved
-    return launch(startup.start_state(cfg, ctx, feed, resuming), ctx, feed, threads)
+        return elastic_lib.run(cfg, ctx, resuming, threads, launch)
+    # With the data file's classes: what is built, trained and saved.
+    cfg, feed = agreement.agree(startup.check_inputs, cfg, ctx)
+    return launch(startup.prepare(cfg, ctx, feed, resuming), ctx, feed, threads)

@@ -28,11 +28,11 @@ import numpy as np
 from distseg.core import config as config_lib
 from distseg.core import lr
 from distseg.core.errors import EXIT_BAD_INPUT, RunError
-from distseg.data import augment, feeds
+from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import steps
-from distseg.training.plan import EpochPlan, stand_in
+from distseg.training import factory, steps
+from distseg.training.plan import EpochPlan
 
 #: Steps of the sweep, at most (it stops once the loss has diverged).
 STEPS = 60
@@ -52,7 +52,7 @@ MIN_FALL = 0.01
 #: A steepest fall this late in the sweep (share of its steps), where the loss never
 #: turned (still at its lowest at the sweep's end), is not trusted: the fall was still
 #: speeding up when the lrs ran out, so the test found no upper end of the useful range
-#: (on the phantom it chose 16-1000x the best lr of a sweep of fixed ones,
+#: (on the phantom such a choice lay far above the best of a sweep of fixed lrs,
 #: docs/studies/lr-phantom-2026-11-26.md). The run keeps its configured lr.
 LATE = 2 / 3
 #: Steps at the start of the curve the suggestion never picks (the average settles).
@@ -148,11 +148,10 @@ def _shown(loss: float) -> str:
 
 @dataclasses.dataclass
 class Found:
-    """What the range test gave: the config with the found lr, the steps it traced
-    (static batch -> step, for the run to reuse) and the run record's ``lr_find``."""
+    """What the range test gave: the config with the found lr and the run record's
+    ``lr_find`` (the step it traced stays in the run's ``factory.TrainSteps``)."""
 
     cfg: config_lib.Config
-    traced: dict
     record: dict | None
 
 
@@ -186,7 +185,7 @@ def _read(reader, ids, k: int, plan: EpochPlan, transform, cfg, feed):
             images, masks = transform(ids, FIND_EPOCH + k // plan.steps, images, masks)
         return images, masks, None
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
-        _, images, masks = stand_in(len(ids), feed.input_shape, cfg.model.in_channels or 1)
+        _, images, masks = factory.stand_in(cfg, feed.input_shape, len(ids))
         return images, masks, agreement.failure_of(e)
 
 
@@ -194,7 +193,7 @@ def _sweep(cfg, ctx, feed, plan: EpochPlan, optimizer, step) -> tuple[list[float
     """Collective: the sweep's losses (the global batch's, the same on every rank),
     until it diverges; every rank stops at rank 0's word. A rank's read error rides in
     the step's flags, so every rank raises it."""
-    transform = augment.for_training(cfg.data.augment, cfg.train.seed, cfg.model.spatial_dims)
+    transform = factory.transform(cfg)
     lrs, losses = sweep_lrs(), []
     with feed.open_reader() as reader:
         for k, ids in enumerate(batch_ids(plan, feed.train_ids, ctx.rank, ctx.size,
@@ -226,33 +225,29 @@ def decide(lrs: list[float], losses: list[float], configured: float) -> dict:
     return {"lr": snap(raw), "raw": raw, "why": why}
 
 
-def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, state,
-         traced: dict) -> Found:
+def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
+         train_steps: factory.TrainSteps) -> Found:
     """Collective: ``cfg`` with the lr the range test found (unchanged without
     ``train.lr_auto``). The found lr is the base lr: the one the run's lr rule scales for
     a global batch above the base (the sweep's lrs were scaled the same way)."""
     if not cfg.train.lr_auto:
-        return Found(cfg, traced, None)
-    start = time.perf_counter()
-    model, optimizer, _ = state
+        return Found(cfg, None)
+    began = time.perf_counter()
+    model, optimizer, _ = train_steps.state
     variables = steps.trial_variables(model, optimizer)
     kept = [v.numpy() for v in variables]
     plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
-    static = plan.static_batch(len(feed.train_ids), ctx.size)
-    t = cfg.train
-    step = traced.get(static) or steps.make_train_step(
-        model, optimizer, feed.input_shape, cfg.model.num_classes, t.loss, ranks=ctx.size,
-        batch=static, compression=t.compression)
+    step = train_steps.for_batch(plan.static_batch(len(feed.train_ids), ctx.size))
     lrs, losses = _sweep(cfg, ctx, feed, plan, optimizer, step)
     steps.put_back(variables, kept, step)
-    decided = dist.broadcast_object(decide(lrs, losses, t.lr) if ctx.is_root() else None)
+    decided = dist.broadcast_object(decide(lrs, losses, cfg.train.lr) if ctx.is_root() else None)
     if "error" in decided:
         raise NoDescent(decided["error"])
     lr.assign(optimizer, decided["lr"])
     record = {**decided, "steps": len(losses), "lrs": lrs[:len(losses)], "losses": losses,
-              "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - start}
+              "smoothed": smooth_both_ways(losses), "seconds": time.perf_counter() - began}
     found = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=decided["lr"]))
-    return Found(found, {**traced, static: step}, record)
+    return Found(found, record)
 
 
 def refuse_elastic(cfg: config_lib.Config) -> None:

@@ -2,8 +2,9 @@
 Python process, and the peak memory they held (``distseg-memory --measure``).
 
 The process reads its peak RSS (``VmHWM`` of /proc/self/status, reset after TensorFlow
-is imported) minus its RSS at that point, so TensorFlow's own ~0.5 GB is not counted;
-the step is training's own (``steps.make_train_step``), so what is measured is what a
+is imported) minus its RSS at that point, so what TensorFlow's libraries hold before
+any model exists is not counted (docs/studies/memory-calibration-2026-11-23.md); the
+step is training's own (``steps.make_train_step``), so what is measured is what a
 training rank holds. The arithmetic it checks is ``distseg.networks.memory``.
 
 Plain Python in the caller: TensorFlow is imported only inside the measuring process.

@@ -16,8 +16,8 @@ forward and backward pass, exactly as two ranks of half the batch would (method
 Where the model does not allow that (BatchNorm over the whole batch, an odd batch), the
 previous step's gradient is the second (AdaptDL's difference estimator; method
 ``consecutive``). Its two gradients were taken at weights one update apart, which biases
-tr(Sigma) up by the change of the true gradient: on the demo's runs it read 3-4x the
-two-rank estimate (docs/studies/noise-halves-2026-11-26.md); the first step of a launch
+tr(Sigma) up by the change of the true gradient: on the demo's runs it read several
+times the two-rank estimate (docs/studies/noise-halves-2026-11-26.md); the first step of a launch
 has no previous gradient and estimates nothing.
 
 Both are smoothed separately (the ratio of two noisy estimates is biased; the averages
@@ -105,26 +105,26 @@ class NoiseScale:
     base: int
     """The batch the lr was set for (the gain's base; the decay's unit of samples)."""
     averages: dict = field(default_factory=lambda: {k: Average() for k in KINDS})
-    parts: int = 1
-    """Gradients each rank's step gives (the train step's ``parts``: 2 when one rank
-    takes its batch as two halves)."""
+    gradients_per_rank: int = 1
+    """Gradients each rank's step gives (the train step's ``gradients_per_rank``: 2 when
+    one rank takes its batch as two halves)."""
 
     @property
-    def part(self) -> int:
+    def gradient_samples(self) -> int:
         """Samples behind each of the small gradients."""
-        return max(self.small // self.parts, 1)
+        return max(self.small // self.gradients_per_rank, 1)
 
     @property
     def count(self) -> int:
         """Gradients per estimate: one per rank (or half), or this step's and the
         previous one."""
-        return max(self.big // self.part, 1) if self.big > self.part else 2
+        return max(self.big // self.gradient_samples, 1) if self.big > self.gradient_samples else 2
 
     @property
     def method(self) -> str:
         if self.big > self.small:
             return "ranks"
-        return "halves" if self.parts > 1 else "consecutive"
+        return "halves" if self.gradients_per_rank > 1 else "consecutive"
 
     def update(self, small_sq: float, big_sq: float, small_pre: float, big_pre: float) -> None:
         """One step's squared norms, raw and preconditioned (``steps.StepResult.grad_sq``);
@@ -132,7 +132,7 @@ class NoiseScale:
         values = (small_sq, big_sq, small_pre, big_pre)
         if not all(math.isfinite(v) for v in values):
             return
-        count, part = self.count, self.part
+        count, part = self.count, self.gradient_samples
         decay = DECAY ** (part * count / self.base)
         for kind, (s, b) in zip(KINDS, ((small_pre, big_pre), (small_sq, big_sq))):
             self.averages[kind].update(*estimates(s, b, part, count), decay)
@@ -160,7 +160,7 @@ class NoiseScale:
         pre, raw = self.averages["preconditioned"], self.averages["raw"]
         return {"b_simple": pre.b_simple, "g2": pre.g2, "tr_sigma": pre.tr_sigma,
                 "b_simple_raw": raw.b_simple, "g2_raw": raw.g2, "tr_sigma_raw": raw.tr_sigma,
-                "small_batch": self.part, "big_batch": self.big, "base_batch": self.base,
+                "small_batch": self.gradient_samples, "big_batch": self.big, "base_batch": self.base,
                 "method": self.method, "ema": DECAY, "preconditioned": True}
 
     def state(self) -> dict:

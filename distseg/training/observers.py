@@ -22,7 +22,7 @@ from distseg.core import rundir, timeline
 from distseg.parallel import distributed as dist
 
 
-class Part:
+class Observer:
     """A do-nothing observer: a part overrides the hooks it needs."""
 
     def on_run(self, record: dict) -> None:
@@ -45,7 +45,7 @@ class Part:
         """This rank's ``epoch`` record, as written."""
 
 
-class Timeline(Part):
+class Timeline(Observer):
     """Horovod's timeline over the first ``timeline.TIMELINE_STEPS`` steps of a launch's
     second epoch (the first traces the step function) on 2 or more ranks: rank 0 reads
     it into the epoch's ``comm`` field (where the steps' time went). Nothing where
@@ -83,7 +83,7 @@ class Timeline(Part):
         return {} if self.comm is None else {"comm": self.comm}
 
 
-class Console(Part):
+class Console(Observer):
     """Rank 0's voice: a progress bar over the launch's steps, a line per epoch, and
     the loop's messages (``say``). Silent on the other ranks."""
 

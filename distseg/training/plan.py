@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from distseg.core import batchplan, schema
 from distseg.data import prefetch, sharding
 
@@ -56,21 +54,14 @@ class EpochPlan:
 
     def static_batch(self, train_samples: int, size: int) -> int | None:
         """The one size of every batch of every rank, when there is one (the step is
-        then traced for it: BatchNorm's ghost batches split statically, 7 % faster than
-        at a size known only at run time); None where per-rank shards of a split that
+        then traced for it: BatchNorm's ghost batches split statically, faster than at
+        a size known only at run time, docs/studies/fixed-global-batch-2026-11-24.md);
+        None where per-rank shards of a split that
         does not divide hold some batches one sample short."""
         per_rank = self.batch.per_rank
         if self.batch.cut_global or per_rank == 1 or train_samples % (size * per_rank) == 0:
             return per_rank
         return None
-
-
-def stand_in(n: int, spatial_shape, channels: int):
-    """A blank batch of ``n`` samples: what a rank whose read failed still steps with, so
-    that it joins the step's allreduce, where every rank learns of the failure."""
-    shape = tuple(spatial_shape)
-    return (np.zeros(0, np.int64), np.zeros((n, *shape, channels), np.float32),
-            np.zeros((n, *shape), np.uint8))
 
 
 def epoch_batches(plan: EpochPlan, ids, rank: int, size: int, train_cfg,
@@ -83,7 +74,7 @@ def epoch_batches(plan: EpochPlan, ids, rank: int, size: int, train_cfg,
             yield prefetch.EpochBatch(e, batch_ids)
 
 
-def start_step(kept_global_step: int, plan: EpochPlan, start: tuple[int, int]) -> int:
+def origin_step(kept_global_step: int, plan: EpochPlan, start: tuple[int, int]) -> int:
     """The global step a launch starts at: the checkpoint's own count where it kept one
     (epochs of several batch sizes under the ``goodput`` policy), else counted from the
     position at this plan."""

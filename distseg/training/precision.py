@@ -1,8 +1,8 @@
 """``--precision auto``: the precision a run trains in, decided by measuring at its start.
 
 bfloat16 pays only where the CPU has native bfloat16 arithmetic, and not always there:
-on this project's AMD EPYC (``avx512_bf16``) it made the demo step 1.5x faster, on a
-Xeon whose oneDNN also reported bfloat16 it made it 3x slower. So flags alone do not
+it sped the demo step up on one CPU and slowed it down on another whose oneDNN also
+reported bfloat16 (docs/studies/precision-auto-2026-11-26.md). So flags alone do not
 decide. Where every rank's CPU reports ``avx512_bf16`` or ``amx_bf16``, the run times
 ``TIMED_STEPS`` steps of its own train step on its own first batch in each precision,
 all ranks together; the slowest rank's median decides (a synchronous step waits for
@@ -30,7 +30,7 @@ from distseg.core import config as config_lib
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import steps
+from distseg.training import factory, steps
 from distseg.training.plan import EpochPlan
 
 #: /proc/cpuinfo flags of native bfloat16 arithmetic (AVX-512 BF16, AMX).
@@ -82,14 +82,15 @@ def slowest_rank(mine: dict[str, float]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class Decision:
-    """What a run's start decided: the config with the precision to train in, the
-    model state in it, the train step already traced for it (static batch -> step) and
-    the run record's ``precision`` field (None: the config named one)."""
+    """What a run's start decided: the config with the precision to train in, the run
+    record's ``precision`` field (None: the config named one) and, after a trial, the
+    chosen precision's state and the train step it traced (static batch -> step), for
+    the run to keep (None and {}: nothing was built)."""
 
     cfg: config_lib.Config
-    state: tuple
-    traced: dict
     record: dict | None
+    state: factory.State | None = None
+    traced: dict = dataclasses.field(default_factory=dict)
 
 
 def _with_precision(cfg: config_lib.Config, precision: str) -> config_lib.Config:
@@ -121,15 +122,12 @@ class _Candidate:
         return steps.trial_variables(model, optimizer)
 
 
-def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch, build):
+def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch):
     """Collective: ``cfg``'s state, built as the run builds it, and its step, traced on
     ``batch``."""
     images, masks, static = batch
-    state = build(cfg)
-    model, optimizer, _ = state
-    t = cfg.train
-    step = steps.make_train_step(model, optimizer, feed.input_shape, cfg.model.num_classes,
-                                 t.loss, ranks=ctx.size, batch=static, compression=t.compression)
+    state = factory.build_state(cfg, ctx, feed.input_shape)
+    step = factory.train_step(cfg, state, feed.input_shape, ctx.size, static)
     candidate = _Candidate(state, step, [])
     candidate.kept = [v.numpy() for v in candidate.variables]
     float(step(images, masks, np.zeros(2, np.float32)).loss)  # traces the step
@@ -149,12 +147,12 @@ def _put_back(candidate: _Candidate) -> None:
     steps.put_back(candidate.variables, candidate.kept, candidate.step)
 
 
-def _trial(cfg, ctx, feed, build, flags: list) -> Decision:
+def _trial(cfg, ctx, feed, flags: list) -> Decision:
     """Collective: both precisions timed on every rank, in alternation (a drift of a
     shared machine's speed then touches both alike); the slowest rank's decide."""
     start = time.perf_counter()
     batch = agreement.agree(_first_batch, cfg, ctx, feed)
-    candidates = {p: _prepare(_with_precision(cfg, p), ctx, feed, batch, build)
+    candidates = {p: _prepare(_with_precision(cfg, p), ctx, feed, batch)
                   for p in config_lib.PRECISIONS}
     for _ in range(TIMED_STEPS):
         for candidate in candidates.values():
@@ -170,7 +168,7 @@ def _trial(cfg, ctx, feed, build, flags: list) -> Decision:
               "reason": f"bfloat16 step {speedup:.2f}x float32's "
                         f"(kept at {MIN_SPEEDUP:.2f}x or more)"}
     static = batch[2]
-    return Decision(_with_precision(cfg, choice), chosen.state, {static: chosen.step}, record)
+    return Decision(_with_precision(cfg, choice), record, chosen.state, {static: chosen.step})
 
 
 def without_trial(cfg: config_lib.Config) -> config_lib.Config:
@@ -179,11 +177,11 @@ def without_trial(cfg: config_lib.Config) -> config_lib.Config:
     return _with_precision(cfg, "float32") if cfg.model.precision == config_lib.AUTO else cfg
 
 
-def decide(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, build) -> Decision:
-    """Collective: the precision a new run trains in and its state, ``build(cfg)``
-    making (model, optimizer, synced) in ``cfg``'s precision as the run would."""
+def decide(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Decision:
+    """Collective: the precision a new run trains in; where a trial ran, the chosen
+    precision's state and traced step too (nothing is built otherwise)."""
     if cfg.model.precision != config_lib.AUTO:
-        return Decision(cfg, build(cfg), {}, None)
+        return Decision(cfg, None)
     flags = read_bf16_flags()
     # Horovod: every rank's flags; one rank without bfloat16 decides for all.
     if not all(dist.allgather_object(flags)):
@@ -192,5 +190,5 @@ def decide(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, build) -
                   "choice": "float32", "trial_s": 0.0,
                   "reason": "no bfloat16 flag (avx512_bf16, amx_bf16) on "
                             f"{'this' if ctx.size == 1 else 'some rank'}'s CPU: no trial"}
-        return Decision(chosen, build(chosen), {}, record)
-    return _trial(cfg, ctx, feed, build, flags)
+        return Decision(chosen, record)
+    return _trial(cfg, ctx, feed, flags)

@@ -1,8 +1,8 @@
 """The records a launch writes to this rank's log (schema in ``distseg.core.schema``):
 ``run`` and ``resume`` at its start, ``epoch`` after each epoch, ``end`` whatever
 happens. ``epoch_record`` is the one place that gathers an epoch's fields: what the
-epoch measured, the validation, the training state's (``Scaling.epoch_fields``) and
-the parts' (``Part.epoch_fields``)."""
+epoch measured, the validation, the training state's (``TrainingState.epoch_fields``) and
+the observers' (``Observer.epoch_fields``)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         lr_schedule=t.lr_schedule, **({'lr_find': s.lr_find} if s.lr_find else {}),
         epochs=t.epochs, link=s.link, augment=cfg.data.augment,
         precision=s.precision or {"requested": cfg.model.precision, "choice": cfg.model.precision})
-    for part in s.parts:
-        part.on_run(record)
+    for observer in s.observers:
+        observer.on_run(record)
 
 
 def say_lr_found(s: Session) -> None:
@@ -63,14 +63,14 @@ def write_resume_record(s: Session) -> None:
     """Collective: the ``resume`` record that opens a resumed launch's lines; rank 0 says
     where it resumes from."""
     r = s.resumed
-    agreement.agree(s.log.write, "resume", from_epoch=s.start[0], from_step=s.start[1],
+    agreement.agree(s.log.write, "resume", from_epoch=s.origin[0], from_step=s.origin[1],
                     global_step=s.global_step, checkpoint=r.manifest,
                     size_before=r.position.size, size=s.ctx.size, warnings=r.warnings,
                     **({"elastic": r.elastic} if r.elastic else {}))
     for w in r.warnings:
         s.console.say(f"warning: {w}")
     where = r.manifest or f"the elastic state ({r.elastic})"
-    s.console.say(f"resuming from {where}: epoch {s.start[0]}, step {s.start[1]}, "
+    s.console.say(f"resuming from {where}: epoch {s.origin[0]}, step {s.origin[1]}, "
                   f"{r.position.size} -> {s.ctx.size} rank(s)")
 
 
@@ -81,7 +81,7 @@ def epoch_record(s: Session, result: EpochResult, val: dict, choice=None) -> dic
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)
-    parts = {k: v for p in s.parts for k, v in p.epoch_fields().items()}
+    observed = {k: v for o in s.observers for k, v in o.epoch_fields().items()}
     return s.log.write("epoch", epoch=result.epoch, t=time.perf_counter() - s.t0,
                        epoch_time=result.epoch_time, train_time=result.train_time,
                        steps=s.plan.steps, samples=len(seen),
@@ -89,7 +89,7 @@ def epoch_record(s: Session, result: EpochResult, val: dict, choice=None) -> dic
                        train_loss=float(np.mean(result.losses)),
                        train_loss_local=float(np.mean(result.losses_local)),
                        weight_checksum=result.weights, skipped_steps=result.skipped,
-                       **s.scaling.epoch_fields(s.plan.batch.per_rank, choice), **parts, **val)
+                       **s.training.epoch_fields(s.plan.batch.per_rank, choice), **observed, **val)
 
 
 def end_status(e: BaseException | None, epochs_done: int) -> tuple[str, str]:

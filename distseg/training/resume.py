@@ -1,9 +1,6 @@
-"""Checkpointing and resuming a run across ranks (the collective side of
-``distseg.training.checkpoint``).
-
-``save`` gathers every rank's local state to rank 0, which writes the checkpoint;
-``restore`` has rank 0 find, verify and load the newest whole checkpoint and every rank
-receive it by broadcast. Both run on every rank and agree on failures.
+"""Resuming a run across ranks: ``restore`` has rank 0 find, verify and load the newest
+whole checkpoint (``distseg.training.checkpoint``, which also saves them) and every
+rank receive it by broadcast. It runs on every rank and agrees on failures.
 """
 
 from __future__ import annotations
@@ -30,18 +27,6 @@ def rank_state(model, seen: list, losses: list, losses_local: list) -> checkpoin
         local=[np.asarray(v.numpy()) for v in local_variables(model)],
         seen=np.concatenate(seen) if seen else np.zeros(0, np.int64),
         losses=list(losses), losses_local=list(losses_local))
-
-
-def save(ctx, run_dir: str, position: checkpoint.Position, model, optimizer,
-         mine: checkpoint.RankState, keep: int) -> None:
-    """Collective: rank 0 writes a checkpoint holding every rank's ``RankState``. One it
-    cannot write (a full disk: ``checkpoint.save`` raises ``WriteError``) stops every
-    rank with rank 0's line and exit 1."""
-    everyone = dist.allgather_object(mine)
-    if ctx.is_root():
-        agreement.agree(checkpoint.save, run_dir, position, model, optimizer, everyone, keep)
-    else:
-        agreement.agree(lambda: None)
 
 
 @dataclass

@@ -11,11 +11,11 @@ from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
 from distseg.parallel import distributed as dist
 from distseg.training import resume, stopping
-from distseg.training.parts import Console, Part
+from distseg.training.factory import TrainSteps
+from distseg.training.observers import Console, Observer
 from distseg.training.plan import PlannedBatches
 from distseg.training.runlog import RunLog
-from distseg.training.scaling import Scaling
-from distseg.training.steps import TrainSteps
+from distseg.training.state import TrainingState
 
 Failure = tuple[str, int]
 
@@ -44,16 +44,16 @@ class Session:
     start_time: float
     """Unix time of the agreed start on rank 0's clock, the same on every rank."""
     stop: StopFlag
-    scaling: Scaling
+    training: TrainingState
     """The lr, batch and noise scale: what changes with progress."""
     console: Console
-    parts: tuple[Part, ...] = ()
+    observers: tuple[Observer, ...] = ()
     """The observers, called in this order on every rank."""
     watch: stopping.HangWatch | None = None
     """Times this rank's collectives."""
     resumed: resume.Resumed | None = None
-    start: tuple[int, int] = (0, 0)
-    """(epoch, step) where this launch starts: after a resumed checkpoint's position."""
+    origin: tuple[int, int] = (0, 0)
+    """(epoch, step) this launch trains from: a resumed checkpoint's position."""
     global_step: int = 0
     epochs_done: int = 0
     train_step: Any = None
@@ -71,8 +71,8 @@ class Session:
 
     @property
     def plan(self):
-        """The epoch plan in force (``scaling.plan``)."""
-        return self.scaling.plan
+        """The epoch plan in force (``training.plan``)."""
+        return self.training.plan
 
     @property
     def class_names(self) -> list[str]:

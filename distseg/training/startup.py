@@ -8,28 +8,27 @@ all ranks stop together with the same message.
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from distseg.core import config as config_lib
-from distseg.core import link, rundir
+from distseg.core import link, partial, rundir
 from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, lrfind, precision, resume
+from distseg.training import factory, lrfind, precision, resume
 
 
-def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Feed:
+def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Opened:
     """Everything that can be wrong with the data, or a ``--model-fn`` model, before
-    training starts; the feed (slices or slabs) the run reads, whose ``cfg`` records
-    the model's source (``userfn.recorded``)."""
+    training starts; the config with the data file's classes and the model's source
+    (``userfn.recorded``), and the feed (slices or slabs) the run reads."""
     # Rank 0 reads every mask once to check the labels; the others trust its verdict.
-    feed = feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
+    cfg, feed = feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
     if cfg.model.fn:
-        feed.cfg = check_model_fn(feed.cfg, feed.input_shape)
-    return feed
+        cfg = check_model_fn(cfg, feed.input_shape)
+    return feeds.Opened(cfg, feed)
 
 
 def with_model_source(cfg: config_lib.Config) -> config_lib.Config:
@@ -77,15 +76,15 @@ def _write_config(cfg: config_lib.Config, ctx: dist.Context) -> None:
     if ctx.is_root():
         from distseg.networks import userfn
         userfn.keep_copy(cfg.model, cfg.run_dir)
-        checkpoint.write_json_atomic(rundir.config_path(cfg.run_dir), cfg.to_dict())
+        partial.write_json(rundir.config_path(cfg.run_dir), cfg.to_dict())
         os.makedirs(rundir.checkpoint_dir(cfg.run_dir), exist_ok=True)
 
 
 def check_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -> None:
     """Refuses a directory that holds a run (unless ``resuming`` it), then checks every
     rank can write its log directory. Two agreed phases: no rank may create logs/
-    before rank 0 has looked for a previous run there (a fast rank 1 once made rank 0
-    refuse a fresh directory)."""
+    before rank 0 has looked for a previous run there (else a fast rank 1 can make rank
+    0 refuse a fresh directory)."""
     if not resuming:
         agreement.agree(_refuse_existing_run, cfg.run_dir, ctx)
     agreement.agree(_probe_writable, cfg.run_dir, ctx)
@@ -97,71 +96,68 @@ def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -
     agreement.agree(_write_config, cfg, ctx)
 
 
-def build_state(cfg: config_lib.Config, ctx: dist.Context, input_shape, broadcast: bool = True):
-    """(model, optimizer, synced variables), identical on every rank (``broadcast``
-    False: each rank's own initial values, for an elastic run's state to sync)."""
-    import keras
-
-    from distseg.networks import models
-
-    keras.utils.set_random_seed(cfg.train.seed + ctx.rank)
-    model = models.build(cfg.model, input_shape, run_dir=cfg.run_dir)
-    optimizer = keras.optimizers.Adam(learning_rate=cfg.train.lr)
-    optimizer.build(model.trainable_variables)
-    # What every rank must hold identically: weights (BatchNorm statistics included)
-    # and optimizer state. Not model.variables: that also holds the dropout layers'
-    # seed-generator states, which must stay different per rank (seeded by rank above)
-    # or every rank would drop the same units.
-    synced = model.weights + optimizer.variables
-    if broadcast:
-        # Horovod: every rank starts from rank 0's weights and optimizer state.
-        dist.broadcast_variables(synced, root=0)
-    return model, optimizer, synced
-
-
 @dataclass
-class Start:
-    """Where a launch starts: its config (with the precision decided), the state every
-    rank holds, and what it was resumed from."""
+class Prepared:
+    """What start-up prepared for a launch: the run's one live config (with the
+    precision decided and the lr found), the state every rank holds, the train steps
+    already traced for it, and what it was resumed from."""
 
     cfg: config_lib.Config
-    state: tuple
-    """(model, optimizer, synced)."""
+    state: factory.State
+    train_steps: factory.TrainSteps
     resumed: resume.Resumed | None = None
     precision: dict | None = None
     """The run record's ``precision`` field: ``--precision auto``'s decision."""
-    traced: dict = field(default_factory=dict)
-    """Train steps already traced for the model (static batch -> step)."""
     lr_find: dict | None = None
     """The run record's ``lr_find`` field: ``--lr auto``'s range test."""
 
 
-def start_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
-                resuming: bool) -> Start:
-    """The state of a new run, in the precision it decides (``precision.decide``), or of
-    a resumed one, restored from its checkpoint in the precision its config holds. A new
-    run checks its directory before building anything and writes its config once the
-    precision is decided; a resumed one rewrites its config only once its checkpoint
-    has loaded."""
-    if not resuming:
-        check_run_dir(cfg, ctx, resuming=False)
-        build = functools.partial(build_state, ctx=ctx, input_shape=feed.input_shape)
-        decided = precision.decide(cfg, ctx, feed, build)
-        found = lrfind.find(decided.cfg, ctx, feed, decided.state, decided.traced)
-        agreement.agree(_write_config, found.cfg, ctx)
-        return Start(found.cfg, decided.state, None, decided.record, found.traced, found.record)
-    state = build_state(cfg, ctx, feed.input_shape)
-    resumed = resume.restore(ctx, cfg.run_dir, *state)
-    resume.check_extends(resumed, cfg.train.epochs)
-    prepare_run_dir(cfg, ctx, resuming=True)
-    return Start(cfg, state, resumed)
+def prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
+            resuming: bool) -> Prepared:
+    """A new run, in the precision it decides (``precision.decide``) and with the lr it
+    finds (``lrfind.find``), or a resumed one, restored from its checkpoint in the
+    precision its config holds. A new run checks its directory before building
+    anything and writes its config once both are decided; a resumed one rewrites its
+    config only once its checkpoint has loaded."""
+    if resuming:
+        return _resumed(cfg, ctx, feed)
+    check_run_dir(cfg, ctx, resuming=False)
+    decided = precision.decide(cfg, ctx, feed)
+    state = decided.state or factory.build_state(decided.cfg, ctx, feed.input_shape)
+    train_steps = factory.TrainSteps(decided.cfg, state, feed.input_shape, ctx.size,
+                                     decided.traced)
+    found = lrfind.find(decided.cfg, ctx, feed, train_steps)
+    train_steps.cfg = found.cfg  # the one live config from here on
+    agreement.agree(_write_config, found.cfg, ctx)
+    return Prepared(found.cfg, state, train_steps, None, decided.record, found.record)
+
+
+def _resumed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Prepared:
+    state = factory.build_state(cfg, ctx, feed.input_shape)
+    resumed = open_run_dir(cfg, ctx, state, resuming=True)
+    return Prepared(cfg, state, factory.TrainSteps(cfg, state, feed.input_shape, ctx.size),
+                    resumed)
+
+
+def open_run_dir(cfg: config_lib.Config, ctx: dist.Context, state: factory.State,
+                 resuming: bool) -> resume.Resumed | None:
+    """Collective: the run directory of a launch whose ``state`` is built: when
+    ``resuming``, the state restored from the newest checkpoint (which must reach no
+    further than ``--epochs``), then the directory checked and the config written."""
+    resumed = None
+    if resuming:
+        resumed = resume.restore(ctx, cfg.run_dir, *state)
+        resume.check_extends(resumed, cfg.train.epochs)
+    prepare_run_dir(cfg, ctx, resuming=resuming)
+    return resumed
 
 
 def measure_link(ctx: dist.Context) -> dict | None:
     """Collective on 2 or more ranks: bandwidth and latency of the link between them as
     they see it (``distseg.core.link``), from timed allreduces before the agreed start
-    (0.3 s here between two local ranks, about 0.9 s over a 1 Gbit/s link), and whether every rank is on one host (then
-    it is the host's own path, not a network). None on one rank."""
+    (docs/studies/link-2026-11-26.md says how long they take), and whether every rank
+    is on one host (then it is the host's own path, not a network). None on one
+    rank."""
     if ctx.size < 2:
         return None
     sizes, seconds = dist.time_allreduces(link.PROBE_BYTES, link.PROBE_REPEATS,

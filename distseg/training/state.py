@@ -2,7 +2,7 @@
 noise scale's averages, the gain-weighted progress, the samples trained, the lr rule and
 the ``goodput`` batch policy.
 
-One object, ``Scaling``, that the loop asks for each step's lr and each epoch's batch,
+One object, ``TrainingState``, that the loop asks for each step's lr and each epoch's batch,
 feeds with each step's gradient norms and time, and saves and restores with a checkpoint
 (``state()``/``restore()``). The benchmark's emulation drives the same object, so a
 change to the lr rule or the policy is made once. Plain Python: no TensorFlow, no
@@ -21,7 +21,7 @@ from distseg.training.plan import EpochPlan
 
 
 @dataclass
-class Scaling:
+class TrainingState:
     """The lr and batch of every step of one launch, and what they depend on.
 
     Args:
@@ -58,8 +58,8 @@ class Scaling:
     """What a resume did to the schedule, for the resume record's warnings."""
 
     @classmethod
-    def start(cls, train_cfg, train_samples: int, ranks: int, kept: dict | None = None,
-              fold: int = 1) -> "Scaling":
+    def initial(cls, train_cfg, train_samples: int, ranks: int, kept: dict | None = None,
+              fold: int = 1) -> "TrainingState":
         """The state a launch starts with, at the batch a checkpoint's ``kept``
         ``state()`` was training under the policy (at the same number of ranks), else
         at the config's; ``restore`` then continues the rest of ``kept``."""
@@ -156,7 +156,7 @@ class Scaling:
     # --- checkpoints -----------------------------------------------------------------
 
     def state(self) -> dict:
-        """What a checkpoint keeps (its ``scaling`` entry; ``restore`` reads it back)."""
+        """What a checkpoint keeps (its ``training`` entry; ``restore`` reads it back)."""
         return {"noise": self.noise.state(), "progress": self.progress,
                 "samples": self.samples, "global_batch": self.plan.batch.global_batch,
                 "trained": self.trained, "horizon": self.horizon, "epochs": self.train_cfg.epochs,

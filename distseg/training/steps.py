@@ -312,9 +312,10 @@ def apply_adam(optimizer, grads, variables):
     (``_plain_adam``), as one fused kernel per variable on Keras' own moment variables:
     the same update (m, v, then var -= lr_t m / (sqrt(v) + eps), lr_t = lr sqrt(1 -
     beta2^t) / (1 - beta1^t)) and the same optimizer state, so checkpoints do not change.
-    Keras builds about a dozen ops per variable, which took a third of the train step's
-    tracing and 4-5 of its milliseconds on the demo U-Net (docs/performance.md). Any
-    other optimizer goes through ``apply_gradients``."""
+    Keras builds about a dozen ops per variable, a large share of the train step's
+    tracing and time on a small U-Net
+    (docs/studies/first-step-reader-optimizer-2026-11-25.md). Any other optimizer goes
+    through ``apply_gradients``."""
     if not _plain_adam(optimizer):
         optimizer.apply_gradients(zip(grads, variables))
         return
@@ -373,11 +374,12 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     The gradient norms (``StepResult.grad_sq``) are the two batch sizes of the gradient
     noise scale (``training.noise``), raw and preconditioned by Adam; the small batch's
     ride in the same allreduce. On one rank the gradient is taken as two halves where
-    ``can_halve`` allows (``train_step.parts`` is 2), else the last step's gradient is
+    ``can_halve`` allows (``train_step.gradients_per_rank`` is 2), else the last step's gradient is
     kept as the second. ``ranks``: the ranks sharing the global
     batch (``losses.global_loss``); with one, the step has no collective at all (an
     average over one rank is its own value, and a Horovod op would still wait for
-    a coordination cycle: 8 % of a small model's step, docs/performance.md). ``batch``:
+    a coordination cycle, a visible share of a small model's step,
+    docs/studies/step-profile-2026-11-24.md). ``batch``:
     every batch's size, when fixed (a fixed global batch): the step is traced for it
     (BatchNorm's ghost batches split statically). ``compression``: how the gradients
     travel (``dist.average_gradients``; ``none``, exact, by default). ``halves=False``:
@@ -389,7 +391,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     previous = PreviousGradient(model.trainable_variables) if ranks == 1 and not halved else None
 
     # autograph=False: the step's Python branches are on Python values only (tf.cond
-    # is explicit), and converting its source took 0.5 s of the demo's 2.5 s trace.
+    # is explicit), and converting its source cost a good share of the trace
+    # (docs/studies/first-step-reader-optimizer-2026-11-25.md).
     @tf.function(input_signature=_input_spec(model, spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
                  autograph=False)
     def train_step(images, masks, flags):
@@ -415,8 +418,8 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
 
     # What steps taken outside training (a timed trial) leave behind, forgotten.
     train_step.forget = previous.forget if previous is not None else _nothing
-    # Gradients per rank the norms come from (``noise.NoiseScale.parts``).
-    train_step.parts = 2 if halved else 1
+    # Gradients per rank the norms come from (``noise.NoiseScale.gradients_per_rank``).
+    train_step.gradients_per_rank = 2 if halved else 1
     return train_step
 
 
@@ -462,9 +465,9 @@ def weight_checksum(variables) -> list[float]:
     """[sum, sum of squares] of every value, in float64, one variable at a time (never
     a float64 copy of the whole model and optimizer state at once).
 
-    In numpy: the same sums as ~1,100 eager TensorFlow ops took 50-64 ms for the demo
-    U-Net and its Adam state, this 26-28 ms, at every epoch's end on every rank (a
-    ``tf.function`` took 8-11 ms but 0.9 s to trace, once for each list of variables).
+    In numpy: about half the time of the same sums as eager TensorFlow ops, at every
+    epoch's end on every rank, and unlike a ``tf.function`` nothing to trace
+    (docs/studies/first-step-reader-optimizer-2026-11-25.md).
     """
     total = np.zeros(2)
     for v in variables:
@@ -511,22 +514,3 @@ def put_back(variables: list, values: list, step) -> None:
     for v, value in zip(variables, values):
         v.assign(value)
     step.forget()
-
-
-class TrainSteps:
-    """The train step traced for each per-rank batch a run trains (``make_train_step``;
-    the ``goodput`` policy may come back to a batch it left). ``None``: a step for any
-    batch size, traced once. ``traced``: steps already made for this model (the
-    precision trial's)."""
-
-    def __init__(self, model, optimizer, spatial_shape: Sequence[int], num_classes: int,
-                 loss: str, ranks: int, compression: str, traced: dict | None = None):
-        self._args = (model, optimizer, spatial_shape, num_classes, loss)
-        self._ranks, self._compression = ranks, compression
-        self._steps: dict = dict(traced or {})
-
-    def for_batch(self, batch: int | None):
-        if batch not in self._steps:
-            self._steps[batch] = make_train_step(*self._args, ranks=self._ranks, batch=batch,
-                                                 compression=self._compression)
-        return self._steps[batch]

@@ -48,7 +48,7 @@ def install_early(signals: tuple = STOP_SIGNALS) -> None:
     ``distseg-train`` calls this first thing, before it imports TensorFlow and Horovod
     (seconds): a signal in that window (Slurm's time-limit USR1 sent early, a
     ``scancel`` of a job just started) ended both ranks of a real Slurm job by the
-    signal's default action, with no log record and nothing to resume (issue 22).
+    signal's default action, with no log record and nothing to resume.
     Recorded here, it becomes a stop request at the first step, like a later one.
     """
     def on_signal(signum, frame):

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg import losses, metrics, sliding
+from distseg.core import config as config_lib
 from distseg.data import feeds, sharding
 
 
@@ -60,19 +61,19 @@ class Totals:
                    np.asarray(total[2:end]).reshape(3, num_classes), np.asarray(total[end:]))
 
 
-def score(feed: feeds.Feed, reader, eval_step: Callable, predict: Callable, rank: int,
-          size: int) -> Scores:
+def score(cfg: config_lib.Config, feed: feeds.Feed, reader, eval_step: Callable,
+          predict: Callable, rank: int, size: int) -> Scores:
     """This rank's scores: slices in batches of the eval step, or whole volumes."""
     if isinstance(feed, feeds.VolumeFeed):
-        return score_volumes(feed, reader, predict, rank, size)
-    return score_slices(feed, reader, eval_step, rank, size)
+        return score_volumes(cfg, feed, reader, predict, rank, size)
+    return score_slices(cfg, feed, reader, eval_step, rank, size)
 
 
-def score_slices(feed: feeds.SliceFeed, reader, eval_step: Callable, rank: int,
-                 size: int) -> Scores:
+def score_slices(cfg: config_lib.Config, feed: feeds.SliceFeed, reader, eval_step: Callable,
+                 rank: int, size: int) -> Scores:
     """This rank's contiguous share of the validation slices."""
-    out = Scores.empty(feed.cfg.model.num_classes)
-    for ids in sharding.shard_eval(feed.info.val_indices, rank, size, feed.cfg.train.batch_size):
+    out = Scores.empty(cfg.model.num_classes)
+    for ids in sharding.shard_eval(feed.info.val_indices, rank, size, cfg.train.batch_size):
         images, masks = reader.read(ids)
         sums, counts = eval_step(images, masks)
         out.sums += np.asarray(sums, np.float64)
@@ -81,11 +82,11 @@ def score_slices(feed: feeds.SliceFeed, reader, eval_step: Callable, rank: int,
     return out
 
 
-def score_volumes(feed: feeds.VolumeFeed, reader, predict: Callable, rank: int,
-                  size: int) -> Scores:
+def score_volumes(cfg: config_lib.Config, feed: feeds.VolumeFeed, reader, predict: Callable,
+                  rank: int, size: int) -> Scores:
     """This rank's validation volumes (balanced by voxels), each predicted whole by
     sliding windows of the training slab."""
-    cfg, info = feed.cfg, feed.info
+    info = feed.info
     num_classes = cfg.model.num_classes
     out = Scores.empty(num_classes)
     cases = info.val_cases

@@ -178,12 +178,12 @@ def test_a_failed_save_removes_what_it_wrote_of_its_checkpoint(tmp_path):
     model, optimizer = _tiny_model()
     run_dir, ckdir = str(tmp_path), rundir.checkpoint_dir(str(tmp_path))
     state = [checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights])]
-    checkpoint.save(run_dir, checkpoint.Position(epoch=1, global_step=2), model, optimizer,
+    checkpoint.write(run_dir, checkpoint.Position(epoch=1, global_step=2), model, optimizer,
                     state, keep=3)
     before = {f: open(os.path.join(ckdir, f), "rb").read() for f in os.listdir(ckdir)}
     os.symlink("/dev/full", os.path.join(ckdir, rundir.temporary_file("epoch-0002", "state")))
     with pytest.raises(WriteError) as failed:
-        checkpoint.save(run_dir, checkpoint.Position(epoch=2, global_step=4), model,
+        checkpoint.write(run_dir, checkpoint.Position(epoch=2, global_step=4), model,
                         optimizer, state, keep=3)
     assert str(failed.value) == (f"{ckdir}: no space left on device while writing checkpoint "
                                  "epoch 2 (epoch-0002.state.npz); epoch-0001 is the newest "

@@ -1,4 +1,4 @@
-"""A checkpoint written before the training state became one object (``Scaling``)
+"""A checkpoint written before the training state became one object (``TrainingState``)
 still resumes exactly: ``tests/fixtures/checkpoint-v2`` is a 2-rank ``goodput`` run of
 the smoke U-Net (log schema 2), killed after the checkpoint of epoch 2, whose policy had
 switched to 8 slices per rank. Resumed on 2 real Horovod ranks, epoch 2 must train as

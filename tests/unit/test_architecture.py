@@ -113,3 +113,33 @@ def test_no_function_reaches_80_lines():
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and n.end_lineno - n.lineno >= 80]
     assert long == []
+
+
+def _calls(attribute: str, roots=("distseg", "benchmarks")) -> set[str]:
+    """Files (relative to the repository) whose code calls ``X.<attribute>(...)``."""
+    found = set()
+    for root in roots:
+        for dirpath, _, files in os.walk(os.path.join(REPO, root)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                       and n.func.attr == attribute for n in ast.walk(tree)):
+                    found.add(os.path.relpath(path, REPO))
+    return found
+
+
+def test_the_optimizers_lr_has_one_writer():
+    # ``optimizer.learning_rate.assign(...)``: only ``distseg.core.lr.assign``.
+    writers = {f for f in _calls("assign") if "learning_rate.assign" in open(os.path.join(REPO, f)).read()}
+    assert writers == {"distseg/core/lr.py"}
+
+
+def test_the_train_step_is_built_from_the_config_in_one_place():
+    # The memory probe builds a step for a planned U-Net spec, not for a run's config.
+    assert _calls("make_train_step") <= {"distseg/training/factory.py", "distseg/training/memprobe.py",
+                                         "benchmarks/benchlib/step_variants.py"}
+    assert "distseg/training/factory.py" in _calls("make_train_step")

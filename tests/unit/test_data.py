@@ -575,12 +575,12 @@ def test_the_feed_fills_the_classes_from_the_file_and_refuses_a_contradiction(tm
     path = _two_classes(tmp_path / "two.h5")
     info = data.examine(path)
     assert (info.num_classes, info.class_names) == (2, ("background", "lesion"))
-    feed = feeds.open_feed(_smoke(path), ranks=1, check_labels=True)
-    assert (feed.cfg.model.num_classes, feed.cfg.model.class_names) == (2, ("background", "lesion"))
-    assert feeds.with_classes(_smoke(path)) == feed.cfg  # the elastic path's, alike
+    cfg, _ = feeds.open_feed(_smoke(path), ranks=1, check_labels=True)
+    assert (cfg.model.num_classes, cfg.model.class_names) == (2, ("background", "lesion"))
+    assert feeds.with_classes(_smoke(path)) == cfg  # the elastic path's, alike
     # the same values given explicitly agree with the file
     agreed = _smoke(path, **{"model.num_classes": 2, "model.class_names": ["background", "lesion"]})
-    assert feeds.open_feed(agreed, ranks=1, check_labels=False).cfg == feed.cfg
+    assert feeds.open_feed(agreed, ranks=1, check_labels=False).cfg == cfg
     for overrides, said in [
         ({"model.num_classes": 3}, f"{path}: holds 2 classes (attribute num_classes), but "
                                    "config field model.num_classes is 3; leave the field out"),

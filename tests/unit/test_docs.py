@@ -5,7 +5,12 @@ lead nowhere, which no other test would notice.
 
 docs/architecture.md names every module of ``distseg/`` and ``analysis/`` in backticks
 as `name.py` (a module in a subfolder such as ``data/convert/`` by its base name), so a
-new or renamed module cannot go unlisted."""
+new or renamed module cannot go unlisted.
+
+No ticket numbers where a user reads: "issue 39" in the README, a page of docs/ (the
+studies included) or a docstring, comment or help text of ``distseg/`` or
+``analysis/`` names a thread the reader cannot open. Say what it means instead (the
+study, with its dated file)."""
 
 from __future__ import annotations
 
@@ -94,3 +99,43 @@ def test_an_unnamed_module_is_found(tmp_path, monkeypatch):
     (tmp_path / "docs" / "architecture.md").write_text(
         "| `config.py` | x |\n| `convert/splits.py` | y |\nloop.py, links (not in backticks)\n")
     assert unnamed_modules() == ["analysis/links.py", "distseg/training/loop.py"]
+
+
+#: "issue 39", "Issue #11", "issues 21": a ticket number (across a line break too).
+TICKET = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+#: What a user reads: the README, every page under docs/, every module of the package
+#: and of the report.
+READ_BY_USERS = ("README.md", os.path.join("docs", "**", "*.md"),
+                 os.path.join("distseg", "**", "*.py"), os.path.join("analysis", "**", "*.py"))
+
+
+def ticket_numbers() -> list[str]:
+    """``file:line: match`` for every ticket number in ``READ_BY_USERS``."""
+    found = []
+    for pattern in READ_BY_USERS:
+        for path in sorted(glob.glob(os.path.join(REPO, pattern), recursive=True)):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            for m in TICKET.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append(f"{os.path.relpath(path, REPO)}:{line}: {' '.join(m.group().split())}")
+    return found
+
+
+def test_no_ticket_numbers_where_users_read():
+    assert ticket_numbers() == []
+
+
+def test_a_ticket_number_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr("test_docs.REPO", str(tmp_path))
+    files = {"README.md": "Fixed in Issue #11.\n",
+             "docs/studies/lr-2026-11-26.md": "# lr\n\nThe study of issue\n39, and the issues 21 and 28.\n",
+             "distseg/training/stopping.py": '"""Nothing to resume (issue 22)."""\n',
+             "analysis/noise.py": "# three issues, tissue 5 mm, reissued: no ticket\n",
+             "benchmarks/bench_table.py": "# issue 21: not read by users\n"}
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert ticket_numbers() == ["README.md:1: Issue #11", "docs/studies/lr-2026-11-26.md:3: issue 39",
+                                "docs/studies/lr-2026-11-26.md:4: issues 21",
+                                "distseg/training/stopping.py:1: issue 22"]

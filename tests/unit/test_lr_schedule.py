@@ -1,5 +1,5 @@
 """``--lr-schedule``: the factor ``lr.decay`` puts on the lr after the warm-up, and
-how ``Scaling`` counts it in samples, keeps its horizon through a checkpoint, and
+how ``TrainingState`` counts it in samples, keeps its horizon through a checkpoint, and
 stretches it when a resume asks for more epochs."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core import lr
 from distseg.training.noise import Average
-from distseg.training.scaling import Scaling
+from distseg.training.state import TrainingState
 
 SAMPLES = 64  # the run's training samples: 8 steps of a global batch of 8 an epoch
 
 
-def _scaling(schedule: str, ranks: int = 1, epochs: int = 4, warmup: float = 1.0) -> Scaling:
+def _scaling(schedule: str, ranks: int = 1, epochs: int = 4, warmup: float = 1.0) -> TrainingState:
     t = dataclasses.replace(config_lib.smoke().train, lr=1e-3, global_batch=8, epochs=epochs,
                             warmup_epochs=warmup, lr_schedule=schedule, max_steps_per_epoch=0)
-    return Scaling.start(t, SAMPLES, ranks)
+    return TrainingState.initial(t, SAMPLES, ranks)
 
 
 @pytest.mark.parametrize("schedule, mid, end", [("constant", 1.0, 1.0), ("cosine", 0.5, 0.0),
@@ -62,7 +62,7 @@ def test_a_checkpoint_keeps_the_clock_and_the_horizon(tmp_path):
         s.lr(step)
         s.observe([1.0, 1.0, 1.0, 1.0], applied=True)
     kept = json.loads(json.dumps(s.state()))
-    again = Scaling.start(s.train_cfg, SAMPLES, 2, kept)
+    again = TrainingState.initial(s.train_cfg, SAMPLES, 2, kept)
     again.restore(kept, global_step=12)
     assert (again.trained, again.horizon, again.note) == (96, s.horizon, None)
     assert again.lr(12) == s.lr(12)
@@ -74,11 +74,11 @@ def test_more_epochs_on_resume_stretch_the_horizon_and_say_so():
         s.observe([1.0, 1.0, 1.0, 1.0], applied=True)
     kept = json.loads(json.dumps(s.state()))
     longer = dataclasses.replace(s.train_cfg, epochs=8)
-    again = Scaling.start(longer, SAMPLES, 1, kept)
+    again = TrainingState.initial(longer, SAMPLES, 1, kept)
     again.restore(kept, global_step=16)
     assert again.horizon == 2 * s.horizon and again.warm == s.warm
     assert "--epochs 4 -> 8" in again.note and "from 256 to 512 samples" in again.note
-    constant = Scaling.start(dataclasses.replace(longer, lr_schedule="constant"), SAMPLES, 1, kept)
+    constant = TrainingState.initial(dataclasses.replace(longer, lr_schedule="constant"), SAMPLES, 1, kept)
     constant.restore(kept, global_step=16)
     assert constant.note is None
 
@@ -99,7 +99,7 @@ def test_adascale_takes_the_whole_gain_where_gain_takes_its_square_root():
                                warmup_epochs=0.0)
     lrs = {}
     for rule in lr.GAIN_RULES:  # 4 ranks of 2 over a base of 2: gain 1.6 at this noise
-        s = Scaling.start(dataclasses.replace(base, lr_scaling=rule), SAMPLES, 4)
+        s = TrainingState.initial(dataclasses.replace(base, lr_scaling=rule), SAMPLES, 4)
         s.noise.averages["preconditioned"] = Average(1.0, 2.0, 1.0)
         lrs[rule] = s.lr(0)
     assert lrs["gain"] == pytest.approx(1e-3 * 1.6 ** 0.5)

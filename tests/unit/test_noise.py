@@ -194,8 +194,8 @@ def test_one_rank_halves_recover_known_noise():
     d, sigma, batch = 30, 1.0, 8
     true_g = rng.normal(size=d)
     want = d * sigma**2 / float(true_g @ true_g)
-    noise = NoiseScale(batch, batch, base=batch, parts=2)
-    assert (noise.method, noise.part, noise.count) == ("halves", 4, 2)
+    noise = NoiseScale(batch, batch, base=batch, gradients_per_rank=2)
+    assert (noise.method, noise.gradient_samples, noise.count) == ("halves", 4, 2)
     for _ in range(3000):
         noise.update(*_norms(_draws(rng, true_g, sigma, batch // 2, 2), 1.0))
     assert noise.b_simple == pytest.approx(want, rel=0.15)
@@ -250,7 +250,7 @@ def test_the_halved_step_trains_as_one_pass_and_measures_its_halves(norm, ghost)
     halved = steps.make_train_step(model, opts[0], (size, size), c, cfg.train.loss, batch=batch)
     whole = steps.make_train_step(other, opts[1], (size, size), c, cfg.train.loss, batch=batch,
                                   halves=False)
-    assert (halved.parts, whole.parts) == (2, 1)
+    assert (halved.gradients_per_rank, whole.gradients_per_rank) == (2, 1)
     rng = np.random.default_rng(0)
     for k in range(3):
         images = rng.random((batch, size, size, 1), dtype=np.float32)

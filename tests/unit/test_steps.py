@@ -92,7 +92,7 @@ def _save(run_dir, model, opt, epoch, step=0, keep=2, seen=()):
                                  seen=np.asarray(seen, np.int64), losses=[-0.5] * len(seen),
                                  losses_local=[-0.4] * len(seen))
     position = checkpoint.Position(epoch=epoch, step=step, global_step=10 * epoch + step, size=1)
-    return checkpoint.save(run_dir, position, model, opt, [state], keep)
+    return checkpoint.write(run_dir, position, model, opt, [state], keep)
 
 
 def test_checkpoint_round_trip_and_rotation(tmp_path):
@@ -151,7 +151,7 @@ def test_resuming_at_another_size_falls_back_to_the_epoch_boundary(tmp_path):
     run_dir = str(tmp_path)
     _save(run_dir, model, opt, 1)
     state = checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights])
-    checkpoint.save(run_dir, checkpoint.Position(epoch=1, step=3, global_step=13, size=2),
+    checkpoint.write(run_dir, checkpoint.Position(epoch=1, step=3, global_step=13, size=2),
                     model, opt, [state, state], keep=3)
     same, warnings = resume._find_for_size(run_dir, 2)
     assert same["position"].step == 3 and warnings == []

@@ -1,4 +1,4 @@
-"""The training state that changes with progress (``distseg.training.scaling.Scaling``),
+"""The training state that changes with progress (``distseg.training.state.TrainingState``),
 without Horovod: the lr's clocks, what a step feeds it, the ``goodput`` policy's
 decide / take / restore, and a checkpoint's ``scaling`` state written before the state
 was one object."""
@@ -14,7 +14,7 @@ import pytest
 
 from distseg.core import config as config_lib
 from distseg.training.noise import Average
-from distseg.training.scaling import Scaling
+from distseg.training.state import TrainingState
 
 from support import REPO
 
@@ -25,13 +25,13 @@ def _train(**changes) -> config_lib.TrainConfig:
     return dataclasses.replace(config_lib.smoke().train, lr=1e-3, **changes)
 
 
-def _goodput(ranks: int = 2, samples: int = SAMPLES) -> Scaling:
+def _goodput(ranks: int = 2, samples: int = SAMPLES) -> TrainingState:
     t = _train(batch_size=2, global_batch=0, batch_policy="goodput", max_batch_per_rank=8,
                warmup_epochs=0.0)
-    return Scaling.start(t, samples, ranks)
+    return TrainingState.initial(t, samples, ranks)
 
 
-def _noisy(s: Scaling, phi: float) -> None:
+def _noisy(s: TrainingState, phi: float) -> None:
     """A noise scale of ``phi`` samples (|G|^2 = 1, tr(Sigma) = phi)."""
     s.noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
 
@@ -49,12 +49,12 @@ def test_a_step_feeds_the_noise_the_progress_the_samples_and_the_policy():
 
 
 def test_the_warm_up_counts_steps_or_under_the_policy_samples():
-    fixed = Scaling.start(_train(batch_size=2, global_batch=0, lr_scaling="linear",
+    fixed = TrainingState.initial(_train(batch_size=2, global_batch=0, lr_scaling="linear",
                                  warmup_epochs=1.0), SAMPLES, 4)
     plan = fixed.plan  # b = 2, B = 8: 8 steps an epoch, lr 1e-3 -> 4e-3
     assert (plan.steps, plan.warmup_steps, plan.lr_target) == (8, 8, pytest.approx(4e-3))
     assert fixed.lr(4) == pytest.approx(2.5e-3) and fixed.lr_now == fixed.lr(4)
-    policy = Scaling.start(_train(batch_size=2, global_batch=0, lr_scaling="linear",
+    policy = TrainingState.initial(_train(batch_size=2, global_batch=0, lr_scaling="linear",
                                   warmup_epochs=1.0, batch_policy="goodput"), SAMPLES, 4)
     policy.samples = 32  # half an epoch of samples, whatever the step count says
     assert policy.lr(0) == pytest.approx(2.5e-3)
@@ -88,7 +88,7 @@ def test_the_policy_keeps_its_batch_until_it_has_measured_and_never_goes_below_t
     assert choice.per_rank == 1 and min(choice.goodput) == 1 and s.take(choice)
     assert (s.plan.batch.global_batch, s.noise.big) == (2, 2)
     assert not s.take(None)  # after the last epoch
-    fixed = Scaling.start(_train(batch_size=2, global_batch=0), SAMPLES, 2)
+    fixed = TrainingState.initial(_train(batch_size=2, global_batch=0), SAMPLES, 2)
     assert fixed.decide() is None and "goodput" not in fixed.epoch_fields(2, None)
 
 
@@ -100,13 +100,13 @@ def test_a_restored_state_continues_the_batch_the_averages_and_the_clocks():
     s.take(s.decide())
     s.observe([5.0, 2.0, 5.0, 2.0], applied=True, seconds=None)
     kept = json.loads(json.dumps(s.state()))  # as a checkpoint's JSON holds it
-    again = Scaling.start(s.train_cfg, SAMPLES, 2, kept)
+    again = TrainingState.initial(s.train_cfg, SAMPLES, 2, kept)
     again.restore(kept, global_step=4)
     assert again.plan == s.plan
     assert again.state() == s.state()
     assert again.noise.record() == s.noise.record()
     # Another number of ranks: the policy and the averages start afresh.
-    other = Scaling.start(s.train_cfg, SAMPLES, 4, kept)
+    other = TrainingState.initial(s.train_cfg, SAMPLES, 4, kept)
     other.restore(kept, global_step=4)
     assert other.plan.batch.per_rank == 2 and other.progress == 0.0 and other.samples == 0
     assert other.noise.averages["preconditioned"].g2 is None
@@ -121,7 +121,7 @@ def test_a_checkpoint_written_before_the_state_was_one_object_restores():
     kept = manifest["scaling"]
     with open(os.path.join(os.path.dirname(os.path.dirname(path)), "config.json")) as f:
         train = config_lib.TrainConfig(**json.load(f)["train"])
-    s = Scaling.start(train, 40, 2, kept)
+    s = TrainingState.initial(train, 40, 2, kept)
     s.restore(kept, manifest["global_step"])
     assert (s.plan.batch.per_rank, s.plan.batch.global_batch) == (8, 16)
     assert s.policy.per_rank == 8 and s.policy.times.means() == {2: pytest.approx(0.6935559 / 19)}

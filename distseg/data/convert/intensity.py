@@ -35,8 +35,9 @@ def _nonzero_sample(voxels) -> np.ndarray:
     """Real values of a strided sample of at most ~4M of the volume's voxels, its
     non-zero ones (all of them when every voxel is 0).
 
-    A sample: percentiles of a whole 50M-voxel volume cost seconds and a sorted copy of
-    it; the sample moves them by < 0.1%.
+    A sample: percentiles of a whole large volume cost seconds and a sorted copy of it,
+    and the sample barely moves them (docs/studies/convert-and-compression-2026-11-23.md,
+    "Intensity statistics from a sample").
     """
     flat = voxels.raw.reshape(-1)
     sample = voxels.values(flat[::max(1, flat.size // _SAMPLE)])
