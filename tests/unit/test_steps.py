@@ -115,6 +115,23 @@ def test_checkpoint_round_trip_and_rotation(tmp_path):
     assert rank0.seen.tolist() == [7, 9, 11] and rank0.losses == [-0.5] * 3
 
 
+def test_a_manifest_from_before_the_training_state_was_named_resumes_its_state(tmp_path):
+    # Checkpoints written before the rename keep the training state under "scaling".
+    model, opt = _tiny_state(1)
+    run_dir = str(tmp_path)
+    stem = _save(run_dir, model, opt, 1)
+    kept = {"noise": None, "progress": 2.5, "samples": 40, "global_batch": 4}
+    with open(f"{stem}.json") as f:
+        manifest = json.load(f)
+    assert "training" in manifest and "scaling" not in manifest
+    del manifest["training"]
+    manifest["scaling"] = kept
+    with open(f"{stem}.json", "w") as f:
+        json.dump(manifest, f)
+    entry, warnings = checkpoint.find(run_dir)
+    assert warnings == [] and entry["position"].training == kept
+
+
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path):
     model, opt = _tiny_state(1)
     run_dir = str(tmp_path)
