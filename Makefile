@@ -21,7 +21,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_TEST_TOOLS := 1
 endif
 
-.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean
+.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean tier-unit tier-parallel tier-e2e tier-slurm tiers-beside-slurm
 
 install:
 	@bash scripts/install.sh
@@ -41,14 +41,9 @@ demo: install
 lint: install
 	$(BIN)/ruff check distseg analysis tests benchmarks
 
-test-quick: lint
-	$(BIN)/python -m pytest tests/unit $(PYTEST_FLAGS) -rs
+test-quick: lint tier-unit
 
-test-parallel: install
-	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --mpi \
-	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
-	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
-	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
+test-parallel: install tier-parallel
 
 # Slurm's commands are installed first (slurm-install), so tests/e2e's test of node
 # ranges expanded by the real scontrol runs on a fresh machine too.
@@ -66,10 +61,30 @@ slurm-install:
 # stops (scripts/slurm-cluster.sh: munged, slurmctld and slurmd as plain processes;
 # slurm-install puts slurm-wlm and munge there). Needs root, as CI has; skipped with the
 # reason otherwise. Time: docs/cluster.md#a-real-slurm-in-the-tests.
-test-slurm: install slurm-install
-	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
+test-slurm: install slurm-install tier-slurm
 
-test: lint test-parallel test-serial test-slurm
+# The tiers themselves, without the install step (so two can run at once).
+tier-unit:
+	$(BIN)/python -m pytest tests/unit $(PYTEST_FLAGS) -rs
+tier-parallel:
+	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --mpi \
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
+	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
+	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
+tier-e2e:
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_FLAGS) -rs
+tier-slurm:
+	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
+tiers-beside-slurm: tier-unit
+	@$(MAKE) --no-print-directory tier-parallel
+
+# The unit and parallel tiers run beside the Slurm tier, whose jobs mostly wait on
+# slurmctld's 30-second checks and on a user's install; each tier's output is shown
+# when it ends (--output-sync). Then the e2e tier alone: its fault tests time how fast
+# every rank of a run ends. (docs/development.md#how-long-make-test-takes)
+test: lint slurm-install
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse tiers-beside-slurm tier-slurm
+	$(MAKE) --no-print-directory tier-e2e
 
 # The Docker image built from docker/Dockerfile and run for real without a Docker
 # engine (buildah, chroot isolation): 4 Horovod ranks and the report inside it, the

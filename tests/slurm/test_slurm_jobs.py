@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -102,12 +103,40 @@ def _seconds(slurm_time: str) -> int:
     return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
-#: Epochs of the time-limit test: 1200 x 16 = 19,200 steps, 220 s of training here (2
-#: ranks on 2 cores, 88 steps/s; 50 while other tests share the machine). The first
-#: launch trains at most about 40 s past step 20 (below) whatever the speed, so it is
-#: still training when its signal comes on a machine 5 times as fast; the second launch
-#: trains the rest, 3 to 6 minutes here.
-TIME_LIMIT_EPOCHS = 1200
+#: Epochs of the time-limit test: 100 x 16 = 1,600 steps. The first launch is held
+#: (SIGSTOP) from about step 20 until its signal is waiting on both ranks, whatever the
+#: machine's speed; the epochs leave the test room to hold it before the run ends, and
+#: the second launch trains the rest.
+TIME_LIMIT_EPOCHS = 100
+#: USR1's bit in /proc/PID/status's masks of pending signals.
+USR1_BIT = 1 << (10 - 1)
+
+
+def _pending(pid: int) -> int:
+    """The signals waiting for process ``pid`` (its own and its thread group's)."""
+    masks = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("SigPnd:", "ShdPnd:")):
+                masks |= int(line.split()[1], 16)
+    return masks
+
+
+def _hold_until_usr1(slurm, job: str, run_dir: str, cut_limit) -> None:
+    """Stops both ranks (SIGSTOP), calls ``cut_limit()``, waits until Slurm's USR1 has
+    reached both (pending while they are stopped), and lets them go on (SIGCONT), so
+    the signal finds them training however fast they train. They are let go whatever
+    happens."""
+    pids = [log_records(run_dir, r, running=True)[0]["pid"] for r in (0, 1)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        cut_limit()
+        slurm.wait_until(job, lambda i: all(_pending(p) & USR1_BIT for p in pids), timeout=120,
+                         poll=0.5, what="USR1 waiting on both ranks")
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(1200)
@@ -129,9 +158,12 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(slurm, tiny, tmp_pa
     assert "#SBATCH --signal=B:USR1@120" in open(script).read()
     job = slurm.sbatch(script, cwd=str(tmp_path))
     _wait_for_step(slurm, job, run_dir, 20)
-    elapsed = _seconds(slurm.job(job)["RunTime"])
-    limit = -(-(elapsed + 95) // 60)
-    slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
+
+    def cut_limit():
+        elapsed = _seconds(slurm.job(job)["RunTime"])
+        limit = -(-(elapsed + 95) // 60)
+        slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
+    _hold_until_usr1(slurm, job, run_dir, cut_limit)
 
     # What the test waits for is the requeue (Restarts), whatever states the job shows
     # on the way (RUNNING, SIGNALING, COMPLETING, REQUEUED, PENDING); it fails with
@@ -150,7 +182,7 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(slurm, tiny, tmp_pa
     # later: slurmd revokes the job's credentials as of the second it killed the first
     # launch, and refuses a launch whose credential is of that second ("Job N already
     # killed, do not launch batch job"): a launch that writes nothing. The 15-minute
-    # limit signals at 12.5 minutes at the earliest, twice what the rest takes here.
+    # limit signals at 12.5 minutes at the earliest, far past what the rest takes.
     slurm.wait_until(job, lambda i: i["JobState"] == "PENDING", timeout=60, poll=0.5,
                      what="pending again")
     time.sleep(2)
