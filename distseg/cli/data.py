@@ -61,16 +61,26 @@ def synth(out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, 
 @click.option("--source-dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder holding img_117.mrc and lab_117.mrc (default: the installed "
                    "liver-ct-segmentation-package).")
-def lits_sample(out, ndim, source_dir):
+@click.option("--folds", default=None, type=int, metavar="K",
+              help="Cut the 8 slabs into K (2, 4 or 8) contiguous folds; with --fold, the "
+                   "fold that validates (for cross-validation on the one case).")
+@click.option("--fold", default=None, type=int, metavar="I",
+              help="The validating fold, 0 to K-1: its slabs validate, the slab on each "
+                   "side is a buffer (unused), the rest train.")
+def lits_sample(out, ndim, source_dir, folds, fold):
     """Convert the real LiTS case 117 (128^3 CT, liver and tumour labels) to HDF5.
 
     2D: the volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5
-    train, slab 6 is a buffer, slab 7 validates. 3D: slices 0-79 train, 80-95 are the
-    buffer, 96-127 validate, each part one volume (see distseg/data/lits.py for why).
+    train, slab 6 is a buffer, slab 7 validates (fold 7 of 8). 3D: slices 0-79 train,
+    80-95 are the buffer, 96-127 validate, each part one volume (fold 3 of 4). --folds K
+    --fold I picks another fold (see distseg/data/lits.py for why).
     """
     from distseg.data import lits
+    if (folds is None) != (fold is None):
+        fail("--folds and --fold go together (e.g. --folds 4 --fold 0)")
     try:
-        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir)
+        split = lits.DEFAULT_FOLD[ndim] if folds is None else (folds, fold)
+        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split)
     except DistsegError as e:
         fail(str(e), e.exit_code)
     click.echo(_wrote(out, info))

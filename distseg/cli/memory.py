@@ -115,7 +115,7 @@ def _available_memory() -> int:
 @click.option("--classes", default=3, show_default=True, type=click.IntRange(2), help="Output classes.")
 @click.option("--channels", default=1, show_default=True, type=click.IntRange(1),
               help="Input channels (CT: 1; BraTS: 4).")
-@click.option("--norm", default="batch", show_default=True, type=click.Choice(["batch", "group", "none"]))
+@click.option("--norm", default="batch", show_default=True, type=click.Choice(config_lib.NORMS))
 @click.option("--recompute/--no-recompute", default=False, help="Gradient checkpointing of every convolution unit.")
 @click.option("--precision", default=config_lib.AUTO, show_default=True,
               type=click.Choice(config_lib.PRECISION_CHOICES),

@@ -25,7 +25,7 @@ LR_SCHEDULES = ("constant", "cosine", "poly")
 BATCH_POLICIES = ("fixed", "goodput")
 COMPRESSIONS = ("none", "fp16")
 LOSSES = ("dice", "dice_ce")
-NORMS = ("batch", "group", "none")
+NORMS = ("batch", "group", "instance", "none")
 #: ``--model`` name -> ``model.spatial_dims``.
 MODELS = {"unet2d": 2, "unet3d": 3}
 #: What a network computes in (``model.precision`` once a run has decided).
@@ -63,7 +63,10 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout rate applied in the bottleneck (0 disables it)."""
     norm: str = "batch"
-    """Normalisation after each convolution: ``batch``, ``group`` or ``none``. The
+    """Normalisation after each convolution: ``batch``, ``group``, ``instance`` (each
+    sample's channels normalised alone, eps 1e-5, with scale and offset: nnU-Net's
+    choice; like ``group``, independent of the batch, so exact at any rank count) or
+    ``none``. The
     liver2d and liver3d presets use ``group``: BatchNorm's moving statistics lag weights
     that move fast, so its validation Dice collapsed between validations at every rank
     count; GroupNorm, which validates exactly as it trains, did not, and needed about

@@ -24,6 +24,12 @@ on the grid, more positions with ``--foreground-fraction``) and makes validation
 one 32-slice window deep, so sliding-window validation at the usual slab depth needs no
 padding. It holds 36k liver and 16k tumour voxels; the 2D sample's validation slab
 (112-127) lies inside it.
+
+One split says more about its slab than about a recipe, so both layouts also come in
+folds (``--folds K --fold I``, ``fold_splits``): the 8 slabs cut into K contiguous
+folds, fold I validating its slabs behind a one-slab buffer on each side, the rest
+training (as volumes, each contiguous run one case). The defaults above are fold 7 of
+8 (2D) and fold 3 of 4 (3D).
 """
 
 from __future__ import annotations
@@ -33,15 +39,46 @@ import os
 
 import numpy as np
 
+from distseg.core.errors import InputError
 from distseg.data import h5format, volumes
 from distseg.data import slices as data
 from distseg.data.h5format import HU_WINDOW, window
 
 PACKAGE = "liver_ct_segmentation_package"
 SLAB = 16
-SLAB_SPLITS = {**{i: "train" for i in range(6)}, 6: "test", 7: "val"}
-#: The volume sample's cases: (first slab, end slab, split) in 16-slice slabs.
-VOLUME_PARTS = ((0, 5, "train"), (5, 6, "test"), (6, 8, "val"))
+#: 16-slice slabs of the 128-slice volume.
+SLABS = 8
+#: Fold counts the slabs divide into (each fold validates ``SLABS // folds`` slabs).
+FOLD_COUNTS = (2, 4, 8)
+#: (folds, fold) of the files written without ``--folds``: 2D validates slab 7, 3D the
+#: 32 slices of slabs 6-7 (one slab window deep), each behind a one-slab buffer.
+DEFAULT_FOLD = {2: (8, 7), 3: (4, 3)}
+
+
+def fold_splits(folds: int, fold: int) -> list[str]:
+    """The split of each slab when the volume's slabs are cut into ``folds`` contiguous
+    folds and fold ``fold`` validates: its slabs ``val``, the slab on each side of them
+    a buffer (``test``: unused, so no training slice lies within 16 slices of a
+    validation one), the rest ``train``.
+
+    Raises:
+      InputError: a fold count the slabs do not divide, or a fold outside it.
+    """
+    if folds not in FOLD_COUNTS:
+        raise InputError(f"--folds must be one of {FOLD_COUNTS} (the 8 slabs of 16 slices "
+                         f"cut into equal folds), got {folds}")
+    if not 0 <= fold < folds:
+        raise InputError(f"--fold must be 0 to {folds - 1} for --folds {folds}, got {fold}")
+    width = SLABS // folds
+    first, end = fold * width, (fold + 1) * width
+    return ["val" if first <= s < end else "test" if s in (first - 1, end) else "train"
+            for s in range(SLABS)]
+
+
+def _described(folds: int, fold: int, splits: list[str]) -> str:
+    named = {k: [s for s, v in enumerate(splits) if v == k] for k in ("train", "test", "val")}
+    return (f"fold {fold} of {folds}: slabs {named['train']} train, {named['test']} buffer "
+            f"(test), {named['val']} val")
 
 
 def package_data_dir() -> str:
@@ -76,29 +113,44 @@ def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     return img, lab.astype(np.uint8)
 
 
-def convert(out: str, source_dir: str | None = None) -> data.DatasetInfo:
-    """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``."""
+def convert(out: str, source_dir: str | None = None,
+            fold: tuple[int, int] = DEFAULT_FOLD[2]) -> data.DatasetInfo:
+    """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``, each 16-slice
+    slab a case, split by ``fold`` (folds, fold: ``fold_splits``)."""
+    splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
-    depth = img.shape[0]
-    slab = np.arange(depth) // SLAB
-    split = np.array([h5format.SPLITS[SLAB_SPLITS.get(int(s), "train")] for s in slab], dtype=np.uint8)
+    slab = np.arange(img.shape[0]) // SLAB
+    split = np.array([h5format.SPLITS[splits[int(s)]] for s in slab], dtype=np.uint8)
     data.write_dataset(
         out, window(img, *HU_WINDOW)[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
-               "axial slabs of 16 slices as case ids, slabs 0-5 train, 6 buffer (test), 7 val",
+               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}",
         hu_window=HU_WINDOW, spacing=(np.nan, np.nan, np.nan))
     return data.examine(out)
 
 
-def convert_volumes(out: str, source_dir: str | None = None) -> volumes.VolumeInfo:
-    """Writes LiTS case 117 to ``out`` in the volume layout, cut into ``VOLUME_PARTS``."""
+def volume_parts(splits: list[str]) -> list[tuple[int, int, str]]:
+    """(first slab, end slab, split) of each run of slabs of one split: the volumes."""
+    parts, start = [], 0
+    for s in range(1, SLABS + 1):
+        if s == SLABS or splits[s] != splits[start]:
+            parts.append((start, s, splits[start]))
+            start = s
+    return parts
+
+
+def convert_volumes(out: str, source_dir: str | None = None,
+                    fold: tuple[int, int] = DEFAULT_FOLD[3]) -> volumes.VolumeInfo:
+    """Writes LiTS case 117 to ``out`` in the volume layout, each run of slabs of one
+    split (``fold_splits`` of ``fold``) a volume."""
+    splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
     hu = window(img, *HU_WINDOW)
     parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, h5format.SPLITS[split])
-             for a, b, split in VOLUME_PARTS if a * SLAB < len(hu)]
+             for a, b, split in volume_parts(splits) if a * SLAB < len(hu)]
     return volumes.write_volumes(
         out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],
         [c for _, c, _ in parts], [s for _, _, s in parts],
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
-               "lab_117.mrc) as volumes: slices 0-79 train, 80-95 buffer (test), 96-127 val",
+               f"lab_117.mrc) as volumes, runs of 16-slice slabs: {_described(*fold, splits)}",
         hu_window=HU_WINDOW, spacing=[(np.nan,) * 3] * len(parts))

@@ -46,7 +46,8 @@ def keras_norm_layers():
     from distseg.networks import unet
     original = dict(unet.NORM_LAYERS)
     unet.NORM_LAYERS.update(batch=keras.layers.BatchNormalization,
-                            group=keras.layers.GroupNormalization)
+                            group=keras.layers.GroupNormalization,
+                            instance=keras.layers.GroupNormalization)
     try:
         yield
     finally:

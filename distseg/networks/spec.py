@@ -17,7 +17,7 @@ from distseg.core.config import AUTO, NORMS, PRECISIONS, ModelConfig
 from distseg.core.errors import InputError
 
 #: The name part of each norm's layers (``down0_bn1``, ``dec2_gn2``).
-NORM_SUFFIX = {"batch": "bn", "group": "gn"}
+NORM_SUFFIX = {"batch": "bn", "group": "gn", "instance": "in"}
 
 
 def level_precision(precision: str, spatial: tuple[int, ...], level: int) -> str:

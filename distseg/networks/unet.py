@@ -211,7 +211,9 @@ class GroupNorm(layers.GroupNormalization):
 
 #: The layer of each ``model.norm`` (``none``: no layer). A benchmark swaps entries to
 #: time Keras' own layers against these (``benchmarks/benchlib/model_variants.py``).
-NORM_LAYERS = {"batch": FusedBatchNorm, "group": GroupNorm}
+NORM_LAYERS = {"batch": FusedBatchNorm, "group": GroupNorm, "instance": GroupNorm}
+#: Instance normalisation's epsilon (nnU-Net's; Keras' GroupNormalization defaults to 1e-3).
+INSTANCE_EPSILON = 1e-5
 
 
 class ConvUnit(layers.Layer):
@@ -293,6 +295,8 @@ def _norm_layer(norm: str, filters: int, bn_momentum: float, name: str, dtype, g
         return NORM_LAYERS["batch"](momentum=bn_momentum, name=name, dtype=dtype, **ghost)
     if norm == "group":
         return NORM_LAYERS["group"](norm_groups(filters), name=name, dtype=dtype)
+    if norm == "instance":  # one group per channel: each sample's channel alone
+        return NORM_LAYERS["instance"](filters, epsilon=INSTANCE_EPSILON, name=name, dtype=dtype)
     return None
 
 

@@ -208,9 +208,10 @@ def _exactness_runs(ctx, norm: str, steps_: int = 30, global_batch: int = 4):
     return out
 
 
-@pytest.mark.parametrize("norm", ["group", "batch"])
+@pytest.mark.parametrize("norm", ["group", "instance", "batch"])
 def test_n_ranks_with_global_batch_parts_make_the_one_process_update(ctx, norm):
-    """Issue 21's exactness: GroupNorm (or BatchNorm with ghost batches of G/N), no
+    """The fixed global batch's exactness: GroupNorm, InstanceNorm (or BatchNorm with
+    ghost batches of G/N), no
     dropout, the global Dice(+CE) loss: N ranks x G/N samples give the step losses and
     the weights of 1 process x G, for 30 steps of Adam (to float32 summation order)."""
     out = _exactness_runs(ctx, norm)

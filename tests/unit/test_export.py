@@ -17,6 +17,7 @@ CASES = [
     (3, "batch", True, "float32", (8, 16, 8)),
     (3, "group", False, "float32", (8, 8, 16)),
     (2, "none", False, "float32", (16, 16)),
+    (3, "instance", True, "float32", (8, 8, 16)),
     (3, "batch", False, "bfloat16", (8, 8, 8)),
 ]
 
@@ -43,7 +44,8 @@ def test_the_twin_has_keras_layers_and_the_same_outputs(dims, norm, recompute, p
     modules = {type(layer).__module__.split(".")[0] for layer in twin.layers}
     assert modules == {"keras"}, modules
     assert all(w.dtype == "float32" for w in twin.weights)
-    assert unet.NORM_LAYERS == {"batch": unet.FusedBatchNorm, "group": unet.GroupNorm}  # restored
+    assert unet.NORM_LAYERS == {"batch": unet.FusedBatchNorm, "group": unet.GroupNorm,
+                                "instance": unet.GroupNorm}  # restored
     x = np.random.default_rng(1).random((2,) + shape + (1,), dtype=np.float32)
     expected = ours(x, training=False).numpy()
     got = twin(x, training=False).numpy()

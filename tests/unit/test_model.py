@@ -74,6 +74,27 @@ def test_groupnorm_unet_has_no_moving_statistics_and_normalises_alike():
     np.testing.assert_allclose(m(x, training=True), m(x, training=False), atol=1e-6)
 
 
+def test_instance_norm_normalises_each_samples_channel_alone():
+    # nnU-Net's InstanceNorm: per sample and channel over the positions, eps 1e-5, scale
+    # and offset; a sample's output does not depend on the rest of its batch, so N ranks
+    # of B/N samples normalise as one process of B does.
+    m = model_lib.build_unet(32, depth=2, base_filters=4, norm="instance")
+    norms = [l for l in m.layers if "_in" in l.name]
+    assert norms and m.non_trainable_weights == []
+    assert all(l.groups == l.gamma.shape[-1] and l.epsilon == 1e-5 for l in norms)
+    layer = model_lib.NORM_LAYERS["instance"](6, epsilon=model_lib.INSTANCE_EPSILON)
+    x = np.random.default_rng(1).normal(2.0, 3.0, (4, 5, 7, 6)).astype(np.float32)
+    mean = x.mean(axis=(1, 2), keepdims=True)
+    want = (x - mean) / np.sqrt(x.var(axis=(1, 2), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(layer(x), want, atol=1e-5)
+    np.testing.assert_allclose(layer(x[2:3]), layer(x)[2:3], atol=1e-6)  # up to rounding
+    batch = model_lib.build_unet(32, depth=2, base_filters=4, norm="instance")
+    batch.set_weights(m.get_weights())
+    images = np.random.default_rng(2).normal(size=(4, 32, 32, 1)).astype(np.float32)
+    np.testing.assert_allclose(m(images[:2], training=True), batch(images, training=True)[:2],
+                               atol=1e-6)
+
+
 # --- 3D, non-cubic inputs, the reference size, recompute and bfloat16 -------------------
 
 
@@ -134,7 +155,7 @@ def _loss_and_grads(model, x, y):
     return step(x, y)
 
 
-@pytest.mark.parametrize("norm", ["batch", "group", "none"])
+@pytest.mark.parametrize("norm", ["batch", "group", "instance", "none"])
 def test_recompute_gives_the_plain_models_gradients(norm):
     plain, recomputing = _tiny_pair(norm=norm)
     assert any(isinstance(l, model_lib.ConvUnit) for l in recomputing.layers)

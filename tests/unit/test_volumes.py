@@ -1,6 +1,8 @@
 """The volume layout, its slab grid, slab sharding and the slab reader (real HDF5 files)."""
 
 import math
+import os
+import re
 import threading
 
 import h5py
@@ -10,6 +12,7 @@ from click.testing import CliRunner
 
 from distseg.cli.data import data as data_cli
 from distseg.core import schema
+from distseg.core.errors import InputError
 from distseg.data import h5format, lits, prefetch, sharding, synth, volumes
 from distseg.data import slices as data
 
@@ -282,6 +285,62 @@ def test_lits_volumes_keep_the_buffer_and_match_the_slices(tmp_path):
         assert (mask == 2).sum() > 10_000  # tumour to validate on
         assert r.grid.ids(info.train_cases).tolist() == [0, 1, 2]
     assert set(slices.val_indices.tolist()) <= set(range(96, 128))
+
+
+@pytest.mark.parametrize("folds", lits.FOLD_COUNTS)
+def test_every_fold_validates_its_slabs_behind_a_buffer_and_the_folds_cover_the_case(folds):
+    seen = []
+    for fold in range(folds):
+        splits = lits.fold_splits(folds, fold)
+        val = [s for s, v in enumerate(splits) if v == "val"]
+        assert len(val) == lits.SLABS // folds and val == list(range(val[0], val[-1] + 1))
+        seen += val
+        for s, v in enumerate(splits):  # no training slab next to a validation slab
+            if v == "train":
+                assert all(abs(s - t) > 1 for t in val), (folds, fold, splits)
+        assert "train" in splits
+        parts = lits.volume_parts(splits)
+        assert [p[0] for p in parts] == [0] + [p[1] for p in parts[:-1]] and parts[-1][1] == lits.SLABS
+        assert all(splits[a:b] == [k] * (b - a) for a, b, k in parts)
+    assert sorted(seen) == list(range(lits.SLABS))  # every slab validates once
+
+
+def test_the_default_files_are_the_documented_folds():
+    assert lits.fold_splits(*lits.DEFAULT_FOLD[2]) == ["train"] * 6 + ["test", "val"]
+    assert lits.volume_parts(lits.fold_splits(*lits.DEFAULT_FOLD[3])) == [
+        (0, 5, "train"), (5, 6, "test"), (6, 8, "val")]
+
+
+@pytest.mark.parametrize("folds, fold, said", [
+    (3, 0, "--folds must be one of (2, 4, 8)"), (4, 4, "--fold must be 0 to 3 for --folds 4, got 4"),
+    (4, -1, "--fold must be 0 to 3")])
+def test_a_fold_the_slabs_do_not_allow_is_one_line(folds, fold, said):
+    with pytest.raises(InputError, match=re.escape(said)):
+        lits.fold_splits(folds, fold)
+
+
+def test_lits_sample_writes_the_fold_asked_for_in_2d_and_3d(tmp_path):
+    try:
+        lits.package_data_dir()
+    except h5format.DatasetError:
+        pytest.skip("liver-ct-segmentation-package is not installed")
+    runner = CliRunner()
+    two, three = str(tmp_path / "f2.h5"), str(tmp_path / "f3.h5")
+    for out, ndim in ((two, "2"), (three, "3")):
+        res = runner.invoke(data_cli, ["lits-sample", "--out", out, "--ndim", ndim,
+                                       "--folds", "4", "--fold", "1"])
+        assert res.exit_code == 0, res.output
+    vols = volumes.examine(three)
+    assert vols.case_ids.tolist() == [11700, 11701, 11702, 11704, 11705]
+    names = {code: name for name, code in h5format.SPLITS.items()}
+    assert [names[c] for c in vols.splits.tolist()] == ["train", "test", "val", "test", "train"]
+    info = data.examine(two)
+    assert sorted(set(info.val_indices.tolist())) == list(range(32, 64))
+    train = set(info.train_indices.tolist())
+    assert train == set(range(0, 16)) | set(range(80, 128))
+    res = runner.invoke(data_cli, ["lits-sample", "--out", str(tmp_path / "x.h5"), "--folds", "4"])
+    assert res.exit_code == 2 and "--folds and --fold go together" in res.output
+    assert not os.path.exists(tmp_path / "x.h5")
 
 
 def test_cli_synth_info_and_lits_sample_in_3d(tmp_path):
