@@ -117,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", nargs="+", type=int, default=[1])
     p.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ct-norm", default="window", choices=("window", "foreground"),
+                   help="the fold files' CT normalisation (lits-sample --ct-norm)")
     p.add_argument("--parallel", type=int, default=2, help="1-rank runs at a time")
     p.add_argument("--workdir", default=None)
     return add_results_dir(p).parse_args(argv)
@@ -125,8 +127,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     a = parse_args(argv)
     workdir = a.workdir or tempfile.mkdtemp(prefix="folds-study-")
-    files = {k: launch.lits_sample(os.path.join(workdir, f"lits117-{a.ndim}d-fold{k}.h5"), a.ndim,
-                                   (a.folds, k)) for k in range(a.folds)}
+    files = {k: launch.lits_sample(os.path.join(workdir, f"lits117-{a.ndim}d-{a.ct_norm}-fold{k}.h5"),
+                                   a.ndim, (a.folds, k), a.ct_norm) for k in range(a.folds)}
     started = launch.invocation()
     rows = run_all(a, files, workdir)
     print("\n" + table(rows))

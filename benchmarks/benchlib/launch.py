@@ -78,13 +78,15 @@ def run_train(cmd: list[str], name: str, timeout: float = 3600) -> None:
         raise RuntimeError(f"{name} failed ({out.returncode}):\n{out.stderr[-3000:]}")
 
 
-def lits_sample(path: str, ndim: int, fold: tuple[int, int] | None = None) -> str:
+def lits_sample(path: str, ndim: int, fold: tuple[int, int] | None = None,
+                ct_norm: str = "window") -> str:
     """Writes LiTS case 117 (``distseg-data lits-sample``) as slices (``ndim`` 2) or
-    volumes (3) to ``path``, split by ``fold`` (folds, fold; None: the default file);
-    returns ``path``."""
+    volumes (3) to ``path``, split by ``fold`` (folds, fold; None: the default file),
+    the CT normalised by ``ct_norm`` (``--ct-norm``); returns ``path``."""
     folds = ["--folds", str(fold[0]), "--fold", str(fold[1])] if fold else []
     subprocess.run([os.path.join(BIN, "distseg-data"), "lits-sample", "--ndim", str(ndim),
-                    "--out", path, *folds], check=True, capture_output=True, timeout=600)
+                    "--out", path, *folds, "--ct-norm", ct_norm], check=True,
+                   capture_output=True, timeout=600)
     return path
 
 

@@ -30,8 +30,61 @@ def _wrote(out: str, info, cases: int | None = None) -> str:
             + f"({len(info.train_indices)} train, {len(info.val_indices)} val)")
 
 
+def parse_spacing(ctx, param, value):
+    """``auto`` or ``Z,Y,X`` in mm -> ``"auto"`` or (z, y, x); None when not given."""
+    from distseg.data.convert import spacing
+    try:
+        return spacing.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def parse_spacings(ctx, param, values):
+    """Repeated ``Z,Y,X`` (mm), or one ``random`` -> a list of (z, y, x), ``"random"``
+    or None."""
+    from distseg.data.convert import spacing
+    if not values:
+        return None
+    if len(values) == 1 and values[0].strip().lower() == "random":
+        return "random"
+    try:
+        return [spacing.parse_mm(v, "expected Z,Y,X: three positive numbers in mm, Z between "
+                                    "slices (e.g. 2.5,0.8,0.8), or random") for v in values]
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def parse_extent(ctx, param, value):
+    from distseg.data.convert import spacing
+    if value is None:
+        return None
+    try:
+        return spacing.parse_mm(value, "expected Z,Y,X: the field of view in mm (e.g. 80,350,350)")
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+#: synth's options for an HDF5 file, refused with --spacing (which writes NIfTI pairs).
+_H5_ONLY = ("ndim", "size", "slices_per_case", "jitter", "val_fraction", "dtype")
+
+
+def _synth_nifti(ctx, out, cases, spacings, extent, seed) -> str:
+    """``synth --spacing``: phantoms at those spacings as NIfTI pairs in the folder ``out``."""
+    from distseg.data import synth as synth_lib
+    from distseg.data.convert import samples
+    given = [n for n in _H5_ONLY
+             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        fail(f"--{given[0].replace('_', '-')}: not with --spacing, which writes NIfTI pairs "
+             "(the grid comes from --spacing and --extent)")
+    used = samples.write_phantoms(out, cases, spacings, extent=extent or synth_lib.EXTENT_MM, seed=seed)
+    shown = sorted({",".join(f"{v:g}" for v in s) for s in used})
+    return (f"wrote {out}: {cases} phantom(s) as volume-N.nii.gz / segmentation-N.nii.gz at "
+            f"spacing(s) {'; '.join(shown)} mm (Z,Y,X)")
+
+
 @data.command("synth")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="HDF5 file to write.")
+@click.option("--out", required=True, type=click.Path(), help="HDF5 file to write (with --spacing: a folder).")
 @NDIM
 @click.option("--cases", default=8, show_default=True, type=click.IntRange(1), help="Phantom volumes.")
 @click.option("--size", default=128, show_default=True, type=click.IntRange(8), help="Slice height/width in pixels.")
@@ -43,9 +96,23 @@ def _wrote(out: str, info, cases: int | None = None) -> str:
 @click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1), help="Share of cases (not slices) held out for validation.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same file.")
-def synth(out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, seed):
-    """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks)."""
+@click.option("--spacing", "spacings", multiple=True, callback=parse_spacings, metavar="Z,Y,X|random",
+              help="Write NIfTI pairs (volume-N, segmentation-N) into the folder --out instead, "
+                   "the same bodies drawn in mm at these voxel spacings (repeat: case i takes "
+                   "the (i mod n)-th; random: in-plane 0.6-1.0 mm, slices 1-5 mm), for "
+                   "convert --spacing.")
+@click.option("--extent", default=None, callback=parse_extent, metavar="Z,Y,X",
+              help="With --spacing: the field of view in mm [default: 80,350,350].")
+@click.pass_context
+def synth(ctx, out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, seed, spacings, extent):
+    """Write a seeded synthetic liver-CT phantom dataset (for tests and benchmarks), or
+    with --spacing the phantoms as NIfTI at given voxel spacings."""
     from distseg.data import synth as synth_lib
+    if extent is not None and spacings is None:
+        fail("--extent: only with --spacing (the HDF5 phantom's grid is --size and --slices-per-case)")
+    if spacings is not None:
+        click.echo(_synth_nifti(ctx, out, cases, spacings, extent, seed))
+        return
     try:
         info = synth_lib.make(out, ndim=ndim, cases=cases, size=size, seed=seed,
                               slices_per_case=slices_per_case, val_fraction=val_fraction,
@@ -67,7 +134,11 @@ def synth(out, ndim, cases, size, slices_per_case, jitter, val_fraction, dtype, 
 @click.option("--fold", default=None, type=int, metavar="I",
               help="The validating fold, 0 to K-1: its slabs validate, the slab on each "
                    "side is a buffer (unused), the rest train.")
-def lits_sample(out, ndim, source_dir, folds, fold):
+@click.option("--ct-norm", default="window", show_default=True, type=click.Choice(["window", "foreground"]),
+              help="window: the HU window -150,250 to [0, 1]; foreground: nnU-Net's CT "
+                   "normalisation from the training slabs' foreground (clip to its 0.5-99.5 "
+                   "percentiles, z-score by its mean and std).")
+def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     """Convert the real LiTS case 117 (128^3 CT, liver and tumour labels) to HDF5.
 
     2D: the volume is cut into 8 axial slabs of 16 slices used as cases: slabs 0-5
@@ -80,7 +151,8 @@ def lits_sample(out, ndim, source_dir, folds, fold):
         fail("--folds and --fold go together (e.g. --folds 4 --fold 0)")
     try:
         split = lits.DEFAULT_FOLD[ndim] if folds is None else (folds, fold)
-        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split)
+        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split,
+                                                                     ct_norm=ct_norm)
     except DistsegError as e:
         fail(str(e), e.exit_code)
     click.echo(_wrote(out, info))
@@ -124,9 +196,19 @@ def parse_window(ctx, param, value):
 @NDIM
 @click.option("--size", default=None, type=click.IntRange(8),
               help="In-plane slice size (linear resampling for images, nearest for labels) "
-                   "[default: 240]; not with --ndim 3, which keeps each scan's own grid.")
+                   "[default: 240]; with --spacing the size slices are centre cropped or padded "
+                   "to; not with --ndim 3, which keeps each scan's own grid.")
+@click.option("--spacing", default=None, callback=parse_spacing, metavar="auto|Z,Y,X",
+              help="Resample every case to one voxel spacing in mm (Z between slices; linear "
+                   "images, nearest labels); auto: the cases' median, nnU-Net's rule for thick "
+                   "slices. 2D: then centre crop/pad to --size [default: the largest slice]. "
+                   "Default: each scan's own spacing (docs/data.md#one-spacing).")
 @click.option("--window", default=None, callback=parse_window, metavar="LOW,HIGH",
               help="CT window in HU (default -150,250, the window of every distseg dataset).")
+@click.option("--ct-norm", default="window", show_default=True, type=click.Choice(["window", "foreground"]),
+              help="CT channels: window (the HU window, --window) or foreground (nnU-Net's: the "
+                   "training cases' foreground HU clipped to its 0.5-99.5 percentiles, z-scored "
+                   "by its mean and std; one extra pass over the training cases).")
 @click.option("--modality", default="auto", show_default=True, type=click.Choice(["auto", "ct", "mr"]),
               help="auto: each channel's from dataset.json (pairs: CT); ct: HU window; mr: "
                    "per-case normalisation (--mr-norm), for every channel.")
@@ -161,7 +243,8 @@ def convert(source, out, **options):
     Volumes are reoriented to RAS, windowed (CT) or normalised (MR) channel by channel,
     resampled in-plane to --size and split by case; what prediction needs to go back
     to each scan is recorded. With --ndim 3 each case is kept as one volume on its own
-    grid (no resampling). The file is written as OUT.partial and renamed only when
+    grid (no resampling). With --spacing every case is first resampled to one voxel
+    spacing (2D: then centre cropped or padded to --size). The file is written as OUT.partial and renamed only when
     complete.
     """
     from distseg.data.convert import pipeline

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 from distseg.core import batchplan
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
-from distseg.data import h5format, volumes
+from distseg.data import h5format, sharding, volumes
 from distseg.data import slices as data
 
 
@@ -28,12 +30,56 @@ class SliceFeed:
         self.input_shape = (cfg.model.image_size, cfg.model.image_size)
         self.train_ids = info.train_indices
         self.val_count = len(info.val_indices)
+        self.foreground_fraction, self.seed = cfg.data.foreground_fraction, cfg.train.seed
 
     def summary(self) -> dict:
         return self.info.summary()
 
-    def open_reader(self) -> data.SliceReader:
-        return data.SliceReader(self.path, image_size=self.input_shape[0], resize=self.resize)
+    def open_reader(self):
+        """A ``data.SliceReader``; under ``data.foreground_fraction``, wrapped in
+        ``ForegroundSlices``."""
+        reader = data.SliceReader(self.path, image_size=self.input_shape[0], resize=self.resize)
+        if self.foreground_fraction <= 0:
+            return reader
+        try:
+            held = data.foreground_slices(self.path, self.train_ids)
+        except BaseException:
+            reader.close()
+            raise
+        return ForegroundSlices(reader, held, self.foreground_fraction, self.seed)
+
+
+class ForegroundSlices:
+    """2D foreground oversampling (nnU-Net's ``oversample_foreground_percent``): of the
+    training slices read for an epoch, a share ``fraction`` is replaced by a training
+    slice holding foreground, drawn from (seed, epoch, id) alone
+    (``sharding.foreground_draws``), so any rank count and a resumed run read the same
+    slices. The ids reported stay the ones asked for (coverage counts them; the
+    augmentation draw is the id's). Reads without an epoch (validation) are plain."""
+
+    def __init__(self, reader: data.SliceReader, held: np.ndarray, fraction: float, seed: int):
+        self.reader, self.held, self.fraction, self.seed = reader, held, fraction, seed
+
+    def substitutes(self, ids: Sequence[int], epoch: int) -> np.ndarray:
+        """The slices read in place of ``ids`` in ``epoch``."""
+        picks = sharding.foreground_draws(ids, epoch, self.seed, self.fraction,
+                                          [len(self.held)] * len(ids))
+        return np.array([i if p is None else self.held[p] for i, p in zip(ids, picks)],
+                        dtype=np.int64)
+
+    def read(self, ids: Sequence[int], epoch: int | None = None):
+        if epoch is None:
+            return self.reader.read(ids)
+        return self.reader.read(self.substitutes(ids, epoch), epoch)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class VolumeFeed:

@@ -4,7 +4,9 @@ layout, and the rules every reader applies to it.
 One HDF5 file per dataset (``FORMAT_VERSION`` 1). File attributes: ``format_version``,
 ``source``, ``num_classes``, ``class_names``, ``hu_window`` (low, high), ``spacing``
 (z, y, x in mm; NaN where unknown) and, optionally, ``channel_names`` (one name per
-input channel: ``FLAIR``, ``T1w``, ...; ``channel_names_of``). Readers refuse a file
+input channel: ``FLAIR``, ``T1w``, ...; ``channel_names_of``) and ``target_spacing``
+(z, y, x in mm: the one spacing ``convert --spacing`` resampled every case to;
+``target_spacing_of``). Readers refuse a file
 whose ``format_version`` is newer than ``FORMAT_VERSION`` (it may hold renamed fields
 they would misread); a file without the attribute is read as version 1.
 
@@ -234,6 +236,21 @@ def channel_names_of(path: str, f: h5py.File, channels: int) -> tuple[str, ...]:
         return ()
     return _names_attribute(path, f, "channel_names", channels,
                             f"the images hold {channels} channel(s)")
+
+def target_spacing_of(path: str, attrs) -> tuple[float, float, float] | None:
+    """The optional ``target_spacing`` attribute (None when absent: each case kept its
+    own spacing), refusing anything but three positive, finite numbers (mm)."""
+    if "target_spacing" not in attrs:
+        return None
+    try:
+        values = np.asarray(attrs["target_spacing"], dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        values = np.array([])
+    if values.shape != (3,) or not (np.isfinite(values).all() and (values > 0).all()):
+        raise DatasetError(f"{path}: attribute target_spacing={shown(attrs['target_spacing'])}, "
+                           "expected three positive spacings in mm (z, y, x)")
+    return tuple(float(v) for v in values)
+
 
 class H5Reader:
     """What every reader of an open HDF5 file does with it: close, and ``with``."""

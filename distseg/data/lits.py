@@ -113,19 +113,39 @@ def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     return img, lab.astype(np.uint8)
 
 
+def normalised(img: np.ndarray, lab: np.ndarray, splits: list[str], ct_norm: str):
+    """(the CT normalised for the network, the words that say how): the HU window
+    (``window``), or nnU-Net's normalisation by the training slabs' foreground
+    (``foreground``: ``Intensity.ct_foreground``; validation and buffer slabs unseen)."""
+    if ct_norm == "window":
+        return window(img, *HU_WINDOW), f"HU window {HU_WINDOW[0]:g},{HU_WINDOW[1]:g}"
+    from distseg.data.convert.intensity import Intensity, foreground_voxels
+    from distseg.data.convert.sources import Voxels
+    train = np.repeat([s == "train" for s in splits], SLAB)[:len(img)]
+    norm = Intensity.ct_foreground(foreground_voxels(img[train], lab[train], seed=117))
+    voxels = Voxels(img)
+    out = norm.normaliser(voxels, norm.bounds(voxels))(img)
+    return out.astype(np.float32, copy=False), (
+        f"CT normalised by the training slabs' foreground (clip {norm.low:.1f},{norm.high:.1f} HU, "
+        f"z-score by mean {norm.mean:.1f} and std {norm.std:.1f})")
+
+
 def convert(out: str, source_dir: str | None = None,
-            fold: tuple[int, int] = DEFAULT_FOLD[2]) -> data.DatasetInfo:
+            fold: tuple[int, int] = DEFAULT_FOLD[2], ct_norm: str = "window") -> data.DatasetInfo:
     """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``, each 16-slice
-    slab a case, split by ``fold`` (folds, fold: ``fold_splits``)."""
+    slab a case, split by ``fold`` (folds, fold: ``fold_splits``), the CT normalised by
+    ``ct_norm`` (``normalised``)."""
     splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
     slab = np.arange(img.shape[0]) // SLAB
     split = np.array([h5format.SPLITS[splits[int(s)]] for s in slab], dtype=np.uint8)
+    values, how = normalised(img, lab, splits, ct_norm)
     data.write_dataset(
-        out, window(img, *HU_WINDOW)[..., None], lab, 117 * 100 + slab, split,
+        out, values[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
-               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}",
-        hu_window=HU_WINDOW, spacing=(np.nan, np.nan, np.nan))
+               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}; {how}",
+        hu_window=HU_WINDOW if ct_norm == "window" else (np.nan, np.nan),
+        spacing=(np.nan, np.nan, np.nan))
     return data.examine(out)
 
 
@@ -140,17 +160,19 @@ def volume_parts(splits: list[str]) -> list[tuple[int, int, str]]:
 
 
 def convert_volumes(out: str, source_dir: str | None = None,
-                    fold: tuple[int, int] = DEFAULT_FOLD[3]) -> volumes.VolumeInfo:
+                    fold: tuple[int, int] = DEFAULT_FOLD[3],
+                    ct_norm: str = "window") -> volumes.VolumeInfo:
     """Writes LiTS case 117 to ``out`` in the volume layout, each run of slabs of one
-    split (``fold_splits`` of ``fold``) a volume."""
+    split (``fold_splits`` of ``fold``) a volume, the CT normalised by ``ct_norm``."""
     splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
-    hu = window(img, *HU_WINDOW)
+    hu, how = normalised(img, lab, splits, ct_norm)
     parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, h5format.SPLITS[split])
              for a, b, split in volume_parts(splits) if a * SLAB < len(hu)]
     return volumes.write_volumes(
         out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],
         [c for _, c, _ in parts], [s for _, _, s in parts],
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
-               f"lab_117.mrc) as volumes, runs of 16-slice slabs: {_described(*fold, splits)}",
-        hu_window=HU_WINDOW, spacing=[(np.nan,) * 3] * len(parts))
+               f"lab_117.mrc) as volumes, runs of 16-slice slabs: {_described(*fold, splits)}; {how}",
+        hu_window=HU_WINDOW if ct_norm == "window" else (np.nan, np.nan),
+        spacing=[(np.nan,) * 3] * len(parts))

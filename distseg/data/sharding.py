@@ -7,9 +7,14 @@ Plain numpy: ``rank`` and ``size`` come in as ints, no Horovod.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from distseg.core import schema
+
+#: Mixed into the per-sample foreground seeds so they differ from the permutation's.
+_SALT = 0x51AB
 
 
 def epoch_permutation(indices: np.ndarray, epoch: int, seed: int) -> np.ndarray:
@@ -86,3 +91,25 @@ def shard_eval(indices: np.ndarray, rank: int, size: int, batch_size: int) -> li
     """
     shard = np.array_split(np.asarray(indices), size)[rank]
     return [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
+
+
+def foreground_draws(ids: Sequence[int], epoch: int, seed: int, fraction: float,
+                     sizes: Sequence[int]) -> list[int | None]:
+    """For each sample id, an index below ``sizes[b]`` of the foreground to put in it,
+    or None to keep the sample as it is: 3D, the voxel of its case's foreground sample
+    to centre a slab on (``volumes.SlabReader``); 2D, the slice holding foreground that
+    replaces it (``feeds.ForegroundSlices``).
+
+    A share ``fraction`` of samples, decided per sample from (seed, epoch, id) alone,
+    so every rank, every prefetch order and a resumed run decide alike. A sample with
+    no foreground to draw from (size 0) stays as it is.
+    """
+    out: list[int | None] = []
+    for sample_id, m in zip(np.asarray(ids, dtype=np.int64).tolist(), sizes):
+        if fraction <= 0:
+            out.append(None)
+            continue
+        rng = np.random.default_rng([_SALT, seed % 2**64, epoch, sample_id])
+        biased = rng.random() < fraction
+        out.append(int(rng.integers(m)) if biased and m > 0 else None)
+    return out

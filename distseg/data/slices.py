@@ -240,6 +240,25 @@ def resize_bilinear(a: np.ndarray, size: int) -> np.ndarray:
     top = a[:, r0] * (1 - fr)[None, :, None, None] + a[:, r1] * fr[None, :, None, None]
     return top[:, :, c0] * (1 - fc)[None, None, :, None] + top[:, :, c1] * fc[None, None, :, None]
 
+def foreground_slices(path: str, ids: Sequence[int], chunk: int = 64) -> np.ndarray:
+    """The ids among ``ids`` whose mask holds a label other than background (0), read
+    ``chunk`` slices at a time (2D foreground oversampling draws from them).
+
+    Raises:
+      DatasetError: the masks cannot be read.
+    """
+    ids = np.sort(np.asarray(ids, dtype=np.int64))
+    keep = []
+    with open_file(path) as f, damaged(path):
+        masks = f["masks"]
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            block = masks[part[0]:part[-1] + 1]
+            held = block.reshape(len(block), -1).max(axis=1) > 0
+            keep.append(part[held[part - part[0]]])
+    return np.concatenate(keep) if keep else ids[:0]
+
+
 class SliceReader(H5Reader):
     """Reads batches of slices by index from an open dataset, chunk by chunk."""
 

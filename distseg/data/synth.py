@@ -5,6 +5,13 @@ vertebra, a liver ellipsoid on the patient's right with a few hypodense spherica
 lesions, in Hounsfield units plus Gaussian noise, then windowed to [0, 1] like the real
 data. Masks are the exact shapes (0 background, 1 liver, 2 lesion). ``make_dataset``
 writes the cases as 2D slices, ``make_volumes`` as whole 3D volumes of varying shape.
+
+The anatomy is drawn in coordinates of the body, -1 to 1 across the field of view on
+each axis, so it is one continuous body whatever grid samples it: ``phantom_case``
+samples it edge to edge on a grid of voxels, ``phantom_mm`` at a voxel spacing in mm
+over a field of view in mm (``distseg-data synth --spacing``, written as NIfTI by
+``distseg.data.convert.samples.write_phantoms``), so the same seed at two spacings is
+the same body sampled twice.
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ from distseg.data.h5format import HU_WINDOW, window
 
 #: Nominal geometry of a phantom: a 350 mm field of view in-plane, 5 mm slices.
 FIELD_OF_VIEW_MM, SLICE_MM = 350.0, 5.0
+#: Default field of view (z, y, x mm) of a phantom drawn at a spacing (``phantom_mm``):
+#: 16 slices of 5 mm, the nominal in-plane field of view.
+EXTENT_MM = (80.0, FIELD_OF_VIEW_MM, FIELD_OF_VIEW_MM)
+#: The spacings ``random_spacing`` draws from (mm), as in LiTS: in-plane and between slices.
+INPLANE_MM, SLICE_RANGE_MM = (0.6, 1.0), (1.0, 5.0)
 
 
 def phantom_case(rng: np.random.Generator, size: int, slices: int,
@@ -25,8 +37,37 @@ def phantom_case(rng: np.random.Generator, size: int, slices: int,
     """One phantom volume: (HU float32 (D, S, W), labels uint8 (D, S, W)); ``width``
     defaults to ``size`` (square slices). The anatomy spans the whole grid, so other
     shapes stretch it; the random draws do not depend on the shape."""
-    z, y, x = np.meshgrid(np.linspace(-1, 1, slices), np.linspace(-1, 1, size),
-                          np.linspace(-1, 1, width or size), indexing="ij")
+    return phantom_at(rng, np.linspace(-1, 1, slices), np.linspace(-1, 1, size),
+                      np.linspace(-1, 1, width or size))
+
+
+def voxel_centres(n: int, spacing_mm: float, extent_mm: float) -> np.ndarray:
+    """The body coordinates (-1 to 1 over ``extent_mm``) of the centres of ``n`` voxels
+    of ``spacing_mm``, centred on the body."""
+    return (np.arange(n) + 0.5 - n / 2.0) * float(spacing_mm) / (float(extent_mm) / 2.0)
+
+
+def phantom_mm(rng: np.random.Generator, spacing, extent=EXTENT_MM) -> tuple[np.ndarray, np.ndarray]:
+    """One phantom (HU float32, labels uint8) in the slice layout, sampled at
+    ``spacing`` (z, y, x mm) over a field of view of ``extent`` (z, y, x mm):
+    round(extent / spacing) voxels per axis. The same ``rng`` state draws the same body
+    at any spacing (the noise is drawn last, per voxel)."""
+    shape = [max(1, round(e / s)) for e, s in zip(extent, spacing)]
+    return phantom_at(rng, *(voxel_centres(n, s, e) for n, s, e in zip(shape, spacing, extent)))
+
+
+def random_spacing(rng: np.random.Generator) -> tuple[float, float, float]:
+    """A (z, y, x) spacing in mm as real CT comes: square in-plane pixels of
+    ``INPLANE_MM``, slices of ``SLICE_RANGE_MM``, each uniform, rounded to 0.01 mm."""
+    inplane = round(float(rng.uniform(*INPLANE_MM)), 2)
+    return round(float(rng.uniform(*SLICE_RANGE_MM)), 2), inplane, inplane
+
+
+def phantom_at(rng: np.random.Generator, zc: np.ndarray, yc: np.ndarray,
+               xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The phantom sampled at body coordinates ``zc``, ``yc``, ``xc`` (1-D, -1 to 1 over
+    the field of view): (HU float32, labels uint8) of shape (len(zc), len(yc), len(xc))."""
+    z, y, x = np.meshgrid(zc, yc, xc, indexing="ij")
     hu = np.full(z.shape, -1000.0, dtype=np.float32)
     labels = np.zeros(z.shape, dtype=np.uint8)
 

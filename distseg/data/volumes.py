@@ -41,6 +41,7 @@ from distseg.core.partial import PartialFile
 from distseg.data import h5format
 from distseg.data import slices as data
 from distseg.data.h5format import DatasetError
+from distseg.data.sharding import foreground_draws
 
 LAYOUT = "volumes"
 #: Chunk shape of images and masks (z, y, x), clipped to each volume: a 32x128x128 slab
@@ -53,8 +54,6 @@ FOREGROUND_SAMPLES = 10_000
 PAD_IMAGE, PAD_MASK = 0.0, 0
 #: Slab shape meaning one sample per case, the whole volume.
 FULL = "full"
-#: Mixed into the per-slab seeds so they differ from the shard permutation's.
-_SALT = 0x51AB
 
 
 # ------------------------------------------------------------------- writing
@@ -492,26 +491,6 @@ def check_fit(info: VolumeInfo, *, ranks: int, batch_size: int, slab,
 
 
 # ------------------------------------------------------------------- reading
-
-
-def foreground_draws(ids: Sequence[int], epoch: int, seed: int, fraction: float,
-                     sizes: Sequence[int]) -> list[int | None]:
-    """For each slab id, the index (into its case's foreground sample of ``sizes[b]``
-    voxels) of the voxel to centre it on, or None to keep its grid position.
-
-    A share ``fraction`` of slabs, decided per slab from (seed, epoch, id) alone, so
-    every rank, every prefetch order and a resumed run decide alike. A slab of a case
-    without foreground keeps its grid position.
-    """
-    out: list[int | None] = []
-    for slab_id, m in zip(np.asarray(ids, dtype=np.int64).tolist(), sizes):
-        if fraction <= 0:
-            out.append(None)
-            continue
-        rng = np.random.default_rng([_SALT, seed % 2**64, epoch, slab_id])
-        biased = rng.random() < fraction
-        out.append(int(rng.integers(m)) if biased and m > 0 else None)
-    return out
 
 
 def centred_start(voxel: np.ndarray, shape: np.ndarray, slab: Sequence[int]) -> np.ndarray:

@@ -15,6 +15,12 @@ In-plane resampling maps the field of view onto the new grid edge to edge: outpu
 interpolation is used for images and probabilities, nearest (the input pixel that holds
 the output pixel's centre) for labels. Upsampling labels with nearest and sampling
 them back is exact. Nothing here reads files or imports TensorFlow.
+
+With a target spacing (``Geometry.target``, ``convert --spacing``) the kept slices
+are resampled along all three axes to that spacing by the same formula
+(``distseg.data.convert.spacing``), then centre cropped or padded in-plane to ``size``
+(2D) or kept whole (``size`` 0, volumes); the inverse undoes the crop and resamples
+back to the scan's own grid.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from nibabel import orientations
+
+from distseg.data.convert import spacing as spacing_lib
 
 #: How a slice is laid out, recorded in every converted file.
 LAYOUT = ("axial slices, RAS reoriented: axis 0 inferior->superior, rows "
@@ -62,36 +70,13 @@ def slice_spacing(affine: np.ndarray, ornt: np.ndarray) -> np.ndarray:
     return ras[::-1].copy()
 
 
-def _positions(n_in: int, n_out: int) -> np.ndarray:
-    return (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
-
-
-def _axis(a: np.ndarray, axis: int, n_out: int, order: int) -> np.ndarray:
-    n_in = a.shape[axis]
-    if n_in == n_out:
-        return a
-    if order == 0:
-        idx = np.minimum(np.floor((np.arange(n_out) + 0.5) * n_in / n_out), n_in - 1)
-        return np.take(a, idx.astype(np.intp), axis=axis)
-    x = np.clip(_positions(n_in, n_out), 0, n_in - 1)
-    lo = np.floor(x).astype(np.intp)
-    hi = np.minimum(lo + 1, n_in - 1)
-    shape = [1] * a.ndim
-    shape[axis] = n_out
-    frac = (x - lo).astype(np.float32).reshape(shape)
-    return np.take(a, lo, axis=axis) * (1 - frac) + np.take(a, hi, axis=axis) * frac
-
-
 def resample(slices: np.ndarray, height: int, width: int, order: int) -> np.ndarray:
     """Resamples (B, H, W[, C]) in-plane to (B, height, width[, C]).
 
     ``order`` 1: linear (images, probabilities; float32 out); 0: nearest (labels;
-    dtype kept). Field of view kept edge to edge (see the module docstring).
+    dtype kept). Field of view kept edge to edge (``spacing.inplane``, the one formula).
     """
-    if order not in (0, 1):
-        raise ValueError(f"order must be 0 (nearest) or 1 (linear), got {order}")
-    a = slices if order == 0 else slices.astype(np.float32, copy=False)
-    return _axis(_axis(a, 1, height, order), 2, width, order)
+    return spacing_lib.inplane(slices, height, width, order)
 
 
 def roi_range(labels: np.ndarray, margin: int | None) -> tuple[int, int]:
@@ -121,17 +106,22 @@ class Geometry:
     z1: int
     """One past the last kept slice."""
     size: int
-    """In-plane size the slices were resampled to (0: not resampled)."""
+    """In-plane size of the stored slices (0: what the resampling gives). Without
+    ``target`` the slices are stretched to it, edge to edge; with ``target`` they are
+    resampled to the spacing, then centre cropped or padded to it."""
+    target: tuple[float, float, float] | None = None
+    """(slice, row, column) spacing in mm the kept slices are resampled to
+    (``convert --spacing``); None: the slice spacing is kept, in-plane goes to ``size``."""
 
     @classmethod
     def of(cls, affine, shape, z0: int | None = None, z1: int | None = None,
-           size: int = 0) -> "Geometry":
+           size: int = 0, target=None) -> "Geometry":
         affine = np.asarray(affine, dtype=np.float64)
         ornt = ornt_of(affine)
         depth = tuple(shape)[int(np.flatnonzero(ornt[:, 0] == 2)[0])]
         return cls(affine=affine, shape=tuple(int(s) for s in shape[:3]), ornt=ornt,
                    z0=0 if z0 is None else int(z0), z1=depth if z1 is None else int(z1),
-                   size=int(size))
+                   size=int(size), target=None if target is None else tuple(float(t) for t in target))
 
     @property
     def slices_shape(self) -> tuple[int, int, int]:
@@ -141,20 +131,53 @@ class Geometry:
         return int(ras[2]), int(ras[1]), int(ras[0])
 
     @property
+    def kept_shape(self) -> tuple[int, int, int]:
+        """(D, H, W) of the kept slices ``z0:z1``, before resampling."""
+        _, h, w = self.slices_shape
+        return self.z1 - self.z0, h, w
+
+    @property
     def spacing(self) -> np.ndarray:
         """(slice, row, column) spacing in mm before resampling."""
         return slice_spacing(self.affine, self.ornt)
 
     @property
+    def grid(self) -> tuple[int, int, int]:
+        """(D', H', W') of the kept slices resampled: at ``target`` spacing
+        (``spacing.new_shape``), before any crop or pad to ``size``; without a target,
+        the kept slices at ``out_inplane``."""
+        if self.target is None:
+            return (self.z1 - self.z0,) + self.out_inplane
+        return spacing_lib.new_shape(self.kept_shape, self.spacing, self.target)
+
+    @property
     def out_inplane(self) -> tuple[int, int]:
-        """(rows, columns) of a kept slice: ``size`` x ``size``, or the volume's own
-        when ``size`` is 0 (volumes kept on their grid, ``convert --ndim 3``)."""
+        """(rows, columns) of a stored slice: ``size`` x ``size``; when ``size`` is 0,
+        the resampled grid's (``target``) or the volume's own (volumes kept on their
+        grid, ``convert --ndim 3``)."""
+        if self.size:
+            return self.size, self.size
+        if self.target is not None:
+            return self.grid[1:]
         _, h, w = self.slices_shape
-        return (self.size, self.size) if self.size else (h, w)
+        return h, w
+
+    @property
+    def offset(self) -> tuple[int, int]:
+        """Row and column of the resampled grid where a stored slice starts: the centre
+        crop (positive) or pad (negative) from ``grid`` to ``size``; (0, 0) without a
+        target."""
+        if self.target is None:
+            return 0, 0
+        (rows, cols), (_, gh, gw) = self.out_inplane, self.grid
+        return spacing_lib.centre_offset(gh, rows), spacing_lib.centre_offset(gw, cols)
 
     @property
     def resampled_spacing(self) -> np.ndarray:
-        """(slice, row, column) spacing in mm of the resampled slices."""
+        """(slice, row, column) spacing in mm of the stored slices (with a target: the
+        target up to the rounding of ``grid``, see ``spacing.new_extent``)."""
+        if self.target is not None:
+            return np.asarray(self.spacing) * np.asarray(self.kept_shape) / np.asarray(self.grid)
         _, h, w = self.slices_shape
         rows, cols = self.out_inplane
         dz, dy, dx = self.spacing
@@ -163,32 +186,65 @@ class Geometry:
 
 def forward(volume: np.ndarray, geom: Geometry, order: int, values=None) -> np.ndarray:
     """Input-grid volume -> the kept slices, resampled to ``geom.size`` (kept at their
-    own in-plane size when it is 0).
+    own in-plane size when it is 0), or with ``geom.target`` to that spacing along
+    every axis and then centre cropped or padded (with 0) to ``geom.size``.
 
-    32 slices at a time, into one preallocated array: ``values`` (e.g. an intensity
-    normaliser) is applied to each block before resampling, so no float copy of the
-    whole volume is ever made.
+    32 output slices at a time, into one preallocated array: ``values`` (e.g. an
+    intensity normaliser) is applied to the input slices a block needs before
+    resampling, so no float copy of the whole volume is ever made.
     """
     slices = to_slices(volume, geom.ornt)[geom.z0:geom.z1]
     rows, cols = geom.out_inplane
-    out = np.empty((len(slices), rows, cols),
+    out = np.empty((geom.grid[0], rows, cols),
                    dtype=np.float32 if order or values else volume.dtype)
-    for start in range(0, len(slices), 32):
-        block = slices[start:start + 32]
-        if values is not None:
-            block = values(block)
-        out[start:start + 32] = resample(block, rows, cols, order)
+
+    def get(lo: int, hi: int) -> np.ndarray:
+        return slices[lo:hi] if values is None else values(slices[lo:hi])
+    for start, block in spacing_lib.resample_blocks(get, len(slices), geom.grid, order):
+        out[start:start + len(block)] = spacing_lib.shift(block, geom.offset, rows, cols, 0)
     return out
 
 
+def _back_blocks(slices: np.ndarray, geom: Geometry, order: int, fill):
+    """(start, block) of the stored slices taken back to the kept slices' own grid
+    (``geom.kept_shape``): with a target spacing, first brought to ``out_inplane``
+    if they are of another size (a model trained with ``--resize``) and the crop or
+    pad undone (``fill`` where nothing was stored); then resampled back."""
+    rows, cols = geom.out_inplane
+    gh, gw = geom.grid[1:]
+    back = tuple(-o for o in geom.offset)
+
+    def get(lo: int, hi: int) -> np.ndarray:
+        block = slices[lo:hi]
+        if geom.target is None:  # in-plane straight from their size to the scan's
+            return block
+        if block.shape[1:3] != (rows, cols):
+            block = spacing_lib.inplane(block, rows, cols, order)
+        return spacing_lib.shift(block, back, gh, gw, fill)
+    return spacing_lib.resample_blocks(get, len(slices), geom.kept_shape, order)
+
+
 def inverse(slices: np.ndarray, geom: Geometry, order: int = 0, fill=0) -> np.ndarray:
-    """The kept slices (``geom.size`` in-plane) back onto the input's voxel grid;
-    slices outside ``z0:z1`` are ``fill``. ``forward`` then ``inverse`` of labels with
-    ``order`` 0 gives the labels back exactly when no slice was cropped and ``size``
-    is at least the volume's in-plane size."""
+    """The stored slices back onto the input's voxel grid; slices outside ``z0:z1``
+    are ``fill``. ``forward`` then ``inverse`` of labels with ``order`` 0 gives the
+    labels back exactly when no slice was cropped and the resampling only upsampled
+    (``size`` at least the volume's in-plane size; a target spacing an integer
+    fraction of the scan's, with nothing cropped)."""
     depth, h, w = geom.slices_shape
     full = np.full((depth, h, w) + slices.shape[3:], fill, dtype=slices.dtype)
-    for start in range(0, len(slices), 32):
-        block = resample(slices[start:start + 32], h, w, order)
+    for start, block in _back_blocks(slices, geom, order, fill):
         full[geom.z0 + start:geom.z0 + start + len(block)] = block
     return np.ascontiguousarray(from_slices(full, geom.ornt))
+
+
+def labels_on_scan(probs: np.ndarray, geom: Geometry) -> np.ndarray:
+    """Class probabilities (D', S, S, C) of the stored slices -> uint8 labels on the
+    input's own voxel grid: resampled back linearly a block at a time and the argmax
+    taken (never a float copy of the whole scan's probabilities). Pixels the crop to
+    ``size`` left out, and slices outside ``z0:z1``, are background (class 0)."""
+    depth, h, w = geom.slices_shape
+    out = np.zeros((depth, h, w), dtype=np.uint8)
+    background = np.eye(probs.shape[-1], dtype=np.float32)[0]
+    for start, block in _back_blocks(probs, geom, 1, background):
+        out[geom.z0 + start:geom.z0 + start + len(block)] = np.argmax(block, axis=-1)
+    return np.ascontiguousarray(from_slices(out, geom.ornt))

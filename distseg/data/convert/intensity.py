@@ -1,5 +1,8 @@
-"""Intensity normalisation, per channel: a fixed Hounsfield window to [0, 1] for CT;
-for MR (any other modality) per-volume percentiles to [0, 1], or a per-case z-score.
+"""Intensity normalisation, per channel: a fixed Hounsfield window to [0, 1] for CT,
+or nnU-Net's CT normalisation by the training foreground's statistics (``--ct-norm
+foreground``: clip to its 0.5-99.5 percentiles, z-score by its mean and standard
+deviation, the same numbers for every case); for MR (any other modality) per-volume
+percentiles to [0, 1], or a per-case z-score.
 
 The rule for which a channel gets is nnU-Net's: a channel named ``CT`` is CT (a fixed,
 dataset-wide window, since HU are absolute), anything else has no absolute scale and is
@@ -23,6 +26,23 @@ MR_PERCENTILES = (0.5, 99.5)
 MR_NORMS = ("percentile", "zscore")
 #: Voxels a volume's statistics are taken from at most (a strided sample).
 _SAMPLE = 4_000_000
+#: CT normalisations (``--ct-norm``): the fixed HU window, or the training foreground's
+#: percentiles and z-score (nnU-Net's ``CTNormalization``).
+CT_NORMS = ("window", "foreground")
+#: Percentiles of the training foreground's HU that ``foreground`` clips to (nnU-Net's).
+FOREGROUND_PERCENTILES = (0.5, 99.5)
+#: Foreground voxels drawn per training case for those statistics (nnU-Net's 10,000).
+FOREGROUND_VOXELS = 10_000
+
+
+def foreground_voxels(values: np.ndarray, labels: np.ndarray, seed: int,
+                      limit: int = FOREGROUND_VOXELS) -> np.ndarray:
+    """Up to ``limit`` of the values where ``labels`` > 0, drawn without replacement by
+    a generator of ``seed`` (all of them when there are fewer), float64."""
+    held = np.asarray(values)[np.asarray(labels) > 0].astype(np.float64, copy=False)
+    if held.size <= limit:
+        return held
+    return np.random.default_rng(seed).choice(held, limit, replace=False)
 
 
 def modality_kind(name: str) -> str:
@@ -57,6 +77,27 @@ class Intensity:
     staying 0, as the padding of slabs and windows (``low``, ``high`` unused)."""
     low: float
     high: float
+    mean: float = 0.0
+    """``ct_foreground``: the training foreground's mean HU (what maps to 0)."""
+    std: float = 1.0
+    """``ct_foreground``: its standard deviation (what one unit is)."""
+
+    @classmethod
+    def ct_foreground(cls, samples: np.ndarray) -> "Intensity":
+        """nnU-Net's CT normalisation from ``samples``, the training cases' foreground HU
+        (``foreground_voxels`` of each): clip to their 0.5 and 99.5 percentiles, then
+        subtract their mean and divide by their standard deviation.
+
+        Raises:
+          ValueError: no foreground voxel in any training case.
+        """
+        samples = np.asarray(samples, dtype=np.float64)
+        if not samples.size:
+            raise ValueError("--ct-norm foreground: no training case holds a foreground voxel")
+        low, high = np.percentile(samples, FOREGROUND_PERCENTILES)
+        std = float(np.std(samples))
+        return cls("ct_foreground", float(low), float(high), float(np.mean(samples)),
+                   std if std > 0 else 1.0)
 
     @classmethod
     def ct(cls, low: float = HU_WINDOW[0], high: float = HU_WINDOW[1]) -> "Intensity":
@@ -83,14 +124,17 @@ class Intensity:
     @property
     def modality(self) -> str:
         """``ct`` or ``mr`` (z-scored channels are MR)."""
-        return "ct" if self.kind == "ct" else "mr"
+        return "ct" if self.kind in ("ct", "ct_foreground") else "mr"
 
     def bounds(self, voxels) -> tuple[float, float]:
         """The values of a volume (``sources.Voxels``) that map to 0 and 1: the window,
         the percentiles, or (z-score) the mean and the mean plus one standard deviation
-        of the non-zero voxels."""
+        of the non-zero voxels (``ct_foreground``: of the training foreground, the same
+        for every case)."""
         if self.kind == "ct":
             return self.low, self.high
+        if self.kind == "ct_foreground":
+            return self.mean, self.mean + self.std
         values = _nonzero_sample(voxels)
         if self.kind == "zscore":
             mean, std = float(np.mean(values, dtype=np.float64)), float(np.std(values, dtype=np.float64))
@@ -102,20 +146,21 @@ class Intensity:
     def normaliser(self, voxels, bounds: tuple[float, float]):
         """block of ``voxels.raw`` -> its normalised values, float32: ``bounds`` mapped to
         0 and 1, clipped to them for ``ct`` and ``mr`` (the numbers of ``data.window``),
-        zero voxels kept at 0 for ``zscore``; for ``geometry.forward`` to apply a block
+        to the foreground's percentiles first for ``ct_foreground``, zero voxels kept
+        at 0 for ``zscore``; for ``geometry.forward`` to apply a block
         at a time."""
         lo, hi = bounds
-        clip = self.kind != "zscore"
+        clip = {"zscore": None, "ct_foreground": (self.low, self.high)}.get(self.kind, bounds)
 
         def normalise(block: np.ndarray) -> np.ndarray:
             values = voxels.values(block)
             if values is block or not values.flags.writeable:
-                if clip:
+                if clip == bounds:
                     return window(values, lo, hi)
                 values = values.astype(np.float32, copy=True)
-            zero = None if clip else values == 0
-            if clip:
-                np.clip(values, lo, hi, out=values)
+            zero = values == 0 if self.kind == "zscore" else None
+            if clip is not None:
+                np.clip(values, *clip, out=values)
             values -= np.float32(lo)
             values /= np.float32(hi - lo)
             if zero is not None:
@@ -124,6 +169,12 @@ class Intensity:
         return normalise
 
     def describe(self) -> dict:
+        if self.kind == "ct_foreground":
+            return {"modality": "CT", "intensity": "foreground", "clip": [self.low, self.high],
+                    "mean": self.mean, "std": self.std,
+                    "statistics": f"the training cases' foreground HU: clipped to its "
+                                  f"{FOREGROUND_PERCENTILES[0]}-{FOREGROUND_PERCENTILES[1]} "
+                                  "percentiles, then z-scored by its mean and std"}
         if self.kind == "ct":
             return {"modality": "CT", "intensity": "window", "window": [self.low, self.high]}
         if self.kind == "zscore":
@@ -138,6 +189,8 @@ class Intensity:
             return cls.mr(*d["percentiles"])
         if d.get("intensity") == "zscore":
             return cls.zscore()
+        if d.get("intensity") == "foreground":
+            return cls("ct_foreground", *map(float, d["clip"]), float(d["mean"]), float(d["std"]))
         return cls.ct(*d["window"])
 
 

@@ -33,7 +33,15 @@ from distseg.core.errors import InputError, Interrupted
 from distseg.core.stopflag import StopFlag
 from distseg.data import h5format
 from distseg.data.convert import geometry, sources, splits
-from distseg.data.convert.intensity import MR_NORMS, Intensity, forward_channels, modality_kind
+from distseg.data.convert import spacing as spacing_lib
+from distseg.data.convert.intensity import (
+    CT_NORMS,
+    MR_NORMS,
+    Intensity,
+    foreground_voxels,
+    forward_channels,
+    modality_kind,
+)
 from distseg.data.convert.sources import Case, Source, VolumeError
 from distseg.data.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
 
@@ -56,7 +64,14 @@ class Options:
 
     size: int | None = None
     """In-plane size of the slices (linear for images, nearest for labels); None:
-    ``DEFAULT_SIZE``. Volumes (``ndim`` 3) are not resampled: it must stay None."""
+    ``DEFAULT_SIZE``, or with ``spacing`` the largest resampled slice (nothing cropped).
+    With ``spacing`` the slices are centre cropped or padded to it, not stretched.
+    Volumes (``ndim`` 3) are not cropped or stretched: it must stay None."""
+    spacing: str | tuple[float, float, float] | None = None
+    """Target (slice, row, column) spacing in mm every case is resampled to
+    (``spacing`` module: linear images, nearest labels), ``"auto"`` (nnU-Net's
+    choice from the cases, ``spacing.target_spacing``), or None: each case keeps its
+    slice spacing, and slices are stretched in-plane to ``size`` (volumes: own grid)."""
     ndim: int = 2
     """2: slices (the slice format); 3: one volume per case (the volume layout)."""
     window: tuple[float, float] | None = None
@@ -69,6 +84,11 @@ class Options:
     99.5 percentiles to [0, 1]), ``zscore`` (per case and channel, as nnU-Net), or
     ``auto``: z-score when the file gets several channels or the source is an nnU-Net
     dataset, percentiles otherwise (distseg's single-channel MR as before channels)."""
+    ct_norm: str = "window"
+    """How CT channels are normalised: ``window`` (the HU window, ``window``) or
+    ``foreground`` (nnU-Net's: the training cases' foreground HU clipped to its 0.5-99.5
+    percentiles and z-scored by its mean and std; one pass over the training cases
+    first, ``foreground_intensities``)."""
     channel: int | None = None
     """Keep only this channel of multi-channel images; None: every channel."""
     roi_margin: int | None = None
@@ -115,6 +135,8 @@ class Summary:
     train_cases: int = 0
     val_cases: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    spacing: str = ""
+    """What ``--spacing`` did, one line (empty without it)."""
     seconds: float = 0.0
     bytes_read: int = 0
     peak_rss_mib: float = 0.0
@@ -133,6 +155,8 @@ class Summary:
                   if self.peak_worker_rss_mib else "")]
         if len(self.channels) > 1:
             out.append(f"{len(self.channels)} channels: {', '.join(self.channels)}")
+        if self.spacing:
+            out.append(self.spacing)
         if self.skipped:
             out.append(f"skipped {len(self.skipped)} case(s):")
             out += [f"  {name}: {why}" for name, why in self.skipped]
@@ -176,6 +200,38 @@ def choose_intensities(source: Source, opts: Options) -> tuple[Intensity, ...]:
     return tuple(Intensity.of_modality(k, mr_norm, opts.window) for k in kinds)
 
 
+def foreground_intensities(source: Source, opts: Options, intensities, split) -> tuple:
+    """``intensities`` with every CT channel's replaced, under ``--ct-norm foreground``,
+    by ``Intensity.ct_foreground`` of the training cases' foreground (up to
+    ``FOREGROUND_VOXELS`` per case, drawn by a generator of the split seed and the
+    case's position). A training case that cannot be read is left out here:
+    ``prepare_case`` names it.
+
+    Raises:
+      InputError: no training case holds a foreground voxel.
+    """
+    ct = [c for c, i in enumerate(intensities) if i.kind == "ct"]
+    if opts.ct_norm != "foreground" or not ct:
+        return tuple(intensities)
+    samples: dict[int, list] = {c: [] for c in ct}
+    for k, case in enumerate(source.cases):
+        if split[k] != h5format.SPLITS["train"]:
+            continue
+        try:
+            _, voxels = sources.case_channels(case.files, opts.channel)
+            labels = sources.label_array(sources.load(case.label), case.label)
+        except InputError:
+            continue
+        for c in ct:
+            samples[c].append(foreground_voxels(voxels[c].values(voxels[c].raw), labels,
+                                                seed=opts.seed * 100_003 + k))
+    try:
+        return tuple(Intensity.ct_foreground(np.concatenate(samples[c] or [np.zeros(0)]))
+                     if c in samples else i for c, i in enumerate(intensities))
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 def hu_window(intensities) -> tuple[float, float]:
     """The file attribute ``hu_window``: the CT channels' window, NaN without one."""
     ct = [i for i in intensities if i.kind == "ct"]
@@ -186,11 +242,16 @@ def preprocessing_record(intensities, names, opts: Options) -> dict:
     """What predict must repeat, stored as the file attribute ``preprocessing``: the
     first channel's normalisation at the top (what readers from before channels
     read) and each channel's under ``channels``."""
-    return {**intensities[0].describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
-            "layout": geometry.LAYOUT, "image_interpolation": "linear",
-            "label_interpolation": "nearest", "roi_margin": opts.roi_margin,
-            "channel": opts.channel,
-            "channels": [{"name": n, **i.describe()} for n, i in zip(names, intensities)]}
+    record = {**intensities[0].describe(), "size": opts.size, "ndim": opts.ndim, "orientation": "RAS",
+              "layout": geometry.LAYOUT, "image_interpolation": "linear",
+              "label_interpolation": "nearest", "roi_margin": opts.roi_margin,
+              "channel": opts.channel,
+              "channels": [{"name": n, **i.describe()} for n, i in zip(names, intensities)]}
+    if opts.spacing is not None:  # only then: files converted without it stay as they were
+        record["target_spacing"] = list(opts.spacing)
+        record["inplane"] = ("resampled to target_spacing, then centre cropped or padded "
+                             "(with 0) to size" if opts.ndim == 2 else "resampled to target_spacing")
+    return record
 
 
 def _check_pair(case: Case, img, lab) -> None:
@@ -249,7 +310,8 @@ def prepare_case(case: Case, opts: Options, intensities, class_names,
                             f"expected {len(intensities)}")
     except VolumeError as e:
         raise CaseError(f"case {case.name}: {e}") from None
-    geom = geometry.Geometry.of(img.affine, channels[0].raw.shape, size=opts.size or 0)
+    geom = geometry.Geometry.of(img.affine, channels[0].raw.shape, size=opts.size or 0,
+                                target=opts.spacing)
     z0, z1 = geometry.roi_range(geometry.to_slices(labels, geom.ornt), opts.roi_margin)
     geom = dataclasses.replace(geom, z0=z0, z1=z1)
     images, bounds = forward_channels(channels, geom, intensities)
@@ -396,9 +458,69 @@ def settled(opts: Options) -> Options:
     if opts.ndim == 3 and opts.size is not None:
         raise InputError(f"--size {opts.size}: --ndim 3 keeps each volume on its own grid "
                          "(no resampling); leave --size out")
-    if opts.ndim == 2 and opts.size is None:
+    try:
+        target = spacing_lib.parse(opts.spacing)
+    except ValueError as e:
+        raise InputError(f"--spacing {e}") from None
+    opts = dataclasses.replace(opts, spacing=target)
+    if opts.ndim == 2 and opts.size is None and target is None:
         return dataclasses.replace(opts, size=DEFAULT_SIZE)
     return opts
+
+
+def survey(cases) -> tuple[np.ndarray, np.ndarray]:
+    """Each readable case's (slice, row, column) spacing in mm and (D, H, W) in the
+    slice layout, from its image's header (a NIfTI's voxels are not read; an NRRD is
+    read whole). A case that cannot be read is left out here: ``prepare_case`` names it."""
+    spacings, shapes = [], []
+    for case in cases:
+        try:
+            img = sources.load(case.image)
+        except InputError:
+            continue
+        geom = geometry.Geometry.of(img.affine, sources.spatial_shape(img.shape)[:3])
+        spacings.append(geom.spacing)
+        shapes.append(geom.slices_shape)
+    return np.asarray(spacings, dtype=np.float64).reshape(-1, 3), np.asarray(shapes).reshape(-1, 3)
+
+
+def _mm(values) -> str:
+    return ",".join(f"{float(v):.4g}" for v in values)
+
+
+def settle_spacing(source: Source, opts: Options) -> tuple[Options, str]:
+    """``opts`` with ``spacing`` a tuple (``auto``: chosen from the cases' headers by
+    ``spacing.target_spacing``) and, for slices without ``--size``, the size that
+    crops nothing: the largest resampled slice edge, rounded up to a multiple of 16
+    (a U-Net of depth 4 pools 16x); and the summary line that says so.
+
+    Raises:
+      InputError: ``auto`` when no case's image can be read.
+    """
+    if opts.spacing is None:
+        return opts, ""
+    auto = opts.spacing == "auto"
+    spacings, shapes = (survey(source.cases) if auto or (opts.ndim == 2 and opts.size is None)
+                        else (None, None))
+    if auto and not len(spacings):
+        raise InputError(f"--spacing auto: no case of {source.root} could be read to choose it from")
+    target = spacing_lib.target_spacing(spacings, shapes) if auto else tuple(opts.spacing)
+    size = opts.size
+    if opts.ndim == 2 and size is None:
+        edge = max(max(spacing_lib.new_shape(shape, sp, target)[1:]) for sp, shape in zip(spacings, shapes))
+        size = spacing_lib.round_up(max(edge, 8))
+    how = "as given"
+    if auto:
+        median = np.median(spacings, axis=0)
+        how = f"auto: the median of {len(spacings)} case(s)"
+        if not np.allclose(median, target):
+            axis = int(np.argmax(np.abs(median - np.asarray(target))))
+            how += (f"; axis {'ZYX'[axis]} the 10th percentile of its spacings (median "
+                    f"{median[axis]:.4g} mm: anisotropic, nnU-Net's rule)")
+    line = f"spacing: every case resampled to {_mm(target)} mm (Z,Y,X; {how})"
+    if opts.ndim == 2:
+        line += f", slices centre cropped or padded to {size}x{size}"
+    return dataclasses.replace(opts, spacing=target, size=size), line
 
 
 def validate(source: Source, opts: Options) -> None:
@@ -416,6 +538,8 @@ def validate(source: Source, opts: Options) -> None:
         raise InputError(f"--size {opts.size}: must be >= 8")
     if opts.mr_norm not in ("auto",) + MR_NORMS:
         raise InputError(f"--mr-norm {opts.mr_norm!r}: expected auto, {', '.join(MR_NORMS)}")
+    if opts.ct_norm not in CT_NORMS:
+        raise InputError(f"--ct-norm {opts.ct_norm!r}: expected one of {', '.join(CT_NORMS)}")
 
 
 def run(source_path: str, out: str, opts: Options) -> Summary:
@@ -431,15 +555,17 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
     opts = settled(opts)
     source = sources.discover(source_path)
     validate(source, opts)
-    intensities = choose_intensities(source, opts)
-    names = kept_channels(source, opts)
+    opts, spacing_line = settle_spacing(source, opts)
     split, fold = splits.assign(len(source.cases), opts.seed, opts.val_fraction,
                                 opts.folds, opts.fold)
-    summary, stop = Summary(out=out, ndim=opts.ndim), StopFlag()
+    intensities = foreground_intensities(source, opts, choose_intensities(source, opts), split)
+    names = kept_channels(source, opts)
+    summary, stop = Summary(out=out, ndim=opts.ndim, spacing=spacing_line), StopFlag()
     summary.channels = tuple(f"{n} ({i.describe()['intensity']})" for n, i in zip(names, intensities))
     with _signals_stop(stop):
         writer = (VolumeCaseWriter if opts.ndim == 3 else SliceWriter)(
-            out, opts.size, opts.dtype, opts.compression, channels=len(names))
+            out, opts.size, opts.dtype, opts.compression, channels=len(names),
+            spaced=opts.spacing is not None)
         try:
             write_cases(source, opts, intensities, writer, split, fold, summary, stop)
             stop.check()
@@ -453,7 +579,9 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
                 splitting={"seed": opts.seed, "val_fraction": opts.val_fraction,
                            "folds": opts.folds, "fold": opts.fold, "by": "case"},
                 extra={"source_root": os.path.abspath(source.root),
-                       "skipped": [f"{n}: {w}" for n, w in summary.skipped] or ""})
+                       "skipped": [f"{n}: {w}" for n, w in summary.skipped] or "",
+                       **({"target_spacing": np.asarray(opts.spacing, dtype=np.float64)}
+                          if opts.spacing is not None else {})})
         except BaseException:
             writer.abort()
             raise

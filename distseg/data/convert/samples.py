@@ -9,6 +9,10 @@ sits at the same place in the patient whatever the array's axis order.
 ``write_multichannel_task``: the same phantoms as multi-channel cases, an MSD task of
 4-D images or an nnU-Net v2 raw dataset of one file per channel.
 
+``write_phantoms``: phantoms drawn in mm at given (or random, LiTS-like) voxel
+spacings, as LiTS-style pairs (``distseg-data synth --spacing``), so that
+``convert --spacing`` has cases of many spacings to bring to one.
+
 ``write_lits117``: the real LiTS case 117 of ``liver-ct-segmentation-package`` as a
 LiTS-style NIfTI pair.
 """
@@ -104,6 +108,32 @@ def write_task(root: str, cases: int = 4, *, kind: str = "msd", size: int = 48, 
                        "numTraining": cases, "numTest": test_cases,
                        "training": training, "test": test}, f, indent=1)
     return names
+
+
+def write_phantoms(root: str, cases: int, spacings, *, extent=synth.EXTENT_MM, seed: int = 0,
+                   orientation: str = "LPS") -> list[tuple[float, float, float]]:
+    """Writes ``cases`` phantoms as LiTS-style pairs ``volume-N.nii.gz`` /
+    ``segmentation-N.nii.gz`` (HU int16, labels uint8) in ``orientation``'s axis order.
+    Case i is ``synth.phantom_mm`` of ``extent`` (z, y, x mm) at ``spacings[i % n]``
+    (each (z, y, x) mm), or, for ``spacings="random"``, at a seeded
+    ``synth.random_spacing``. Its body depends on (``seed``, i) alone, so one seed
+    written at two spacings is the same body sampled twice. Returns each case's spacing.
+    """
+    os.makedirs(root, exist_ok=True)
+    draw = np.random.default_rng([seed, 1])
+    used = []
+    for i in range(cases):
+        spacing = (synth.random_spacing(draw) if isinstance(spacings, str)
+                   else tuple(float(v) for v in spacings[i % len(spacings)]))
+        hu, labels = synth.phantom_mm(np.random.default_rng([seed, 0, i]), spacing, extent)
+        affine = affine_for(orientation, spacing[::-1])
+        ornt = geometry.ornt_of(affine)
+        save_volume(os.path.join(root, f"volume-{i}.nii.gz"),
+                    np.round(geometry.from_slices(hu, ornt)).astype(np.int16), affine)
+        save_volume(os.path.join(root, f"segmentation-{i}.nii.gz"),
+                    geometry.from_slices(labels, ornt).astype(np.uint8), affine)
+        used.append(spacing)
+    return used
 
 
 #: (scale, offset) of the phantom's non-CT channels, one per channel: each is the

@@ -17,6 +17,11 @@ case, enough to put a prediction back on the case's original grid:
 ``bounds`` (2), or (C, 2)        the values mapped to 0 and 1 (HU window, MR percentiles,
                                  or a z-score's mean and mean + sd), per channel when
                                  the file holds C > 1
+``grid`` (3), ``offset`` (2)     only with ``convert --spacing``: the kept slices' shape
+                                 at the target spacing, and the row and column of it where
+                                 the stored slices start (the centre crop, or a pad when
+                                 negative); the file attribute ``target_spacing`` (3) is
+                                 that spacing (z, y, x mm)
 
 ``VolumeCaseWriter`` (``convert --ndim 3``) writes the volume layout of
 ``distseg.data.volumes`` instead, one volume per case on its own grid, with the same
@@ -56,15 +61,19 @@ COLUMNS = {
 
 #: The columns a volume file's cases/ group leaves out: its rows are its volumes.
 SLICE_ROWS = ("first", "slices")
+#: The columns a file converted with ``--spacing`` adds: the kept slices' shape at
+#: the target spacing (before the centre crop or pad to ``size``) and where the stored
+#: slices start in it (row, column; negative: padding).
+SPACED = {"grid": (np.int64, (3,)), "offset": (np.int64, (2,))}
 
 
-def columns_for(channels: int, leave_out=()) -> dict:
+def columns_for(channels: int, leave_out=(), spaced: bool = False) -> dict:
     """``COLUMNS`` for images of ``channels`` channels (``bounds`` per channel when
-    there are several), less ``leave_out``."""
+    there are several), less ``leave_out``, plus ``SPACED`` when ``spaced``."""
     out = {k: v for k, v in COLUMNS.items() if k not in leave_out}
     if channels > 1:
         out["bounds"] = (np.float64, (channels, 2))
-    return out
+    return {**out, **SPACED} if spaced else out
 
 
 def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
@@ -78,13 +87,17 @@ def _append(ds: h5py.Dataset, rows: np.ndarray, block: int = 32) -> None:
 
 def case_row(*, name: str, image: str, label: str, case_id: int, split: int, fold: int,
              geometry: Geometry, bounds: tuple[float, float]) -> dict:
-    """A case's cases/ row, less the slice rows (``SLICE_ROWS``)."""
-    return {
+    """A case's cases/ row, less the slice rows (``SLICE_ROWS``); with a target
+    spacing, its ``SPACED`` columns too."""
+    row = {
         "name": name, "image": image, "label": label, "case_id": case_id, "split": split,
         "fold": fold, "affine": geometry.affine, "shape": geometry.shape, "ornt": geometry.ornt,
         "z_range": (geometry.z0, geometry.z1), "inplane": geometry.slices_shape[1:],
         "spacing": geometry.spacing, "bounds": bounds,
     }
+    if geometry.target is not None:
+        row.update(grid=geometry.grid, offset=geometry.offset)
+    return row
 
 
 class CaseTable:
@@ -107,7 +120,7 @@ class SliceWriter:
     """Appends cases to ``OUT.h5.partial``; ``finish`` renames it, ``abort`` removes it."""
 
     def __init__(self, out: str, size: int, dtype: str = "float32", compression: str = "lzf",
-                 channels: int = 1):
+                 channels: int = 1, spaced: bool = False):
         self.out, self.channels = out, int(channels)
         self._partial = PartialFile(out)
         self.partial = self._partial.partial
@@ -127,7 +140,7 @@ class SliceWriter:
                          chunks=(1, size, size), dtype=np.uint8, **filters)
         f.create_dataset("case_id", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.int32)
         f.create_dataset("split", shape=(0,), maxshape=(None,), chunks=(4096,), dtype=np.uint8)
-        self.table = CaseTable(f, columns_for(c))
+        self.table = CaseTable(f, columns_for(c, spaced=spaced))
 
     def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
                images: np.ndarray, masks: np.ndarray, geometry: Geometry,
@@ -183,11 +196,11 @@ class VolumeCaseWriter:
     (``volumes.VolumeWriter``), plus its cases/ row."""
 
     def __init__(self, out: str, size: int | None = None, dtype: str = "float32",
-                 compression: str = "lzf", channels: int = 1):
+                 compression: str = "lzf", channels: int = 1, spaced: bool = False):
         self.out = out
         self._volumes = volumes.VolumeWriter(out, dtype, COMPRESSIONS[compression])
         self.partial = self._volumes.partial
-        self.table = CaseTable(self._volumes.file, columns_for(channels, SLICE_ROWS))
+        self.table = CaseTable(self._volumes.file, columns_for(channels, SLICE_ROWS, spaced))
 
     def append(self, *, name: str, image: str, label: str, case_id: int, split: int, fold: int,
                images: np.ndarray, masks: np.ndarray, geometry: Geometry,
