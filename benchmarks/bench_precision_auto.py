@@ -41,7 +41,9 @@ from benchlib.args import add_results_dir  # noqa: E402
 def train(args: list[str], ranks: int, workdir: str, name: str) -> str:
     """Runs distseg-train (under horovodrun on 2+ ranks); returns its run directory."""
     run_dir = os.path.join(workdir, name)
-    launch.run_train(launch.train_command(args, run_dir, ranks=ranks, threads=1), name)
+    # Every launch measures: a decision kept from an earlier launch would time nothing.
+    launch.run_train(launch.train_command([*args, "--precision-trial", "always"], run_dir,
+                                          ranks=ranks, threads=1), name)
     return run_dir
 
 

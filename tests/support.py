@@ -34,10 +34,19 @@ LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMIX_", "HOROVOD_")
 SLURM_COMMANDS = ("srun", "sbatch", "scontrol", "scancel", "squeue", "sinfo", "salloc")
 
 
+#: ``--precision auto``'s decisions kept by this test session only (not the user's
+#: ~/.cache/distseg: a decision kept by an earlier session or another checkout would
+#: turn a test's trial into a cache hit).
+SESSION_CACHE = tempfile.mkdtemp(prefix="distseg-test-cache-")
+atexit.register(shutil.rmtree, SESSION_CACHE, True)
+
+
 def command_env(**extra: str) -> dict:
-    """The environment for a launched command: this venv first on PATH, TF quiet, and
-    no rank variables inherited from a parent launcher (which would confuse Horovod)."""
+    """The environment for a launched command: this venv first on PATH, TF quiet, the
+    session's own precision cache, and no rank variables inherited from a parent
+    launcher (which would confuse Horovod)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    env.setdefault("DISTSEG_CACHE_DIR", SESSION_CACHE)
     for name in RANK_VARIABLES:
         env.pop(name, None)
     env.update(extra)

@@ -1,5 +1,6 @@
 """The ``distseg-predict`` entry point: parse options, call ``distseg.inference.predict.run``
-(or, with ``--export``, ``distseg.inference.export.run``).
+(or, with ``--export``, ``distseg.inference.export.run``; with ``--decide``,
+``distseg.inference.decide.run``).
 
 TensorFlow and Horovod are imported inside the command, so ``--help`` is instant.
 """
@@ -23,6 +24,20 @@ from distseg.cli.data import parse_window
               help="Instead of predicting, write the network as DIR/model.keras (plain Keras: "
                    "keras.models.load_model, no distseg) and its input convention as "
                    "DIR/model.json. No INPUTS or --out.")
+@click.option("--decide", is_flag=True, default=False,
+              help="Instead of predicting, score the run's validation cases (its data file's, or "
+                   "--data's) plain and mirrored, and each class with and without its largest "
+                   "connected component, and write RUN/postprocessing.json: what predict then "
+                   "applies. No INPUTS or --out.")
+@click.option("--which", default="best", show_default=True, type=click.Choice(["best", "latest"]),
+              help="Checkpoint: best (checkpoints/best.json, the best EMA of the validation Dice; "
+                   "the newest when the run has none) or latest (the newest).")
+@click.option("--tta", default="auto", show_default=True, type=click.Choice(["auto", "mirror", "none"]),
+              help="Test-time mirroring: auto where RUN/postprocessing.json says it helps, mirror "
+                   "always, none never.")
+@click.option("--postprocess", default="auto", show_default=True, type=click.Choice(["auto", "none"]),
+              help="Keep only the largest connected component of the classes RUN/postprocessing.json "
+                   "says it helps (auto), or of none.")
 @click.option("--labels", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder of label volumes for input files (same name, or segmentation-N for volume-N).")
 @click.option("--data", default=None, type=click.Path(dir_okay=False),
@@ -46,7 +61,7 @@ from distseg.cli.data import parse_window
               help="Normalised surface Dice tolerance.")
 @click.option("--overlays/--no-overlays", default=True, help="PNGs of the best, median and worst cases.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (rank 0).")
-def predict(inputs, run_dir, out, export_dir, **options):
+def predict(inputs, run_dir, out, export_dir, decide, **options):
     """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained 2D or 3D run.
 
     Each input is preprocessed as the training data was, predicted by sliding windows
@@ -56,8 +71,13 @@ def predict(inputs, run_dir, out, export_dir, **options):
     Under `horovodrun -np N` the cases are split across ranks.
 
     With --export DIR, nothing is predicted: the network is written for use without
-    distseg (docs/predict.md#export).
+    distseg (docs/predict.md#export). With --decide, the run's validation cases decide
+    where test-time mirroring and largest-component post-processing help
+    (docs/predict.md#mirroring-and-largest-component). The best checkpoint is used
+    unless --which latest.
     """
+    if export_dir and decide:
+        raise click.UsageError("--export and --decide are separate steps; give one of them")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from distseg.inference import predict as predict_lib
     from distseg.parallel import agreement
@@ -65,6 +85,9 @@ def predict(inputs, run_dir, out, export_dir, **options):
     if export_dir:
         from distseg.inference import export
         lines = agreement.run_command(export.run, opts, export_dir)
+    elif decide:
+        from distseg.inference import decide as decide_lib
+        lines = agreement.run_command(decide_lib.run, opts)
     else:
         lines = agreement.run_command(predict_lib.run, opts).lines
     if lines:

@@ -13,7 +13,7 @@ import click
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import fail
-from distseg.training import stopping
+from distseg.training import precision_cache, stopping
 
 
 class LrType(click.ParamType):
@@ -54,15 +54,20 @@ TRAIN_FLAGS = {
     "warmup_epochs": ("train.warmup_epochs", click.FloatRange(0), "Epochs of linear lr warm-up to the scaled lr."),
     "lr_schedule": ("train.lr_schedule", click.Choice(config_lib.LR_SCHEDULES), "The lr after the warm-up: constant, cosine (down to 0 at the last planned sample) or poly (nnU-Net's (1 - f)^0.9). Counted in samples, so any rank count follows the same curve; a resume with more --epochs stretches it from there (docs/training.md#learning-rate-schedule)."),
     "loss": ("train.loss", click.Choice(config_lib.LOSSES), "dice: -mean soft Dice; dice_ce: plus cross-entropy."),
+    "optimizer": ("train.optimizer", click.Choice(config_lib.OPTIMIZERS), "adam, or sgd: SGD with Nesterov momentum (--momentum; nnU-Net's optimizer with --lr 1e-2 --lr-schedule poly --weight-decay 3e-5 --clip-norm 12)."),
+    "momentum": ("train.momentum", click.FloatRange(0, 1, max_open=True), "SGD's Nesterov momentum (default 0.99)."),
+    "weight_decay": ("train.weight_decay", click.FloatRange(0), "Decoupled weight decay per step, times the lr (0: none)."),
+    "clip_norm": ("train.clip_norm", click.FloatRange(0), "Clip the averaged gradient's global norm to this before the update (0: off)."),
     "intra_op_threads": ("train.intra_op_threads", click.IntRange(0), "TF intra-op threads per rank (0: OMP_NUM_THREADS or cores per rank)."),
     "inter_op_threads": ("train.inter_op_threads", click.IntRange(0), "TF inter-op threads per rank (0: 1 on <= 2 cores per rank, else 2)."),
     "seed": ("train.seed", int, "Global seed: init weights and shard permutations."),
     "max_steps_per_epoch": ("train.max_steps_per_epoch", click.IntRange(0), "Cap steps per epoch (0: full pass)."),
     "checkpoint_every": ("train.checkpoint_every", click.IntRange(0), "Checkpoint every N epochs on rank 0 (0: last only)."),
     "hang_timeout": ("train.hang_timeout", click.FloatRange(0), "Seconds a rank may wait in a collective before it ends the run naming the ranks that stopped answering (0: forever)."),
+    "precise_bn": ("train.precise_bn", click.IntRange(0), "Precise BatchNorm: after each epoch, replace BatchNorm's moving statistics by the mean batch statistics of the epoch's first K steps, weights frozen, averaged over the ranks, so validation and checkpoints normalise with statistics of their own weights (0: off; docs/training.md#precise-batchnorm)."),
     "on_nonfinite": ("train.on_nonfinite", click.Choice(config_lib.NONFINITE), "A non-finite loss or gradient on any rank: stop every rank, or skip that step's update everywhere."),
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), or 'full'."),
-    "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "3D: share of slabs re-centred on a random foreground voxel."),
+    "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "Share of training samples made to hold foreground, drawn per sample from seed, epoch and id (any rank count alike): 3D slabs re-centred on a foreground voxel, 2D slices replaced by a slice holding foreground (nnU-Net: 0.33)."),
     "val_overlap": ("data.val_overlap", click.FloatRange(0, 1, max_open=True), "3D: overlap of the sliding windows validating whole volumes."),
     "augment": ("data.augment", click.Choice(config_lib.AUGMENTS), "On-the-fly augmentation of training samples (never validation): none, light (mirroring, small rotation and scaling, brightness, contrast) or default (the liver2d preset's; nnU-Net's set: rotation, scaling, elastic, mirroring, brightness, contrast, gamma, noise, blur). Each sample's draw depends on the seed, epoch and sample id only: any rank count makes the same update (docs/augmentation.md)."),
     "precision": ("model.precision", click.Choice(config_lib.PRECISION_CHOICES), "auto (the presets' default): bfloat16 where the CPU reports AVX512_BF16 or AMX and a timed trial of the run's own step finds it at least 10 % faster on every rank, else float32; or float32, or bfloat16 activations (Keras mixed precision, float32 softmax: less memory). A resumed run keeps its choice (docs/training.md#precision)."),
@@ -187,9 +192,16 @@ def _train_options(fn):
                    "string); repeatable. Kept in config.json as model.args.")
 @click.option("--recompute/--no-recompute", default=None,
               help="Gradient checkpointing of every convolution unit of every U-Net level: less memory, more time (docs/memory.md).")
+@click.option("--precision-trial", type=click.Choice(precision_cache.TRIAL_MODES), default=None,
+              help="With --precision auto: cached (the default) takes the decision kept from an "
+                   "earlier launch on the same CPU, TensorFlow, model, input, per-rank batch, "
+                   "threads and ranks (in $DISTSEG_CACHE_DIR, else $XDG_CACHE_HOME/distseg or "
+                   "~/.cache/distseg) and skips the trial; always measures again and keeps the "
+                   "new answer. Not part of the config (also $DISTSEG_PRECISION_TRIAL; "
+                   "docs/training.md#precision).")
 @_train_options
 def train(data_path, run_dir, resume, preset, config_file, resize, validate, tensorboard,
-          model_name, model_fn, model_args, recompute, **flags):
+          model_name, model_fn, model_args, recompute, precision_trial, **flags):
     """Train a 2D U-Net on slices, or a 3D U-Net on slabs of volumes, data-parallel over
     Horovod ranks.
 
@@ -207,6 +219,8 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
     # and becomes a clean stop at the first step instead of killing the rank.
     stopping.install_early(stopping.stop_signals(os.environ.get("HOROVOD_ELASTIC") == "1"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if precision_trial:  # every rank parses the same flags: the same mode on each
+        os.environ[precision_cache.TRIAL_ENV] = precision_trial
     overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
     overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
                       "train.validate": validate, "train.tensorboard": tensorboard,

@@ -12,6 +12,8 @@ too. Every module that reads or writes a run directory takes its paths from here
         epoch-0003.json             the manifest (position, SHA-256 of both files)
         epoch-0003-step-000012.*    a checkpoint 12 steps into epoch index 3
         latest.json                 the newest manifest's name
+        best.json                   the best checkpoint by the EMA of validation Dice
+      postprocessing.json           test-time mirroring and largest-component decisions
       job.txt                       a Slurm job's command line (``jobs/common.sh.in``)
       model_fn.py                   a --model-fn run's model source (``networks.userfn``)
 
@@ -37,6 +39,12 @@ LOG_GLOB = "rank-*.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 #: In ``CHECKPOINT_DIR``: the name of the newest checkpoint's manifest.
 LATEST_CHECKPOINT = "latest.json"
+#: In ``CHECKPOINT_DIR``: the best checkpoint's stem, epoch and EMA of validation Dice
+#: (``training.best``); rotation keeps the checkpoint it names.
+BEST_CHECKPOINT = "best.json"
+#: ``distseg-predict --decide``'s decisions on test-time mirroring and largest-component
+#: post-processing, with the validation Dice behind them (``inference.postprocess``).
+POSTPROCESSING_FILE = "postprocessing.json"
 #: The files of one checkpoint besides its manifest, by kind: ``STEM.weights.h5``...
 CHECKPOINT_FILES = {"weights": "weights.h5", "state": "state.npz"}
 #: The start of every checkpoint file's name.
@@ -109,6 +117,16 @@ def checkpoint_dir(run_dir: str) -> str:
 def latest_path(run_dir: str) -> str:
     """``RUN/checkpoints/latest.json``."""
     return os.path.join(run_dir, CHECKPOINT_DIR, LATEST_CHECKPOINT)
+
+
+def best_path(run_dir: str) -> str:
+    """``RUN/checkpoints/best.json``."""
+    return os.path.join(run_dir, CHECKPOINT_DIR, BEST_CHECKPOINT)
+
+
+def postprocessing_path(run_dir: str) -> str:
+    """``RUN/postprocessing.json``."""
+    return os.path.join(run_dir, POSTPROCESSING_FILE)
 
 
 def checkpoint_stem(epoch: int, step: int = 0) -> str:

@@ -66,6 +66,9 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     gradient_s, gradient_wait_s, small_s, small_wait_s, gradient_ops, small_ops} or
     {steps, file, error}: medians from Horovod's timeline of its first steps
     (``distseg.core.timeline``);
+    under ``--precise-bn`` precise_bn {steps, seconds}: the steps whose batch statistics
+    replaced BatchNorm's moving ones before validation, and what that took
+    (``distseg.training.precisebn``);
     since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
@@ -152,7 +155,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",
-              "val_cases_local", "noise_scale", "lr_rule", "goodput", "comm"),
+              "val_cases_local", "noise_scale", "lr_rule", "goodput", "comm", "precise_bn"),
     "end": (),
     "resume": ("warnings", "elastic"),
     "stalled": (),

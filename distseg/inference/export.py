@@ -30,7 +30,7 @@ from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import InputError, output_dir
 from distseg.data.convert import geometry
-from distseg.inference import predict
+from distseg.inference import postprocess, predict
 
 MODEL_FILE = "model.keras"
 CONVENTION_FILE = "model.json"
@@ -158,7 +158,9 @@ def _save(obj_writer, path: str) -> None:
 
 
 def run(opts: predict.Options, out_dir: str) -> list[str]:
-    """Exports the run's newest checkpoint to ``out_dir``; returns the lines to print.
+    """Exports the run's checkpoint (``opts.which``: the best when the run has one, else
+    the newest: ``predict.choose_checkpoint``) to ``out_dir``; returns the lines to
+    print, the first saying which checkpoint.
 
     Raises:
       InputError: inputs given too, or any of predict's start-up errors (run, data file,
@@ -170,18 +172,21 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
     cfg = predict.run_config(opts.run_dir)
     known = predict.training_data(cfg, opts)
     window = predict.model_window(cfg, known.path, opts.run_dir)
-    model = predict.build_model(cfg, opts.run_dir, predict.input_shape(cfg, window))
+    chosen = predict.choose_checkpoint(opts.run_dir, opts.which)
+    model = predict.build_model(cfg, opts.run_dir, predict.input_shape(cfg, window), chosen)
     twin = inference_twin(cfg.model, predict.input_shape(cfg, window), opts.run_dir)
     copy_weights(model, twin)
-    epoch = int(predict.checkpoint.latest(opts.run_dir)["epoch"])
     overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
-    info = convention(cfg, known, window, overlap, opts.run_dir, epoch)
+    info = convention(cfg, known, window, overlap, opts.run_dir, int(chosen.entry["epoch"]))
+    info["checkpoint"] = chosen.record()
+    info["postprocessing"] = decisions(opts.run_dir, known.class_names, chosen.stem)
     output_dir(out_dir, "--export")
     model_path = os.path.join(out_dir, MODEL_FILE)
     json_path = os.path.join(out_dir, CONVENTION_FILE)
     _save(twin.save, model_path)
     _save(lambda path: _write_json(path, info), json_path)
-    lines = [f"preprocessing: {known.prep.describe()}",
+    lines = [*(f"warning: {w}" for w in chosen.warnings), f"checkpoint: {chosen.words}",
+             f"preprocessing: {known.prep.describe()}",
              f"wrote {model_path} ({_network_words(cfg.model)}, input "
              f"{tuple(twin.input_shape)}, float32; loads with keras.models.load_model) "
              f"and {json_path} (its input convention)"]
@@ -193,6 +198,18 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
         lines.append(f"wrote {source} (the model's source: a model with layers of its own "
                      "loads with keras.models.load_model(..., custom_objects=...) from it)")
     return lines
+
+
+def decisions(run_dir: str, class_names, stem: str) -> dict:
+    """``model.json``'s ``postprocessing``: what ``distseg-predict`` would apply with
+    this checkpoint by default (``postprocessing.json``'s decisions for it), so a user
+    of the plain model can do the same."""
+    applied = postprocess.choose(run_dir, class_names, stem)
+    return {"mirror": applied.mirror,
+            "mirror_axes": "every combination of the spatial axes; outputs flipped back and averaged",
+            "largest_component": [class_names[c] for c in applied.largest],
+            "connectivity": "full (8 neighbours in 2D, 26 in 3D), on the whole case volume",
+            "why": applied.words}
 
 
 def _network_words(m: config_lib.ModelConfig) -> str:

@@ -4,11 +4,13 @@ One path for 2D and 3D runs. ``run`` reads like its outline, on every rank:
 ``run_config`` (the run's config), ``training_data`` (what the training data had:
 window or MR normalisation, slice size or each scan's own grid, from the data file's
 attributes or flags), ``scans.collect_scans`` (input files and folders, with labels
-where there are any), ``network`` (the newest checkpoint's U-Net as a sliding-window
-``predict``: windows of one slice for a 2D run, of the training slab for a 3D one),
-then each of this rank's scans: ``segment`` (the converter's preprocessing of every
-channel, the one sliding-window inferer of ``distseg.sliding``, the class probabilities
-resampled back, argmax, the reorientation undone), ``write_segmentation``
+where there are any), ``network`` (a checkpoint's U-Net, the best by default:
+``choose_checkpoint``, as a sliding-window ``predict``: windows of one slice for a 2D
+run, of the training slab for a 3D one; mirrored where the run's
+``postprocessing.json`` says it helps, ``inference.postprocess``), then each of this rank's scans: ``segment`` (the
+converter's preprocessing of every channel, the one sliding-window inferer of
+``distseg.sliding``, the class probabilities resampled back, argmax, the reorientation
+undone), the largest component of the classes that file names, ``write_segmentation``
 (``OUT/<case>_seg.nii.gz``, uint8, the input's affine: its first channel's for a case
 of one file per channel) and ``metrics.score_case`` against the labels.
 
@@ -45,7 +47,7 @@ from distseg.data import h5format, volumes
 from distseg.data import slices as data
 from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity, forward_channels
-from distseg.inference import report
+from distseg.inference import postprocess, report
 from distseg.inference.scans import Scan, collect_scans
 from distseg.training import checkpoint
 
@@ -82,6 +84,15 @@ class Options:
     tolerance_mm: float = metrics.TOLERANCE_MM
     overlays: bool = True
     progress: bool = True
+    which: str = "best"
+    """``best``: the run's best checkpoint (``checkpoints/best.json``) when it has one,
+    else the newest; ``latest``: the newest."""
+    tta: str = "auto"
+    """Test-time mirroring: ``auto`` where ``postprocessing.json`` says it helps,
+    ``mirror`` always, ``none`` never."""
+    postprocess: str = "auto"
+    """Largest-component post-processing: ``auto`` for the classes
+    ``postprocessing.json`` says it helps, ``none`` for none."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,10 @@ class Preprocessing:
     """Each input channel's normalisation, for a model of several channels; empty: one
     channel, ``intensity``."""
     channel_names: tuple[str, ...] = ()
+    spacing: tuple[float, float, float] | None = None
+    """The (z, y, x) spacing in mm the training data was resampled to (``convert
+    --spacing``: the data file's ``target_spacing``); ``size`` is then the centre crop
+    or pad of the resampled slices. None: each scan keeps its slice spacing."""
 
     @property
     def intensities(self) -> tuple[Intensity, ...]:
@@ -110,6 +125,10 @@ class Preprocessing:
 
     def describe(self) -> str:
         grid = f"{self.size}x{self.size} slices" if self.size else "each scan's own grid"
+        if self.spacing is not None:
+            mm = ",".join(f"{v:g}" for v in self.spacing)
+            grid = (f"resampled to {mm} mm (Z,Y,X), "
+                    + (f"{self.size}x{self.size} slices (centre crop/pad)" if self.size else "volumes"))
         if len(self.intensities) == 1:
             return f"{self.intensity.describe()}, {grid} ({self.where})"
         names = self.channel_names or tuple(f"channel {c}" for c in range(len(self.intensities)))
@@ -127,11 +146,24 @@ class Network:
     """(1, S, S) for a 2D model (one slice), the training slab (d, h, w) for a 3D one."""
     batch_size: int = SLICE_BATCH
     overlap: float = 0.5
+    chosen: "Chosen | None" = None
+    """The checkpoint loaded, and why."""
+    post: postprocess.Applied = postprocess.Applied()
+    """Test-time mirroring (already in ``predict``) and the classes whose largest
+    component alone is kept (``predict_scan``)."""
 
     def describe(self) -> str:
         what = "slices" if self.window[0] == 1 else "windows"
         return (f"{what} of {'x'.join(map(str, self.window))}, {self.batch_size} per batch"
                 + (f", overlap {self.overlap:g}" if self.window[0] > 1 else ""))
+
+    def notes(self) -> list[str]:
+        """The lines that say which checkpoint and what post-processing were used."""
+        lines = [f"warning: {w}" for w in ((self.chosen.warnings if self.chosen else ())
+                                            + self.post.warnings)]
+        if self.chosen is not None:
+            lines.append(f"checkpoint: {self.chosen.words}")
+        return lines + [f"applied: {self.post.words}"]
 
 
 @dataclass
@@ -184,18 +216,74 @@ def input_shape(cfg: config_lib.Config, window) -> tuple[int, ...]:
     return tuple(window[1:]) if cfg.model.spatial_dims == 2 else tuple(window)
 
 
-def build_model(cfg: config_lib.Config, run_dir: str, input_shape=None):
+@dataclass(frozen=True)
+class Chosen:
+    """The checkpoint predict and export load, and the words that say which and why."""
+
+    entry: dict
+    """``checkpoint.find``'s entry."""
+    which: str
+    """``best`` (``best.json``'s) or ``newest``."""
+    words: str
+    warnings: tuple[str, ...] = ()
+    best: dict | None = None
+    """``best.json`` of the run, when it has a readable one."""
+
+    @property
+    def stem(self) -> str:
+        return os.path.basename(self.entry["manifest"]).removesuffix(".json")
+
+    def record(self) -> dict:
+        """Which checkpoint, for the files that say where a result came from."""
+        out = {"stem": self.stem, "epoch": int(self.entry["epoch"]), "which": self.which}
+        if self.which == "best" and self.best:
+            out.update(ema_dice=self.best["ema_dice"], dice=self.best.get("dice"))
+        return out
+
+
+def choose_checkpoint(run_dir: str, which: str = "best") -> Chosen:
+    """The checkpoint to load: with ``which="best"`` the one ``best.json`` names (the
+    best EMA of validation Dice, ``training.best``) when the run has one, else the
+    newest; with ``"latest"`` the newest. A damaged ``best.json``, or one naming a
+    damaged checkpoint, falls back to the newest with one warning; a run without one
+    (trained before it was kept, or without validation) takes the newest silently.
+
+    Raises:
+      InputError: the run has no whole checkpoint.
+    """
+    newest, skipped = checkpoint.find(run_dir)
+    if newest is None:
+        raise InputError(f"{run_dir}: no checkpoint to predict with "
+                         f"({rundir.CHECKPOINT_DIR}/{rundir.LATEST_CHECKPOINT})")
+    entry, info, problem = checkpoint.best(run_dir)
+    name = os.path.basename(newest["manifest"]).removesuffix(".json")
+    warnings_ = tuple(skipped)
+    if problem:
+        warnings_ += (f"{problem}; using the newest checkpoint {name}",)
+    if which == "best" and entry is not None:
+        newer = "" if entry["manifest"] == newest["manifest"] else f"; the newest is {name}"
+        return Chosen(entry, "best", f"{info['stem']} (best: EMA of the validation Dice "
+                      f"{info['ema_dice']:.4f} after {info['epoch']} epoch(s){newer})",
+                      warnings_, info)
+    if which == "latest":
+        why = "--which latest" + (f"; the best is {info['stem']}" if info else "")
+    else:
+        why = "best.json unusable" if problem else "the run has no best.json"
+    return Chosen(newest, "newest", f"{name} (newest after {newest['epoch']} epoch(s); {why})",
+                  warnings_, info)
+
+
+def build_model(cfg: config_lib.Config, run_dir: str, input_shape=None,
+                chosen: Chosen | None = None):
     """The run's U-Net (for inputs of ``input_shape``: the 2D slice or the 3D window;
-    None: ``image_size`` on every axis) with the weights of its newest checkpoint.
+    None: ``image_size`` on every axis) with the weights of checkpoint ``chosen``
+    (None: ``choose_checkpoint``'s default, the best else the newest).
 
     Raises:
       InputError: no checkpoint, or one of another model or class count.
     """
     from distseg.networks import models
-    entry = checkpoint.latest(run_dir)
-    if entry is None:
-        raise InputError(f"{run_dir}: no checkpoint to predict with "
-                         f"({rundir.CHECKPOINT_DIR}/{rundir.LATEST_CHECKPOINT})")
+    entry = (chosen or choose_checkpoint(run_dir)).entry
     net = models.build(cfg.model, input_shape, run_dir=run_dir)
     try:
         with warnings.catch_warnings():
@@ -224,14 +312,22 @@ def predictor(net, spatial_dims: int) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def network(cfg: config_lib.Config, opts: Options, data_path: str | None) -> Network:
-    """The run's newest checkpoint as the sliding-window inferer runs it."""
+    """The run's checkpoint (``opts.which``: the best, else the newest) as the
+    sliding-window inferer runs it, with test-time mirroring where the run's
+    ``postprocessing.json`` (or ``--tta``) says so."""
     window = model_window(cfg, data_path, opts.run_dir)
-    net = build_model(cfg, opts.run_dir, input_shape(cfg, window))
+    chosen = choose_checkpoint(opts.run_dir, opts.which)
+    net = build_model(cfg, opts.run_dir, input_shape(cfg, window), chosen)
     batch = opts.batch_size or (SLICE_BATCH if cfg.model.spatial_dims == 2 else cfg.train.batch_size)
     overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
     if not 0.0 <= overlap < 1.0:
         raise InputError(f"--overlap {overlap}: expected 0 <= overlap < 1")
-    return Network(predictor(net, cfg.model.spatial_dims), window, batch, overlap)
+    names = list(cfg.model.class_names) or h5format.default_class_names(cfg.model.num_classes)
+    post = postprocess.choose(opts.run_dir, names, chosen.stem, opts.tta, opts.postprocess)
+    fn = predictor(net, cfg.model.spatial_dims)
+    if post.mirror:
+        fn = postprocess.mirrored(fn, postprocess.mirror_axes(window))
+    return Network(fn, window, batch, overlap, chosen, post)
 
 
 def data_file(cfg: config_lib.Config, opts: Options) -> str | None:
@@ -288,7 +384,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
     """
     import json
     path = data_file(cfg, opts)
-    described, where, table, channel_names = None, "defaults", None, ()
+    described, where, table, channel_names, target = None, "defaults", None, (), None
     size = cfg.model.image_size if cfg.model.spatial_dims == 2 else 0
     names = list(getattr(cfg.model, "class_names", ()) or h5format.default_class_names(cfg.model.num_classes))
     channels = int(getattr(cfg.model, "in_channels", 0) or 1)
@@ -301,6 +397,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
             raise InputError(f"{path}: images of {file_channels} channel(s), but the model of "
                              f"{opts.run_dir} takes {channels}")
         where = f"attributes of {path}"
+        target = h5format.target_spacing_of(path, attrs)
         names = list(attrs.get("class_names", names))
         if "preprocessing" in attrs:
             described = json.loads(attrs["preprocessing"])
@@ -317,7 +414,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
     n = cfg.model.num_classes
     names = (names + [f"class{c}" for c in range(len(names), n)])[:n]
     prep = Preprocessing(intensities[0], int(size), channel, where,
-                         intensities if channels > 1 else (), tuple(channel_names))
+                         intensities if channels > 1 else (), tuple(channel_names), target)
     return TrainingData(prep, tuple(names), table, path)
 
 
@@ -429,24 +526,20 @@ def segment(voxels, affine: np.ndarray, prep: Preprocessing, net: Network) -> np
     The scan is preprocessed as ``distseg-data convert`` made the training data
     (``intensity.forward_channels``: RAS slice layout, each channel's window or MR
     normalisation, slices resampled linearly to ``prep.size``, or left on the scan's
-    own grid when it is 0; then, for a 2D model trained with ``--resize``, the bilinear
-    resize training applied). ``sliding.sliding_window`` predicts the whole volume
-    window by window (one slice per window for a 2D model), and the class
-    probabilities are resampled linearly back onto each slice's own grid before the
-    argmax.
+    own grid when it is 0, or with ``prep.spacing`` resampled to that spacing and
+    centre cropped or padded to ``prep.size``; then, for a 2D model trained with
+    ``--resize``, the bilinear resize training applied). ``sliding.sliding_window``
+    predicts the whole volume window by window (one slice per window for a 2D model),
+    and the class probabilities are resampled linearly back onto the scan's own grid
+    before the argmax (``geometry.labels_on_scan``, the inverse of the same geometry).
     """
     channels = (voxels,) if isinstance(voxels, sources.Voxels) else tuple(voxels)
-    geom = geometry.Geometry.of(affine, channels[0].raw.shape, size=prep.size)
+    geom = geometry.Geometry.of(affine, channels[0].raw.shape, size=prep.size, target=prep.spacing)
     volume = _to_model_size(forward_channels(channels, geom, prep.intensities)[0], net.window)
     probs = sliding.sliding_window(net.predict, volume, net.window, net.overlap,
                                    batch=net.batch_size)
     del volume
-    depth, h, w = geom.slices_shape
-    out = np.empty((depth, h, w), dtype=np.uint8)
-    for start in range(0, depth, 32):
-        back = geometry.resample(probs[start:start + 32], h, w, order=1)
-        out[start:start + len(back)] = np.argmax(back, axis=-1)
-    return np.ascontiguousarray(geometry.from_slices(out, geom.ornt))
+    return geometry.labels_on_scan(probs, geom)
 
 
 def write_segmentation(path: str, seg: np.ndarray, img) -> None:
@@ -491,6 +584,8 @@ def predict_scan(scan: Scan, prep: Preprocessing, net: Network, opts: Options,
     img, voxels = sources.case_channels(scan.files, prep.channel)
     seg = segment(voxels, img.affine, prep, net)
     del voxels
+    if net.post.largest:  # on the whole volume: a 2D run's slices are one case here
+        seg = postprocess.keep_largest(seg, net.post.largest)
     output = os.path.join(opts.out, f"{scan.name}_seg.nii.gz")
     write_segmentation(output, seg, img)
     result = Result(scan.name, output, 0.0)
@@ -592,7 +687,7 @@ def run(opts: Options) -> Outcome:
 def summarise(outcome: Outcome, known: TrainingData, net: Network, opts: Options, cases: int,
               ranks: int) -> None:
     """Rank 0: ``metrics.csv`` and the lines to print."""
-    outcome.lines = [f"preprocessing: {known.prep.describe()}; {net.describe()}; "
+    outcome.lines = [*net.notes(), f"preprocessing: {known.prep.describe()}; {net.describe()}; "
                      f"{cases} case(s) on {ranks} rank(s)"]
     if any(r.scores is not None for r in outcome.results):
         outcome.csv = os.path.join(opts.out, "metrics.csv")

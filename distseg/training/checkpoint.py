@@ -14,13 +14,21 @@ Layout under ``RUN/checkpoints/``, one stem per checkpoint (the names are
     epoch-0003-step-000012.*        a checkpoint 12 steps into epoch index 3 (written
                                     when a signal stops the run)
     latest.json                     the newest manifest's name
+    best.json                       the best checkpoint's stem, epochs, EMA of the
+                                    validation Dice and raw Dice (``training.best``)
 
 Every file is written to a temporary name and renamed (``distseg.core.partial``), the
 manifest last, so a job killed mid-write leaves the previous checkpoint whole. A save
 that fails (a full disk) removes what it wrote of its checkpoint and raises
 ``WriteError`` (exit 1) naming the directory and the file. ``find`` checks the
 checksums and falls back to an older checkpoint when the newest is damaged. The last
-``keep`` checkpoints are kept.
+``keep`` checkpoints are kept, and the one ``best.json`` names besides them.
+
+``best.json`` is written with the checkpoint it names, after ``latest.json``, when the
+checkpoint's position says it is the new best (``Position.best``, the ``best.BestDice``
+part's state). ``best`` reads it back for ``distseg-predict``: a run without one (from
+before it was kept, or trained without validation) has no best, and a damaged one, or
+one naming a damaged checkpoint, is a warning and no best.
 """
 
 from __future__ import annotations
@@ -86,6 +94,11 @@ class Position:
     averages, the lr's clocks and the batch policy, so ``--resume`` continues them where
     they were (None in checkpoints from before it was kept: the averages start afresh).
     Manifests written before the state had its name hold it as ``scaling``."""
+    best: dict | None = None
+    """The best-checkpoint part's state (``best.BestDice.state()``: the EMA of the
+    validation Dice, the best so far), so ``--resume`` continues the EMA exactly. When
+    its ``mark`` is set, this checkpoint is the new best and ``write`` points
+    ``best.json`` at it. None: no such part (older checkpoints, tests)."""
 
 
 def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
@@ -200,8 +213,11 @@ def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankSt
         partial.write_json(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
                           {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
                            "step": position.step})
+        if position.best and position.best.get("mark") and not position.step:
+            what = rundir.BEST_CHECKPOINT
+            write_best(ckdir, name, position)
         what = "removing older checkpoints"
-        rotate(ckdir, keep)
+        rotate(ckdir, keep, protect=best_stem(ckdir))
     except OSError as e:
         if not os.path.exists(manifest_path):  # files without their manifest: no checkpoint
             for path in files.values():
@@ -219,15 +235,72 @@ def stems(ckdir: str) -> list[str]:
                    if rundir.stem_of(f) and not rundir.is_temporary(f)})
 
 
-def rotate(ckdir: str, keep: int) -> list[str]:
-    """Removes the files of all but the newest ``keep`` checkpoints; returns the stems
-    removed."""
-    removed = stems(ckdir)[:-keep] if keep > 0 else []
+def rotate(ckdir: str, keep: int, protect: str | None = None) -> list[str]:
+    """Removes the files of all but the newest ``keep`` checkpoints and ``protect`` (the
+    best checkpoint's stem); returns the stems removed."""
+    removed = [s for s in (stems(ckdir)[:-keep] if keep > 0 else []) if s != protect]
     for old in removed:
         for f in os.listdir(ckdir):
             if rundir.stem_of(f) == old:
                 os.remove(os.path.join(ckdir, f))
     return removed
+
+
+def write_best(ckdir: str, name: str, position: Position) -> None:
+    """``best.json``: checkpoint ``name`` is the new best; its epochs, the EMA of the
+    mean foreground validation Dice and the epoch's raw Dice (``position.best``)."""
+    best = position.best["best"]
+    partial.write_json(os.path.join(ckdir, rundir.BEST_CHECKPOINT), {
+        "stem": name, "manifest": rundir.manifest_name(name), "epoch": position.epoch,
+        "ema_dice": best["ema"], "dice": best["dice"], "val_dice": best.get("val_dice", {}),
+        "ema_weight": position.best.get("weight")})
+
+
+def best_stem(ckdir: str) -> str | None:
+    """The stem ``best.json`` names (None: no file, or one that cannot be read): the
+    checkpoint rotation keeps."""
+    try:
+        with open(os.path.join(ckdir, rundir.BEST_CHECKPOINT), encoding="utf-8") as f:
+            stem = json.load(f)["stem"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return stem if isinstance(stem, str) else None
+
+
+def read_best(run_dir: str) -> dict | None:
+    """``best.json`` of a run (None: the run has none).
+
+    Raises:
+      InputError: a file that is not JSON, or lacks ``stem``, ``epoch`` or ``ema_dice``.
+    """
+    path = rundir.best_path(run_dir)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+        for key, kind in (("stem", str), ("epoch", int), ("ema_dice", (int, float))):
+            if not isinstance(info[key], kind):
+                raise TypeError(f"field {key} is {info[key]!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not a best-checkpoint file ({type(e).__name__}: {e}); "
+                         "expected stem, epoch and ema_dice") from e
+    return info
+
+
+def best(run_dir: str) -> tuple[dict | None, dict | None, str | None]:
+    """(the best checkpoint's entry, ``best.json``'s content, a warning). A run without
+    ``best.json`` gives (None, None, None); a damaged file, or one naming a missing or
+    damaged checkpoint, gives (None, None, the warning): the caller takes the newest."""
+    try:
+        info = read_best(run_dir)
+        if info is None:
+            return None, None, None
+        entry = manifest_entry(rundir.checkpoint_dir(run_dir), rundir.manifest_name(info["stem"]),
+                               verify=True)
+    except InputError as e:
+        return None, None, str(e)
+    return entry, info, None
 
 
 def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:

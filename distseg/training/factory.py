@@ -1,6 +1,7 @@
 """What a run trains with, built from its config in one place: the model and its
 optimizer (``build_state``), the train step of a batch size (``train_step``,
-``TrainSteps``), the evaluation and forward steps, the batch transform
+``TrainSteps``), the evaluation and forward steps (and precise BatchNorm's
+training-mode forward pass), the batch transform
 (``transform``) and the blank batch a rank steps with when its read failed
 (``stand_in``).
 
@@ -32,16 +33,28 @@ class State(NamedTuple):
     synced: list
 
 
+def make_optimizer(t: config_lib.TrainConfig):
+    """The optimizer of ``train.optimizer`` (Adam, or SGD with Nesterov momentum), with
+    the config's weight decay and gradient-norm clipping; its lr is set by ``lr.assign``."""
+    import keras
+
+    options = {"weight_decay": t.weight_decay or None, "global_clipnorm": t.clip_norm or None}
+    if t.optimizer == "sgd":
+        return keras.optimizers.SGD(momentum=t.momentum, nesterov=True, **options)
+    return keras.optimizers.Adam(**options)
+
+
 def model_and_optimizer(cfg: config_lib.Config, input_shape: Sequence[int], seed: int):
-    """``cfg``'s network (``networks.models.build``) and an Adam optimizer at
-    ``train.lr``, built with its slots, the random state seeded with ``seed`` first."""
+    """``cfg``'s network (``networks.models.build``) and its optimizer
+    (``make_optimizer``) at ``train.lr``, built with its slots, the random state seeded
+    with ``seed`` first."""
     import keras
 
     from distseg.networks import models
 
     keras.utils.set_random_seed(seed)
     model = models.build(cfg.model, input_shape, run_dir=cfg.run_dir)
-    optimizer = keras.optimizers.Adam()
+    optimizer = make_optimizer(cfg.train)
     lr.assign(optimizer, cfg.train.lr)
     optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -81,6 +94,13 @@ def eval_step(cfg: config_lib.Config, model, input_shape: Sequence[int]):
 def predict_step(model, input_shape: Sequence[int]):
     """The forward pass of ``model`` (``steps.make_predict_step``)."""
     return steps.make_predict_step(model, input_shape)
+
+
+def statistics_forward(model, input_shape: Sequence[int]):
+    """The training-mode forward pass that moves BatchNorm's statistics
+    (``precisebn.make_forward``)."""
+    from distseg.training import precisebn
+    return precisebn.make_forward(model, input_shape)
 
 
 def transform(cfg: config_lib.Config):

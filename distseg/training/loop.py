@@ -33,8 +33,9 @@ from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
+from distseg.training import best as best_lib
 from distseg.training import board as board_lib
-from distseg.training import checkpoint, factory, records, resume, startup, steps, stopping, validation
+from distseg.training import checkpoint, factory, precisebn, records, resume, startup, steps, stopping, validation
 from distseg.training import elastic as elastic_lib
 from distseg.training.observers import Console, Timeline
 from distseg.training.plan import PlannedBatches, origin_step
@@ -59,13 +60,40 @@ def training_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
 
 
 def open_observers(s: Session, resources: contextlib.ExitStack) -> tuple:
-    """The observers, in the order every rank calls them: the timeline (it stops
-    Horovod's timeline after a step), TensorBoard (its epoch end is a collective), the
-    console."""
+    """The observers, in the order every rank calls them: precise BatchNorm (its epoch's
+    end is a collective, before validation), the timeline (it stops Horovod's timeline
+    after a step), TensorBoard (its epoch end is a collective), the console, the best
+    checkpoint's EMA (``best``; its line follows the epoch's)."""
     board = board_lib.open_board(s.cfg.run_dir, s.ctx, s.global_step, s.start_time,
                                  s.cfg.train.tensorboard, resources)
     timeline = Timeline(s.cfg.run_dir, s.ctx, s.origin[0])
-    return tuple(p for p in (timeline, board, s.console) if p is not None)
+    best = best_lib.BestDice.open(s.cfg.train, s.resumed, s.console)
+    return tuple(p for p in (precise_batchnorm(s), timeline, board, s.console, best)
+                 if p is not None)
+
+
+def precise_batchnorm(s: Session) -> precisebn.PreciseBatchNorm | None:
+    """The precise-BatchNorm part under ``train.precise_bn`` (None: off, or no
+    BatchNorm in the model)."""
+    steps_ = s.cfg.train.precise_bn
+    if not steps_ or not precisebn.batchnorm_layers(s.model):
+        return None
+    forward = factory.statistics_forward(s.model, s.feed.input_shape)
+    return precisebn.PreciseBatchNorm(s.model, forward, functools.partial(training_images, s),
+                                      steps_, dist.allreduce_many, s.ctx.size)
+
+
+def training_images(s: Session, epoch: int, steps_: int) -> list:
+    """This rank's images of the first ``steps_`` steps of ``epoch`` under the plan in
+    force, read and augmented as training read them."""
+    out = []
+    for ids in s.plan.batches(s.feed.train_ids, s.ctx.rank, s.ctx.size, epoch,
+                              s.cfg.train.seed)[:steps_]:
+        images, masks = s.reader.read(ids, epoch)
+        if s.batches.transform is not None:
+            images, masks = s.batches.transform(ids, epoch, images, masks)
+        out.append(images)
+    return out
 
 
 def watch_collectives(s: Session, resources: contextlib.ExitStack) -> None:
@@ -230,7 +258,7 @@ def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
     position = checkpoint.Position(
         epoch=result.epoch + (0 if step else 1), step=step, global_step=s.global_step,
         size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start,
-        training=s.training.state())
+        training=s.training.state(), best=best_lib.kept(s.observers))
     seen, losses, local = ((result.seen, result.losses, result.losses_local) if step
                            else ([], [], []))
     mine = resume.rank_state(s.model, seen, losses, local)

@@ -1,4 +1,5 @@
-"""``--precision auto``: the precision a run trains in, decided by measuring at its start.
+"""``--precision auto``: the precision a run trains in, decided by measuring once per
+configuration.
 
 bfloat16 pays only where the CPU has native bfloat16 arithmetic, and not always there:
 it sped the demo step up on one CPU and slowed it down on another whose oneDNN also
@@ -8,6 +9,19 @@ decide. Where every rank's CPU reports ``avx512_bf16`` or ``amx_bf16``, the run 
 all ranks together; the slowest rank's median decides (a synchronous step waits for
 it), and bfloat16 is kept only at ``MIN_SPEEDUP`` or more. Where any rank reports
 neither flag, float32 without a trial. A resumed run keeps what its config.json holds.
+
+The answer depends only on what ``cache_facts`` lists (the CPUs, TensorFlow and its
+oneDNN, the model, the input, the per-rank batch, the threads and the ranks), so it is
+kept (``precision_cache``) and a later launch of the same configuration takes it
+without a trial: rank 0 reads the cache and broadcasts what it found, so every rank
+takes the same decision. ``--precision-trial always`` measures again.
+
+No rank fails alone in the trial: reading the batch, building each model and tracing
+each step run inside agreement points (``agreement.agree``) before the next collective,
+and a rank whose timed step fails steps once more with a blank batch and the failed
+flag, so the others leave the step's allreduce and raise the same error with it.
+``DISTSEG_FAIL_PRECISION_TRIAL`` (``FAIL_ENV``) is the test hook that makes one rank
+fail in one of these pieces.
 
 The trial leaves no trace: each precision's model is built from the run's own seed and
 broadcast as the run's would be, its variables (weights, BatchNorm statistics, dropout
@@ -20,17 +34,20 @@ optimizer and traced step are the run's: its first step is not traced twice.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from distseg.core import config as config_lib
+from distseg.core.errors import Interrupted, RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, steps
+from distseg.training import factory, precision_cache, steps
 from distseg.training.plan import EpochPlan
 
 #: /proc/cpuinfo flags of native bfloat16 arithmetic (AVX-512 BF16, AMX).
@@ -39,6 +56,10 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 MIN_SPEEDUP = 1.10
 #: Steps timed per precision, after the one that traces the step.
 TIMED_STEPS = 3
+#: Test hook: ``RANK`` or ``RANK:PIECE`` makes that rank raise in that piece of the
+#: trial (``PIECES``; ``step`` when not given), as a real failure there would.
+FAIL_ENV = "DISTSEG_FAIL_PRECISION_TRIAL"
+PIECES = ("batch", "build", "trace", "step")
 
 
 def bf16_flags(cpuinfo: str) -> list[str]:
@@ -51,19 +72,37 @@ def bf16_flags(cpuinfo: str) -> list[str]:
     return []
 
 
+def cpu_model(cpuinfo: str) -> str:
+    """The CPU's ``model name`` in ``cpuinfo`` ("" where it gives none)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name") and ":" in line:
+            return " ".join(line.split(":", 1)[1].split())
+    return ""
+
+
 #: Where ``read_bf16_flags`` reads the CPU's description: /proc/cpuinfo, or another
 #: machine's copy (the tests decide for a CPU without bfloat16 on one that has it).
 CPUINFO_ENV = "DISTSEG_CPUINFO"
 
 
-def read_bf16_flags(path: str | None = None) -> list[str]:
-    """``bf16_flags`` of this machine (none where its description cannot be read)."""
+def _cpuinfo(path: str | None = None) -> str:
     path = path or os.environ.get(CPUINFO_ENV, "/proc/cpuinfo")
     try:
-        with open(path) as f:
-            return bf16_flags(f.read())
+        with open(path, errors="replace") as f:
+            return f.read()
     except OSError:
-        return []
+        return ""
+
+
+def read_bf16_flags(path: str | None = None) -> list[str]:
+    """``bf16_flags`` of this machine (none where its description cannot be read)."""
+    return bf16_flags(_cpuinfo(path))
+
+
+def read_cpu(path: str | None = None) -> dict:
+    """This machine's CPU as the decision sees it: its model name and bfloat16 flags."""
+    text = _cpuinfo(path)
+    return {"model": cpu_model(text), "flags": bf16_flags(text)}
 
 
 def choose(seconds: dict[str, float]) -> str:
@@ -97,9 +136,102 @@ def _with_precision(cfg: config_lib.Config, precision: str) -> config_lib.Config
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 
+# --- what decides: the cache's key ---------------------------------------------------
+
+#: The train fields that change what the step computes (and so its speed).
+STEP_FIELDS = ("loss", "optimizer", "weight_decay", "clip_norm", "compression")
+#: Model fields that change nothing the step computes.
+MODEL_IGNORED = ("precision", "class_names", "fn")
+#: What a ``--model-fn`` model is, for the key: its source's hash and arguments (the
+#: U-Net's own fields are unused with it).
+MODEL_FN_FIELDS = ("fn_sha256", "args", "spatial_dims", "in_channels", "num_classes")
+
+
+def model_facts(model: config_lib.ModelConfig) -> dict:
+    """The model's config as the key holds it: the ``model`` section without the
+    precision (what is decided) and the class names; for ``--model-fn``, its source's
+    SHA-256 and arguments, not the path it was loaded from."""
+    fields = dataclasses.asdict(model)
+    if model.fn:
+        return {k: fields[k] for k in MODEL_FN_FIELDS}
+    return {k: v for k, v in fields.items() if k not in MODEL_IGNORED + MODEL_FN_FIELDS[:2]}
+
+
+def software() -> dict:
+    """The versions the step's speed depends on. TensorFlow bundles its oneDNN, so its
+    version and build name oneDNN's; whether oneDNN is on is ``steps.onednn_enabled``."""
+    import keras
+    import tensorflow as tf
+    try:
+        distseg_version = importlib.metadata.version("distseg")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        distseg_version = "source"
+    return {"tensorflow": tf.__version__, "tensorflow_build": tf.__git_version__,
+            "onednn": steps.onednn_enabled(), "keras": keras.__version__,
+            "distseg": distseg_version}
+
+
+def threads_in_force() -> list[int]:
+    """TensorFlow's (intra-op, inter-op) threads of this rank, as start-up set them."""
+    import tensorflow as tf
+    return [tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads()]
+
+
+def cache_facts(cfg: config_lib.Config, ctx: dist.Context, input_shape, plan: EpochPlan,
+                static: int | None, cpus: list[dict], versions: dict, threads: list[int]) -> dict:
+    """Everything the trial's answer depends on, the cache's key: every rank's CPU
+    (model name and bfloat16 flags, each kind once), the software, the model, the
+    step's loss and optimizer, the input shape, the per-rank batch (and whether the
+    step is traced for it), the threads per rank, the ranks and ranks per node."""
+    cpu_kinds = sorted({(c["model"], tuple(c["flags"])) for c in cpus})
+    return {"cpus": [{"model": m, "flags": list(f)} for m, f in cpu_kinds],
+            "software": versions, "model": model_facts(cfg.model),
+            "step": {k: getattr(cfg.train, k, None) for k in STEP_FIELDS},
+            "input_shape": [int(n) for n in input_shape],
+            "batch_per_rank": plan.batch.per_rank, "static_batch": static,
+            "threads": threads, "ranks": ctx.size, "ranks_per_node": ctx.local_size}
+
+
+# --- the trial, piece by agreed piece -----------------------------------------------
+
+
+def _injected(ctx: dist.Context, piece: str) -> None:
+    """Raises where ``FAIL_ENV`` asks this rank to fail in ``piece`` (a test hook)."""
+    spec = os.environ.get(FAIL_ENV, "")
+    rank, _, where = spec.partition(":")
+    if spec and rank.strip() == str(ctx.rank) and (where.strip() or "step") == piece:
+        # Said as it happens, so a test can time how fast every rank learns of it.
+        sys.stderr.write(f"{FAIL_ENV}: rank {ctx.rank} fails in the trial's {piece} piece\n")
+        sys.stderr.flush()
+        raise RuntimeError(f"failure injected in the {piece} piece ({FAIL_ENV}={spec})")
+
+
+def _failure(what: str, e: BaseException) -> tuple[str, int]:
+    message, code = agreement.failure_of(e)
+    return f"--precision auto's trial, {what}: {message}", code
+
+
+def _named(what: str, fn, *args):
+    """``fn(*args)``, its error re-raised as a ``RunError`` that names the piece."""
+    try:
+        return fn(*args)
+    except Interrupted:
+        raise
+    except Exception as e:  # noqa: BLE001 - named here, shared by agreement.agree
+        raise RunError(*_failure(what, e)) from e
+
+
+def _agreed(what: str, fn, *args):
+    """Collective: ``fn(*args)`` on every rank; a failure on any raises the same
+    ``RunError`` on every rank, naming the piece ``what`` and the rank."""
+    return agreement.agree(_named, what, fn, *args)
+
+
 def _first_batch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed):
     """This rank's first batch of the run, read by a reader of its own, and the static
     batch size the step is traced for."""
+    _injected(ctx, "batch")
     plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
     ids = plan.batches(feed.train_ids, ctx.rank, ctx.size, 0, cfg.train.seed)[0]
     with feed.open_reader() as reader:
@@ -122,24 +254,60 @@ class _Candidate:
         return steps.trial_variables(model, optimizer)
 
 
+def _build(cfg: config_lib.Config, ctx: dist.Context, input_shape) -> factory.State:
+    """This rank's model and optimizer as the run builds them, not yet broadcast."""
+    _injected(ctx, "build")
+    return factory.build_state(cfg, ctx, input_shape, broadcast=False)
+
+
+def _trace(cfg: config_lib.Config, ctx: dist.Context, state, input_shape, static):
+    """``state``'s train step, traced (no step runs: tracing needs no other rank)."""
+    _injected(ctx, "trace")
+    step = factory.train_step(cfg, state, input_shape, ctx.size, static)
+    step.get_concrete_function()
+    return step
+
+
 def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch):
     """Collective: ``cfg``'s state, built as the run builds it, and its step, traced on
-    ``batch``."""
-    images, masks, static = batch
-    state = factory.build_state(cfg, ctx, feed.input_shape)
-    step = factory.train_step(cfg, state, feed.input_shape, ctx.size, static)
-    candidate = _Candidate(state, step, [])
-    candidate.kept = [v.numpy() for v in candidate.variables]
-    float(step(images, masks, np.zeros(2, np.float32)).loss)  # traces the step
+    ``batch`` and run once; each piece agreed before the next collective."""
+    p = cfg.model.precision
+    state = _agreed(f"building the {p} model", _build, cfg, ctx, feed.input_shape)
+    # Horovod: every rank starts from rank 0's weights and optimizer state, as the run's.
+    dist.broadcast_variables(state.synced, root=0)
+    kept = [v.numpy() for v in steps.trial_variables(state.model, state.optimizer)]
+    step = _agreed(f"tracing the {p} step", _trace, cfg, ctx, state, feed.input_shape, batch[2])
+    candidate = _Candidate(state, step, kept)
+    _step(candidate, batch, ctx, f"the first {p} step")
     return candidate
 
 
-def _time_step(candidate: _Candidate, batch) -> None:
-    """Collective: one more timed step of ``candidate``."""
+def _flags(failed: bool) -> np.ndarray:
+    flags = np.zeros(2, np.float32)
+    flags[steps.FAILED] = 1.0 if failed else 0.0
+    return flags
+
+
+def _step(candidate: _Candidate, batch, ctx: dist.Context, what: str) -> float:
+    """Collective: one step of ``candidate``, its seconds. A rank whose step fails
+    steps again on a blank batch with the failed flag (the failure rides the step's
+    allreduce, as a failed read does in training), and every rank raises it."""
     images, masks, _ = batch
+    failure = None
     start = time.perf_counter()
-    float(candidate.step(images, masks, np.zeros(2, np.float32)).loss)
-    candidate.seconds.append(time.perf_counter() - start)
+    try:
+        _injected(ctx, "step")
+        out = candidate.step(images, masks, _flags(False))
+        float(out.loss)
+    except Interrupted:
+        raise
+    except Exception as e:  # noqa: BLE001 - shared through the step's flags
+        failure = _failure(what, e)
+        out = candidate.step(np.zeros_like(images), np.zeros_like(masks), _flags(True))
+    seconds = time.perf_counter() - start
+    if steps.Flags.of(out.flags).failed:
+        agreement.raise_agreed(failure)
+    return seconds
 
 
 def _put_back(candidate: _Candidate) -> None:
@@ -151,24 +319,28 @@ def _trial(cfg, ctx, feed, flags: list) -> Decision:
     """Collective: both precisions timed on every rank, in alternation (a drift of a
     shared machine's speed then touches both alike); the slowest rank's decide."""
     start = time.perf_counter()
-    batch = agreement.agree(_first_batch, cfg, ctx, feed)
+    batch = _agreed("reading its first batch", _first_batch, cfg, ctx, feed)
     candidates = {p: _prepare(_with_precision(cfg, p), ctx, feed, batch)
                   for p in config_lib.PRECISIONS}
-    for _ in range(TIMED_STEPS):
-        for candidate in candidates.values():
-            _time_step(candidate, batch)
+    for i in range(TIMED_STEPS):
+        for p, candidate in candidates.items():
+            candidate.seconds.append(_step(candidate, batch, ctx, f"{p} timed step {i + 1}"))
     slowest = slowest_rank({p: statistics.median(c.seconds) for p, c in candidates.items()})
     choice = choose(slowest)
     chosen = candidates[choice]
     _put_back(chosen)
     speedup = slowest["float32"] / slowest["bfloat16"]
+    trial_s = time.perf_counter() - start
     record = {"requested": config_lib.AUTO, "flags": flags, "seconds": slowest,
               "speedup": speedup, "choice": choice, "steps": TIMED_STEPS,
-              "trial_s": time.perf_counter() - start,
+              "trial_s": trial_s, "decision_s": trial_s, "source": "trial",
               "reason": f"bfloat16 step {speedup:.2f}x float32's "
                         f"(kept at {MIN_SPEEDUP:.2f}x or more)"}
     static = batch[2]
     return Decision(_with_precision(cfg, choice), record, chosen.state, {static: chosen.step})
+
+
+# --- the decision ---------------------------------------------------------------------
 
 
 def without_trial(cfg: config_lib.Config) -> config_lib.Config:
@@ -177,18 +349,81 @@ def without_trial(cfg: config_lib.Config) -> config_lib.Config:
     return _with_precision(cfg, "float32") if cfg.model.precision == config_lib.AUTO else cfg
 
 
+def say(ctx: dist.Context, message: str) -> None:
+    """Rank 0's line on stderr (the run's console opens after start-up)."""
+    if ctx.is_root():
+        sys.stderr.write(f"{message}\n")
+        sys.stderr.flush()
+
+
+def _no_flag(cfg: config_lib.Config, ctx: dist.Context, flags: list) -> Decision:
+    record = {"requested": config_lib.AUTO, "flags": flags, "seconds": None,
+              "choice": "float32", "trial_s": 0.0, "decision_s": 0.0, "source": "flags",
+              "reason": "no bfloat16 flag (avx512_bf16, amx_bf16) on "
+                        f"{'this' if ctx.size == 1 else 'some rank'}'s CPU: no trial"}
+    return Decision(_with_precision(cfg, "float32"), record)
+
+
+def _lookup(cache: precision_cache.Cache | None, facts: dict):
+    """Rank 0's kept decision for ``facts`` (None elsewhere, on a miss, and under
+    ``--precision-trial always``); raises only for a bad ``$DISTSEG_PRECISION_TRIAL``."""
+    if cache is None or precision_cache.trial_mode() == "always":
+        return None
+    return cache.lookup(facts)
+
+
+def _from_cache(cfg: config_lib.Config, ctx: dist.Context, entry, flags: list,
+                start: float) -> Decision:
+    """The decision a kept ``entry`` holds, for the run record and the console."""
+    o = entry.outcome
+    record = {"requested": config_lib.AUTO, "flags": flags, "seconds": o["seconds"],
+              "speedup": o["speedup"], "choice": o["choice"], "steps": o.get("steps"),
+              "trial_s": 0.0, "decision_s": time.perf_counter() - start, "source": "cache",
+              "cached": {"from": entry.measured_at, "trial_s": o["trial_s"], "file": entry.path},
+              "reason": f"cached, from {entry.measured_at}: {o.get('reason', '')}".rstrip(": ")}
+    say(ctx, f"precision auto: {o['choice']}, cached, from {entry.measured_at} "
+             f"({entry.path}; a {o['trial_s']:.1f} s trial skipped, "
+             "--precision-trial always measures again)")
+    return Decision(_with_precision(cfg, o["choice"]), record)
+
+
+def _keep(cache: precision_cache.Cache | None, facts: dict, record: dict) -> str | None:
+    """Rank 0 keeps the trial's outcome (None elsewhere, or where it cannot)."""
+    if cache is None:
+        return None
+    outcome = {k: record[k] for k in ("choice", "seconds", "speedup", "steps", "trial_s",
+                                      "reason")}
+    return cache.store(facts, outcome)
+
+
+def _facts(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, cpus: list) -> dict:
+    plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
+    static = plan.static_batch(len(feed.train_ids), ctx.size)
+    return cache_facts(cfg, ctx, feed.input_shape, plan, static, cpus, software(),
+                       threads_in_force())
+
+
 def decide(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Decision:
-    """Collective: the precision a new run trains in; where a trial ran, the chosen
+    """Collective: the precision a new run trains in: kept from an earlier launch of
+    the same configuration, else measured (and kept); where a trial ran, the chosen
     precision's state and traced step too (nothing is built otherwise)."""
     if cfg.model.precision != config_lib.AUTO:
         return Decision(cfg, None)
-    flags = read_bf16_flags()
-    # Horovod: every rank's flags; one rank without bfloat16 decides for all.
-    if not all(dist.allgather_object(flags)):
-        chosen = _with_precision(cfg, "float32")
-        record = {"requested": config_lib.AUTO, "flags": flags, "seconds": None,
-                  "choice": "float32", "trial_s": 0.0,
-                  "reason": "no bfloat16 flag (avx512_bf16, amx_bf16) on "
-                            f"{'this' if ctx.size == 1 else 'some rank'}'s CPU: no trial"}
-        return Decision(chosen, record)
-    return _trial(cfg, ctx, feed, flags)
+    start = time.perf_counter()
+    cpu = read_cpu()
+    # Horovod: every rank's CPU; one rank without bfloat16 decides for all.
+    cpus = dist.allgather_object(cpu)
+    if not all(c["flags"] for c in cpus):
+        return _no_flag(cfg, ctx, cpu["flags"])
+    facts = _agreed("describing the configuration", _facts, cfg, ctx, feed, cpus)
+    cache = precision_cache.Cache(warn=lambda m: say(ctx, f"warning: {m}")) if ctx.is_root() else None
+    # Rank 0 reads the cache; every rank takes what it found (a hit or a miss for all).
+    entry = dist.broadcast_object(agreement.agree(_lookup, cache, facts))
+    if entry is not None:
+        return _from_cache(cfg, ctx, entry, cpu["flags"], start)
+    decided = _trial(cfg, ctx, feed, cpu["flags"])
+    kept = agreement.agree(_keep, cache, facts, decided.record)
+    say(ctx, f"precision auto: {decided.record['choice']} from a "
+             f"{decided.record['trial_s']:.1f} s trial: {decided.record['reason']}"
+             + (f"; kept in {kept}" if kept else ""))
+    return decided

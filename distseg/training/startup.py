@@ -122,14 +122,29 @@ def prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
     if resuming:
         return _resumed(cfg, ctx, feed)
     check_run_dir(cfg, ctx, resuming=False)
-    decided = precision.decide(cfg, ctx, feed)
-    state = decided.state or factory.build_state(decided.cfg, ctx, feed.input_shape)
-    train_steps = factory.TrainSteps(decided.cfg, state, feed.input_shape, ctx.size,
-                                     decided.traced)
-    found = lrfind.find(decided.cfg, ctx, feed, train_steps)
+    try:
+        decided = precision.decide(cfg, ctx, feed)
+        state = decided.state or factory.build_state(decided.cfg, ctx, feed.input_shape)
+        train_steps = factory.TrainSteps(decided.cfg, state, feed.input_shape, ctx.size,
+                                         decided.traced)
+        found = lrfind.find(decided.cfg, ctx, feed, train_steps)
+    except RunError:
+        _forget_probe(cfg.run_dir, ctx)
+        raise
     train_steps.cfg = found.cfg  # the one live config from here on
     agreement.agree(_write_config, found.cfg, ctx)
     return Prepared(found.cfg, state, train_steps, None, decided.record, found.record)
+
+
+def _forget_probe(run_dir: str, ctx: dist.Context) -> None:
+    """After an agreed failure before the config is written: the empty logs/ folder
+    the writability probe made is removed (by rank 0), so the directory does not look
+    like a run and the same command can be run again."""
+    if ctx.is_root():
+        try:
+            os.rmdir(rundir.log_dir(run_dir))
+        except OSError:
+            pass  # not empty (someone's files) or already gone: left as it is
 
 
 def _resumed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Prepared:

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from distseg.core import rundir
-from distseg.training import precision
+from distseg.training import precision, precision_cache
 
 import proc_group
 from proc_group import run_group
@@ -37,7 +37,10 @@ def _cpuinfo(tmp_path, text: str) -> str:
 
 
 def _train(*args, cpuinfo: str, ranks: int = 1):
-    env = command_env(**{precision.CPUINFO_ENV: cpuinfo})
+    # The test's own cache (beside the CPU's description): every launch here runs its trial.
+    env = command_env(**{precision.CPUINFO_ENV: cpuinfo,
+                         precision_cache.DIR_ENV: os.path.join(os.path.dirname(cpuinfo), "cache"),
+                         precision_cache.TRIAL_ENV: "always"})
     args = args if "--resume" in args else (*SMALL, *args)
     if ranks == 1:
         out = run_group([f"{BIN}/distseg-train", *args], env=env, timeout=TIMEOUT)

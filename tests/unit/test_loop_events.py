@@ -240,11 +240,11 @@ def test_a_resumed_launch_begins_at_its_checkpoint_and_a_stop_inside_an_epoch_ch
 
 
 def test_every_hook_reaches_the_observers_in_their_order(launches):
-    """Timeline, TensorBoard (when on), console, then the recorder: for every hook, each
+    """Timeline, TensorBoard (when on), console, best checkpoint, then the recorder: for every hook, each
     observer once and in that order, and nothing else in between."""
-    for seen, names in ((launches.new, ["Timeline", "Board", "Console"]),
-                        (launches.stopped, ["Timeline", "Console"]),
-                        (launches.resumed, ["Timeline", "Console"])):
+    for seen, names in ((launches.new, ["Timeline", "Board", "Console", "BestDice"]),
+                        (launches.stopped, ["Timeline", "Console", "BestDice"]),
+                        (launches.resumed, ["Timeline", "Console", "BestDice"])):
         before = []
         for event in seen.events:
             if event[0] == "observer":
