@@ -18,7 +18,7 @@ import numpy as np
 from distseg.core import batchplan
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
-from distseg.data import h5format, sharding, volumes
+from distseg.data import h5format, sharding, slabplan, volumes
 from distseg.data import slices as data
 
 
@@ -87,15 +87,16 @@ class VolumeFeed:
     whole validation volume."""
 
     def __init__(self, cfg: config_lib.Config, info: volumes.VolumeInfo,
-                 slab: Sequence[int]):
-        self.info, self.path, self.seed = info, cfg.data.path, cfg.train.seed
+                 slab: Sequence[int], plan: slabplan.Plan | None = None):
+        self.info, self.path, self.seed, self.plan = info, cfg.data.path, cfg.train.seed, plan
         self.foreground_fraction = cfg.data.foreground_fraction
         self.input_shape = tuple(int(s) for s in slab)
         self.train_ids = volumes.slab_ids(info, self.input_shape, "train")
         self.val_count = len(info.val_cases)
 
     def summary(self) -> dict:
-        return self.info.summary(self.input_shape)
+        planned = {} if self.plan is None else {"slab_plan": self.plan.describe()}
+        return {**self.info.summary(self.input_shape), **planned}
 
     def open_reader(self) -> volumes.SlabReader:
         return volumes.SlabReader(self.path, self.input_shape,
@@ -128,12 +129,12 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
     per_rank = batchplan.batch_plan(cfg.train, ranks).per_rank
     if cfg.model.spatial_dims == 3:
         info = volumes.examine(cfg.data.path, check_labels=check_labels)
-        cfg = _with_file_classes(cfg, info)
+        cfg, plan = planned_slab(_with_file_classes(cfg, info), info)
         slab = volumes.check_fit(info, ranks=ranks, batch_size=per_rank,
                                  slab=volumes.parse_slab(cfg.data.slab),
                                  num_classes=cfg.model.num_classes)
         _check_pooling(cfg, slab)
-        return Opened(cfg, VolumeFeed(cfg, info, slab))
+        return Opened(cfg, VolumeFeed(cfg, info, slab, plan))
     info = data.examine(cfg.data.path, check_labels=check_labels)
     cfg = _with_file_classes(cfg, info)
     data.check_fit(info, ranks=ranks, batch_size=per_rank, image_size=cfg.model.image_size,
@@ -160,11 +161,22 @@ def _with_file_classes(cfg: config_lib.Config, info) -> config_lib.Config:
         raise h5format.DatasetError(str(e)) from None
 
 
+def planned_slab(cfg: config_lib.Config, info: volumes.VolumeInfo):
+    """(``cfg`` with ``--slab auto`` planned from ``info``'s training volumes at the
+    per-rank batch of one process, the same at any rank count; the ``slabplan.Plan``,
+    or None where the config gave the slab)."""
+    batch = batchplan.batch_plan(cfg.train, 1).per_rank
+    return slabplan.resolve(cfg, info.shapes[info.train_cases], batch)
+
+
 def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
     """The model's input shape from the config alone (a whole-volume ``--slab full``
-    reads the file's metadata, on this rank only: no collective)."""
+    or a planned ``--slab auto`` reads the file's metadata, on this rank only: no
+    collective)."""
     if cfg.model.spatial_dims == 2:
         return (cfg.model.image_size, cfg.model.image_size)
+    if cfg.data.slab.strip().lower() == slabplan.AUTO:
+        cfg = planned_slab(with_classes(cfg), volumes.examine(cfg.data.path, check_labels=False))[0]
     slab = volumes.parse_slab(cfg.data.slab)
     if slab == "full":
         slab = volumes.resolve_slab(volumes.examine(cfg.data.path, check_labels=False), slab)

@@ -9,6 +9,7 @@ all ranks stop together with the same message.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from distseg.core import config as config_lib
@@ -26,6 +27,8 @@ def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Opened:
     (``userfn.recorded``), and the feed (slices or slabs) the run reads."""
     # Rank 0 reads every mask once to check the labels; the others trust its verdict.
     cfg, feed = feeds.open_feed(cfg, ctx.size, check_labels=ctx.is_root())
+    if ctx.is_root() and getattr(feed, "plan", None) is not None:
+        print(feed.plan.describe(), file=sys.stderr, flush=True)
     if cfg.model.fn:
         cfg = check_model_fn(cfg, feed.input_shape)
     return feeds.Opened(cfg, feed)
