@@ -57,9 +57,9 @@ class ModelConfig:
     """U-Net hyper-parameters (see ``distseg.networks.unet.build_unet``)."""
 
     image_size: int = 240
-    """Input height and width; must be divisible by 2**depth."""
+    """2D: input height and width; must be divisible by 2**depth."""
     depth: int = 4
-    """Number of poolings (the classic U-Net has 4)."""
+    """Number of poolings (the classic U-Net has 4); ``--slab auto`` plans it."""
     base_filters: int = 64
     """Filters of the first level; doubled at each pooling."""
     dropout: float = 0.0
@@ -248,7 +248,8 @@ class DataConfig:
     """Batches read ahead by a background thread."""
     slab: str = ""
     """3D only: the training input ``D,H,W`` (each divisible by 2**depth) cut from each
-    volume, or ``full`` for whole volumes of one shape."""
+    volume, ``full`` for whole volumes of one shape, or ``auto``: the slab, ``model.depth``
+    and the batch planned from the data file (``distseg.data.slabplan``)."""
     foreground_fraction: float = 0.0
     """Foreground oversampling (nnU-Net's ``oversample_foreground_percent``, 0.33): the
     share of training samples made to hold foreground, decided per sample from (seed,
@@ -295,7 +296,9 @@ def _model_checks(cfg: "Config") -> list:
     return [
         (m.image_size >= 8, "model.image_size", f"must be >= 8, got {m.image_size}"),
         (m.depth >= 1, "model.depth", f"must be >= 1, got {m.depth}"),
-        (bool(m.fn) or (pool is not None and m.image_size % pool == 0), "model.image_size",
+        # A 3D U-Net takes the slab (whose depth --slab auto may plan), not image_size.
+        (bool(m.fn) or m.spatial_dims == 3 or (pool is not None and m.image_size % pool == 0),
+         "model.image_size",
          f"{m.image_size} is not divisible by 2**depth = {pool or f'2**{m.depth}'}"),
         (m.base_filters >= 1, "model.base_filters", f"must be >= 1, got {m.base_filters}"),
         (0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}"),

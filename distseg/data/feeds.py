@@ -118,7 +118,7 @@ class Opened(NamedTuple):
 def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
     """The feed of ``cfg`` after every check of the data file against the run
     (``check_labels``: read every mask once; rank 0 does, the others trust it), and
-    ``cfg`` with the file's classes.
+    ``cfg`` with the file's classes (and ``--slab auto``'s slab, depth and batch).
 
     Raises:
       DatasetError: one line naming the file and what would fix it (a volume file
@@ -126,20 +126,37 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
         A class count or names in the config that differ from the file's included.
       InputError: a ``--global-batch`` the ranks cannot share (``batchplan.batch_plan``).
     """
-    per_rank = batchplan.batch_plan(cfg.train, ranks).per_rank
     if cfg.model.spatial_dims == 3:
-        info = volumes.examine(cfg.data.path, check_labels=check_labels)
-        cfg, plan = planned_slab(_with_file_classes(cfg, info), info)
-        slab = volumes.check_fit(info, ranks=ranks, batch_size=per_rank,
-                                 slab=volumes.parse_slab(cfg.data.slab),
-                                 num_classes=cfg.model.num_classes)
-        _check_pooling(cfg, slab)
-        return Opened(cfg, VolumeFeed(cfg, info, slab, plan))
+        return _open_volumes(cfg, ranks, check_labels)
+    per_rank = batchplan.batch_plan(cfg.train, ranks).per_rank
     info = data.examine(cfg.data.path, check_labels=check_labels)
     cfg = _with_file_classes(cfg, info)
     data.check_fit(info, ranks=ranks, batch_size=per_rank, image_size=cfg.model.image_size,
                    resize=cfg.data.resize, num_classes=cfg.model.num_classes)
     return Opened(cfg, SliceFeed(cfg, info))
+
+
+def _open_volumes(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
+    """``open_feed`` of a 3D run: planned first, since ``--slab auto`` may set the batch
+    the ranks share."""
+    info = volumes.examine(cfg.data.path, check_labels=check_labels)
+    cfg, plan = planned(_with_file_classes(cfg, info), info)
+    slab = volumes.check_fit(info, ranks=ranks, batch_size=_per_rank(cfg, ranks, plan),
+                             slab=volumes.parse_slab(cfg.data.slab),
+                             num_classes=cfg.model.num_classes)
+    _check_pooling(cfg, slab)
+    return Opened(cfg, VolumeFeed(cfg, info, slab, plan))
+
+
+def _per_rank(cfg: config_lib.Config, ranks: int, plan: slabplan.Plan | None) -> int:
+    try:
+        return batchplan.batch_plan(cfg.train, ranks).per_rank
+    except InputError as e:
+        if plan is None:
+            raise
+        raise InputError(f"{e} (the global batch is --slab auto's plan; give --slab D,H,W, "
+                         f"--depth and --global-batch, or plan per-rank batches with "
+                         f"--batch-size)") from None
 
 
 def with_classes(cfg: config_lib.Config) -> config_lib.Config:
@@ -161,12 +178,21 @@ def _with_file_classes(cfg: config_lib.Config, info) -> config_lib.Config:
         raise h5format.DatasetError(str(e)) from None
 
 
-def planned_slab(cfg: config_lib.Config, info: volumes.VolumeInfo):
-    """(``cfg`` with ``--slab auto`` planned from ``info``'s training volumes at the
-    per-rank batch of one process, the same at any rank count; the ``slabplan.Plan``,
-    or None where the config gave the slab)."""
-    batch = batchplan.batch_plan(cfg.train, 1).per_rank
-    return slabplan.resolve(cfg, info.shapes[info.train_cases], batch)
+def planned(cfg: config_lib.Config, info: volumes.VolumeInfo):
+    """(``cfg`` with ``--slab auto``'s slab, depth and batch planned from ``info``'s
+    training volumes, the same at any rank count; the ``slabplan.Plan``, or None where
+    the config gave the slab)."""
+    return slabplan.resolve(cfg, info.shapes[info.train_cases])
+
+
+def with_plan(cfg: config_lib.Config) -> config_lib.Config:
+    """``cfg`` with its data file's classes and, under ``--slab auto``, the slab, depth
+    and batch ``open_feed`` plans, from the file's metadata alone (on this rank only:
+    no collective; what an elastic run builds its model from)."""
+    if cfg.model.spatial_dims == 3 and slabplan.asks(cfg):
+        info = volumes.examine(cfg.data.path, check_labels=False)
+        return planned(_with_file_classes(cfg, info), info)[0]
+    return with_classes(cfg)
 
 
 def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
@@ -175,8 +201,8 @@ def input_shape(cfg: config_lib.Config) -> tuple[int, ...]:
     collective)."""
     if cfg.model.spatial_dims == 2:
         return (cfg.model.image_size, cfg.model.image_size)
-    if cfg.data.slab.strip().lower() == slabplan.AUTO:
-        cfg = planned_slab(with_classes(cfg), volumes.examine(cfg.data.path, check_labels=False))[0]
+    if slabplan.asks(cfg):
+        cfg = with_plan(cfg)
     slab = volumes.parse_slab(cfg.data.slab)
     if slab == "full":
         slab = volumes.resolve_slab(volumes.examine(cfg.data.path, check_labels=False), slab)

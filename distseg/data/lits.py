@@ -114,20 +114,41 @@ def read_case(source_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def normalised(img: np.ndarray, lab: np.ndarray, splits: list[str], ct_norm: str):
-    """(the CT normalised for the network, the words that say how): the HU window
+    """(the CT normalised for the network, its ``Intensity``): the HU window
     (``window``), or nnU-Net's normalisation by the training slabs' foreground
     (``foreground``: ``Intensity.ct_foreground``; validation and buffer slabs unseen)."""
-    if ct_norm == "window":
-        return window(img, *HU_WINDOW), f"HU window {HU_WINDOW[0]:g},{HU_WINDOW[1]:g}"
     from distseg.data.convert.intensity import Intensity, foreground_voxels
     from distseg.data.convert.sources import Voxels
+    if ct_norm == "window":
+        return window(img, *HU_WINDOW), Intensity.ct(*HU_WINDOW)
     train = np.repeat([s == "train" for s in splits], SLAB)[:len(img)]
     norm = Intensity.ct_foreground(foreground_voxels(img[train], lab[train], seed=117))
     voxels = Voxels(img)
     out = norm.normaliser(voxels, norm.bounds(voxels))(img)
-    return out.astype(np.float32, copy=False), (
-        f"CT normalised by the training slabs' foreground (clip {norm.low:.1f},{norm.high:.1f} HU, "
-        f"z-score by mean {norm.mean:.1f} and std {norm.std:.1f})")
+    return out.astype(np.float32, copy=False), norm
+
+
+def _how(norm) -> str:
+    """The words of the file's ``source`` for ``norm``."""
+    if norm.kind == "ct":
+        return f"HU window {norm.low:g},{norm.high:g}"
+    return (f"CT normalised by the training slabs' foreground (clip {norm.low:.1f},{norm.high:.1f} HU, "
+            f"z-score by mean {norm.mean:.1f} and std {norm.std:.1f})")
+
+
+def preprocessing(norm, ndim: int) -> dict:
+    """The file attribute ``preprocessing`` (as ``convert`` writes it): what
+    ``distseg-predict`` repeats on a scan, the CT channel's normalisation ``norm``
+    (``Intensity``) at the top and under ``channels``."""
+    return {**norm.describe(), "ndim": ndim, "size": 128 if ndim == 2 else 0,
+            "channels": [{"name": "CT", **norm.describe()}]}
+
+
+def _attrs(norm, ndim: int) -> dict:
+    """``hu_window`` (NaN unless the window) and ``preprocessing`` of a written file."""
+    import json
+    return {"hu_window": (norm.low, norm.high) if norm.kind == "ct" else (np.nan, np.nan),
+            "preprocessing": json.dumps(preprocessing(norm, ndim), sort_keys=True)}
 
 
 def convert(out: str, source_dir: str | None = None,
@@ -139,13 +160,13 @@ def convert(out: str, source_dir: str | None = None,
     img, lab = read_case(source_dir)
     slab = np.arange(img.shape[0]) // SLAB
     split = np.array([h5format.SPLITS[splits[int(s)]] for s in slab], dtype=np.uint8)
-    values, how = normalised(img, lab, splits, ct_norm)
+    values, norm = normalised(img, lab, splits, ct_norm)
+    attrs = _attrs(norm, 2)
     data.write_dataset(
         out, values[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
-               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}; {how}",
-        hu_window=HU_WINDOW if ct_norm == "window" else (np.nan, np.nan),
-        spacing=(np.nan, np.nan, np.nan))
+               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}; {_how(norm)}",
+        hu_window=attrs.pop("hu_window"), spacing=(np.nan, np.nan, np.nan), attrs=attrs)
     return data.examine(out)
 
 
@@ -166,13 +187,13 @@ def convert_volumes(out: str, source_dir: str | None = None,
     split (``fold_splits`` of ``fold``) a volume, the CT normalised by ``ct_norm``."""
     splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
-    hu, how = normalised(img, lab, splits, ct_norm)
+    hu, norm = normalised(img, lab, splits, ct_norm)
+    attrs = _attrs(norm, 3)
     parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, h5format.SPLITS[split])
              for a, b, split in volume_parts(splits) if a * SLAB < len(hu)]
     return volumes.write_volumes(
         out, [hu[z] for z, _, _ in parts], [lab[z] for z, _, _ in parts],
         [c for _, c, _ in parts], [s for _, _, s in parts],
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
-               f"lab_117.mrc) as volumes, runs of 16-slice slabs: {_described(*fold, splits)}; {how}",
-        hu_window=HU_WINDOW if ct_norm == "window" else (np.nan, np.nan),
-        spacing=[(np.nan,) * 3] * len(parts))
+               f"lab_117.mrc) as volumes, runs of 16-slice slabs: {_described(*fold, splits)}; {_how(norm)}",
+        hu_window=attrs.pop("hu_window"), spacing=[(np.nan,) * 3] * len(parts), attrs=attrs)

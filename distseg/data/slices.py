@@ -77,11 +77,12 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
                   split: np.ndarray, *, source: str, hu_window: Sequence[float],
                   spacing: Sequence[float] = (math.nan, math.nan, math.nan),
                   class_names: Sequence[str] = LIVER_CLASSES,
-                  channel_names: Sequence[str] | None = None) -> None:
+                  channel_names: Sequence[str] | None = None, attrs: dict | None = None) -> None:
     """Writes arrays in the distseg format (one chunk per slice), atomically.
 
     ``images`` is (N, H, W) (one channel) or (N, H, W, C); ``channel_names``, when
-    given, names the C channels (attribute ``channel_names``).
+    given, names the C channels (attribute ``channel_names``); ``attrs``: further file
+    attributes (``preprocessing``).
     """
     images = np.asarray(images)
     if images.ndim == 3:
@@ -114,6 +115,8 @@ def write_dataset(path: str, images: np.ndarray, masks: np.ndarray, case_id: np.
         f.attrs["spacing"] = np.asarray(spacing, dtype=np.float64)
         if channel_names is not None:
             f.attrs["channel_names"] = list(channel_names)
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
     os.replace(tmp, path)
 
 def _layout(path: str, f: h5py.File) -> tuple[int, int, int, int]:

@@ -586,16 +586,17 @@ def write_volumes(path: str, images: Sequence[np.ndarray], masks: Sequence[np.nd
                   hu_window: Sequence[float], spacing: Sequence[Sequence[float]] | None = None,
                   dtype: str = "float32", compression: dict | None = None,
                   class_names: Sequence[str] = LIVER_CLASSES,
-                  channel_names: Sequence[str] | None = None) -> VolumeInfo:
+                  channel_names: Sequence[str] | None = None,
+                  attrs: dict | None = None) -> VolumeInfo:
     """Writes whole volumes ((D, H, W) or (D, H, W, C) images) in the volume layout,
-    atomically; returns the file's info."""
+    atomically, with ``attrs`` as further file attributes; returns the file's info."""
     writer = VolumeWriter(path, dtype, compression)
     try:
         for i, (image, mask) in enumerate(zip(images, masks)):
             writer.append(image, mask, case_ids[i], splits[i],
                           spacing[i] if spacing is not None else (math.nan,) * 3)
         writer.finish(source=source, hu_window=hu_window, class_names=class_names,
-                      channel_names=channel_names)
+                      channel_names=channel_names, extra=attrs)
     except BaseException:
         writer.abort()
         raise

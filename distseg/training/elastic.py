@@ -42,7 +42,9 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     ``train`` (``loop.launch``) with the learning rate and shards of the current number
     of ranks."""
     ctx = dist.context()
-    _, feed = agreement.agree(startup.check_inputs, cfg, ctx)  # cfg: as run() filled it
+    # cfg: as run() filled it, and planned as run() planned the state it built: a
+    # --slab auto plan depends on the data file and the config alone, never the ranks.
+    cfg, feed = agreement.agree(startup.check_inputs, cfg, ctx)
     resumed = resumed_from(elastic, cfg, ctx, resuming, state)
     steps = factory.TrainSteps(cfg, state, feed.input_shape, ctx.size)
     return train(startup.Prepared(cfg, state, steps, resumed), ctx, feed, threads,
@@ -58,7 +60,8 @@ def run(cfg: config_lib.Config, ctx: dist.Context, resuming: bool, threads: tupl
     cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
     cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
     lrfind.refuse_elastic(cfg)  # nor a range test
-    state = factory.build_state(cfg, ctx, feeds.input_shape(cfg), broadcast=False)
+    built = feeds.with_plan(cfg)  # --slab auto's depth and slab, as launch plans them
+    state = factory.build_state(built, ctx, feeds.input_shape(built), broadcast=False)
     elastic = dist.elastic_state(state.synced, epoch=0, size=ctx.size, started=False)
     return dist.run_elastic(launch, elastic, train, cfg, resuming, state, threads)
 

@@ -89,3 +89,34 @@ def test_lits_sample_normalises_by_its_training_slabs_foreground(tmp_path):
     fg = images[(split == 0)[:, None, None] & (masks > 0)]
     assert abs(float(fg.mean())) < 0.2 and 0.7 < float(fg.std()) < 1.1
     assert images.min() < -1.5  # air, clipped to the foreground's low percentile
+
+
+@pytest.mark.parametrize("ndim,ct_norm", [(2, "foreground"), (3, "foreground"), (2, "window")])
+def test_predict_repeats_a_lits_sample_files_normalisation(tmp_path, ndim, ct_norm):
+    """A lits-sample file records its normalisation as ``preprocessing``, as convert's
+    files do: predict reads it and maps the case's HU to exactly the file's values."""
+    import dataclasses
+
+    from distseg.core import config as config_lib
+    from distseg.inference import predict
+
+    out = str(tmp_path / "l.h5")
+    (lits.convert_volumes if ndim == 3 else lits.convert)(out, fold=(4, 1), ct_norm=ct_norm)
+    with h5py.File(out) as f:
+        recorded = json.loads(f.attrs["preprocessing"])
+        stored = f["volumes/0/image"][:] if ndim == 3 else f["images"][..., 0]
+        first = int(f["case_id"][0]) % 100 * lits.SLAB if ndim == 3 else 0
+    assert recorded["intensity"] == ct_norm and recorded["channels"][0]["name"] == "CT"
+    cfg = config_lib.smoke()
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, spatial_dims=ndim, image_size=128, num_classes=3),
+        data=dataclasses.replace(cfg.data, path=out))
+    known = predict.training_data(cfg, predict.Options("RUN", (), str(tmp_path)))
+    intensity = known.prep.intensity
+    assert intensity.kind == ("ct" if ct_norm == "window" else "ct_foreground")
+    assert known.prep.where == f"attributes of {out}"
+    hu, _ = lits.read_case()
+    hu = hu[first:first + len(stored)]
+    voxels = Voxels(hu)
+    np.testing.assert_allclose(intensity.normaliser(voxels, intensity.bounds(voxels))(hu), stored,
+                               rtol=0, atol=1e-6)
