@@ -32,6 +32,7 @@ sys.path.insert(0, HERE)
 
 from benchlib import launch, machine, runlogs  # noqa: E402
 from benchlib.args import add_results_dir  # noqa: E402
+from distseg.data import lits  # noqa: E402
 
 
 def recipe(text: str) -> tuple[str, list[str]]:
@@ -117,8 +118,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", nargs="+", type=int, default=[1])
     p.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ct-norm", default="window", choices=("window", "foreground"),
-                   help="the fold files' CT normalisation (lits-sample --ct-norm)")
+    p.add_argument("--ct-norm", default=lits.CT_NORM, choices=("window", "foreground"),
+                   help="the fold files' CT normalisation (lits-sample --ct-norm; default: its default)")
     p.add_argument("--parallel", type=int, default=2, help="1-rank runs at a time")
     p.add_argument("--workdir", default=None)
     return add_results_dir(p).parse_args(argv)

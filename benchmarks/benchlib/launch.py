@@ -12,6 +12,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from distseg.data import lits
+
 BIN = os.path.dirname(sys.executable)
 """This interpreter's console scripts (``distseg-train``, ``horovodrun``, ...)."""
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +81,7 @@ def run_train(cmd: list[str], name: str, timeout: float = 3600) -> None:
 
 
 def lits_sample(path: str, ndim: int, fold: tuple[int, int] | None = None,
-                ct_norm: str = "window") -> str:
+                ct_norm: str = lits.CT_NORM) -> str:
     """Writes LiTS case 117 (``distseg-data lits-sample``) as slices (``ndim`` 2) or
     volumes (3) to ``path``, split by ``fold`` (folds, fold; None: the default file),
     the CT normalised by ``ct_norm`` (``--ct-norm``); returns ``path``."""

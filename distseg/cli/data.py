@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from distseg.core.errors import DistsegError, Interrupted, fail
+from distseg.data import lits
 
 
 @click.group(help="Build distseg HDF5 datasets: 2D slices (masks, case ids, by-case splits) "
@@ -134,10 +135,12 @@ def synth(ctx, out, ndim, cases, size, slices_per_case, jitter, val_fraction, dt
 @click.option("--fold", default=None, type=int, metavar="I",
               help="The validating fold, 0 to K-1: its slabs validate, the slab on each "
                    "side is a buffer (unused), the rest train.")
-@click.option("--ct-norm", default="window", show_default=True, type=click.Choice(["window", "foreground"]),
-              help="window: the HU window -150,250 to [0, 1]; foreground: nnU-Net's CT "
-                   "normalisation from the training slabs' foreground (clip to its 0.5-99.5 "
-                   "percentiles, z-score by its mean and std).")
+@click.option("--ct-norm", default=lits.CT_NORM, show_default=True,
+              type=click.Choice(["window", "foreground"]),
+              help="foreground: nnU-Net's CT normalisation from the training slabs' foreground "
+                   "(clip to its 0.5-99.5 percentiles, z-score by its mean and std; on folds of "
+                   "this case it beat the window); window: the HU window -150,250 to [0, 1]. "
+                   "The file records it (attribute preprocessing) and predict repeats it.")
 def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     """Convert the real LiTS case 117 (128^3 CT, liver and tumour labels) to HDF5.
 
@@ -146,7 +149,6 @@ def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     80-95 are the buffer, 96-127 validate, each part one volume (fold 3 of 4). --folds K
     --fold I picks another fold (see distseg/data/lits.py for why).
     """
-    from distseg.data import lits
     if (folds is None) != (fold is None):
         fail("--folds and --fold go together (e.g. --folds 4 --fold 0)")
     try:

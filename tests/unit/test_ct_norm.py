@@ -1,6 +1,6 @@
 """``--ct-norm foreground``: nnU-Net's CT normalisation, from the training cases'
 foreground only, the same numbers for every case, recorded so predict repeats it; the
-HU window stays the default."""
+HU window stays convert's default, the foreground lits-sample's."""
 
 from __future__ import annotations
 
@@ -82,7 +82,9 @@ def test_convert_takes_the_statistics_from_the_training_cases_and_records_them(t
 
 def test_lits_sample_normalises_by_its_training_slabs_foreground(tmp_path):
     out = str(tmp_path / "l.h5")
-    lits.convert(out, fold=(4, 0), ct_norm="foreground")
+    result = CliRunner().invoke(data_cli, ["lits-sample", "--out", out, "--folds", "4", "--fold", "0"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output  # the default: --ct-norm foreground
     with h5py.File(out) as f:
         images, masks, split = f["images"][..., 0], f["masks"][:], f["split"][:]
         assert np.isnan(f.attrs["hu_window"]).all() and "foreground" in f.attrs["source"]
