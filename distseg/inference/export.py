@@ -142,6 +142,9 @@ def _intensity_rule(intensity) -> str:
     if intensity.kind == "ct":
         return (f"(clip(HU, {intensity.low:g}, {intensity.high:g}) - ({intensity.low:g})) "
                 f"/ {intensity.high - intensity.low:g}")
+    if intensity.kind == "ct_foreground":
+        return (f"(clip(HU, {intensity.low:.6g}, {intensity.high:.6g}) - {intensity.mean:.6g}) "
+                f"/ {intensity.std:.6g}")
     return (f"clip to the volume's {intensity.low:g} and {intensity.high:g} percentiles of "
             "its non-zero voxels, then scale that range to [0, 1]")
 

@@ -72,3 +72,26 @@ def test_weights_of_another_model_are_refused():
     other = export.inference_twin(dataclasses.replace(cfg, num_classes=3, base_filters=8), (16, 16))
     with pytest.raises(ValueError, match="does not match the twin's"):
         export.copy_weights(small, other)
+
+
+def test_the_export_states_each_ct_normalisation_as_a_rule_a_reader_can_apply():
+    import numpy as np
+
+    from distseg.data.convert.intensity import Intensity
+    from distseg.inference import export
+
+    hu = np.array([-1000.0, 0.0, 109.1, 500.0])
+    for intensity in (Intensity.ct(), Intensity("ct_foreground", 24.0, 191.6, 109.1, 29.9)):
+        rule = export._intensity_rule(intensity)
+        # the rule, evaluated with numpy's clip, gives what the normaliser gives
+        got = eval(rule.replace("clip(HU", "np.clip(hu"), {"np": np, "hu": hu})  # noqa: S307
+        want = intensity.normaliser(_Raw(), intensity.bounds(None))(hu.astype(np.float32).copy())
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _Raw:
+    """Voxels whose raw values are already HU."""
+
+    @staticmethod
+    def values(block):
+        return block
