@@ -445,9 +445,12 @@ def default() -> Config:
 
 def liver2d() -> Config:
     """``default()`` with BatchNorm over ghost batches of 2 (1, 2 and 4 ranks of the
-    global batch of 8 normalise alike), Dice + cross-entropy and ``--augment default``.
+    global batch of 8 normalise alike), Dice + cross-entropy, precise BatchNorm
+    statistics before each validation, the poly schedule and ``--augment default``.
     On 4 folds of LiTS 117 (at 128x128) BatchNorm with Dice + cross-entropy reached a
-    far higher validation liver Dice than the GroupNorm and Dice loss it replaced
+    far higher validation liver Dice than the GroupNorm and Dice loss it replaced (fold
+    mean 0.819 against 0.557), and precise BatchNorm with poly made it hold: 0.832, the
+    largest fall between validations in a second half 0.044 instead of 0.329
     (docs/studies/recipe-real-ct-2026-11-27.md). The augmentation is the phantom's
     choice, what one real case cannot test: on phantoms of other seeds, shifted in
     contrast, intensity, rotation and scale, it raised the validation Dice at every
@@ -456,7 +459,7 @@ def liver2d() -> Config:
     return dataclasses.replace(
         base, model=dataclasses.replace(base.model, norm="batch", bn_ghost_batch=2),
         data=dataclasses.replace(base.data, augment="default"),
-        train=dataclasses.replace(base.train, loss="dice_ce"))
+        train=dataclasses.replace(base.train, loss="dice_ce", precise_bn=16, lr_schedule="poly"))
 
 
 def demo() -> Config:
@@ -628,7 +631,7 @@ RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_t
 
 #: Fields added since runs were first written, with what a config.json without them
 #: trained with, where that differs from the liver2d preset it is read over.
-ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant"}
+ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant", "train.precise_bn": 0}
 
 
 def _get(cfg: Config, dotted: str) -> Any:
