@@ -7,7 +7,10 @@ sizes timed at its start (``distseg.core.link``), and ``local``, whether every r
 on one host. A local link is the host's own path (shared memory or loopback), not a
 network. ``link_table`` lists them, one row per run (older logs: not measured);
 ``choose`` picks the projection's ``Fabric``: the options given, else the link a run
-measured between hosts (the median over such runs), else the assumed defaults.
+measured between hosts (the median over such runs), else the assumed defaults. Each row
+also says how the run's gradients travelled over that link and why (``compression``:
+its run record's ``compression_decision``, where ``--compression auto`` predicted the
+step with and without fp16 on the link it measured).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import pandas as pd
 from analysis.logfile import count, dict_field, number
 from analysis.logs import RunData
 from analysis.stepmodel import Fabric
-from distseg.core.link import gradient_bytes, ring_bytes, sync_seconds
+from distseg.core.link import VALUE_BYTES, gradient_bytes, ring_bytes, sync_seconds
 
 LINK_COLUMNS = ["run", "ranks", "hosts", "local", "link", "bandwidth_gbps", "latency_us",
                 "sizes_timed", "largest_bytes", "largest_s", "largest_gbps",
                 "traced_steps", "traced_allreduce_s", "modelled_allreduce_s", "traced_wait_s",
-                "note"]
+                "compression", "compression_reason", "note"]
 #: ``link`` of a run whose ranks were all on one host.
 OWN_PATH = "the host's own path (not a network)"
 NOT_MEASURED = "not measured"
@@ -71,16 +74,34 @@ def _fit_note(value: dict, local: bool) -> str:
             "meets" if local else "")
 
 
+def compression(run: RunData) -> dict:
+    """``{compression, compression_reason}``: how the run's gradients travelled, and why
+    (its run record's ``compression_decision``; an older run's config.json, if any)."""
+    decision = dict_field(run.run_record, "compression_decision")
+    if decision and decision.get("choice") in VALUE_BYTES:
+        asked = decision.get("requested")
+        shown = f"{decision['choice']} ({asked})" if asked == "auto" else decision["choice"]
+        return {"compression": shown,
+                "compression_reason": str(decision.get("reason") or "named by the run's config")}
+    train = dict_field(run.config or {}, "train") or {}
+    if train.get("compression") in VALUE_BYTES:
+        return {"compression": train["compression"],
+                "compression_reason": "config.json (the run record has no decision)"}
+    return {"compression": "", "compression_reason": ""}
+
+
 def traced(run: RunData, ranks: int, bandwidth: float, latency: float) -> dict:
     """The traced epoch's medians (rank 0's ``comm``, the last one logged): the
     gradients' allreduce per step beside the one the measured link models for the
-    logged gradient bytes, and the waits for the other ranks before the allreduces."""
+    logged gradient bytes (float16 where the run compressed them), and the waits for
+    the other ranks before the allreduces."""
     e = run.epochs
     if "comm_gradient_s" not in e or not e["comm_gradient_s"].notna().any():
         return {}
     last = e[e["comm_gradient_s"].notna()].iloc[-1]
     params = count((dict_field(run.run_record, "model") or {}).get("params"))
-    modelled = (sync_seconds(gradient_bytes(params), ranks, bandwidth, latency)
+    used = compression(run)["compression"].split(" ")[0] or "none"
+    modelled = (sync_seconds(gradient_bytes(params, used), ranks, bandwidth, latency)
                 if params and bandwidth > 0 and ranks >= 2 else math.nan)
     return {"traced_steps": count(last.get("comm_steps")),
             "traced_allreduce_s": float(last["comm_gradient_s"]),
@@ -95,7 +116,7 @@ def link_row(run: RunData) -> dict:
     value = rec.get("link")
     ranks = count(value.get("ranks")) if isinstance(value, dict) else None
     ranks = ranks or count(rec.get("size")) or run.ranks
-    row = {"run": run.label, "ranks": ranks, "hosts": _hosts(run)}
+    row = {"run": run.label, "ranks": ranks, "hosts": _hosts(run), **compression(run)}
     if not isinstance(value, dict):
         link, note = _unmeasured(run, ranks)
         return {**row, "link": link, "note": note}

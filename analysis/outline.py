@@ -14,6 +14,7 @@ import pandas as pd
 from analysis.document import HOURS, Note, Projection, Role, Section, Tables, TimeUnit
 from analysis.stateff import goal_text as _goal
 from analysis.tables import TRAIN_TIME, compares_sizes
+from distseg.core.link import FP16_MIN_SPEEDUP
 
 #: Figure files written by ``analysis.report.write`` and shown by the documents.
 LOSS_FIGURE = "loss_vs_time.png"
@@ -53,7 +54,7 @@ PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allr
              "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
 LINK_COLS = ("run", "ranks", "hosts", "link", "bandwidth_gbps", "latency_us", "sizes_timed",
              "largest_bytes", "largest_s", "largest_gbps", "traced_allreduce_s",
-             "modelled_allreduce_s", "traced_wait_s", "note")
+             "modelled_allreduce_s", "traced_wait_s", "compression", "compression_reason", "note")
 PROJECTION_TITLE = "Projection (model, not measured)"
 PROJECTION_TARGET_TITLE = "Projection to target (model, not measured)"
 
@@ -166,7 +167,13 @@ def link_section(t: Tables) -> Section | None:
                    "gradients' allreduce (fusion copies and wire), beside "
                    "modelled_allreduce_s, what the fitted link gives for the logged gradient "
                    "bytes, and the time the first rank waited for the last before the step's "
-                   "allreduces (imbalance, not the link). All columns: links.csv.",
+                   "allreduces (imbalance, not the link). compression: how the gradients "
+                   "travelled (none: exact float32; fp16: half the bytes, a rounded update; "
+                   "(auto): decided at the run's start) and compression_reason why: under "
+                   "--compression auto, the step predicted with and without fp16 on the "
+                   f"measured link, fp16 taken at {FP16_MIN_SPEEDUP:.2f}x the samples/s or "
+                   "more. "
+                   "All columns: links.csv.",
                    frame=t.links, columns=LINK_COLS)
 
 

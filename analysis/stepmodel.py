@@ -259,7 +259,7 @@ class EpochModel:
     train: TrainConfig | None = None
     batches: tuple[float, ...] = ()
     train_source: str = ""
-    gamma: float = 1.0
+    gamma: float = link.NO_OVERLAP
     gamma_points: int = 0
 
     @property
@@ -376,7 +376,7 @@ def fit_overlap(points: Sequence[Point], grad_bytes: float, fabric: Fabric) -> t
                  if point_sync(p, grad_bytes, fabric) >= MIN_SYNC_SHARE * p.step_s)
     parameters = 1 if len({p.batch for p in points}) < 2 else 2
     if not synced or len(points) <= parameters:
-        return 1.0, 0
+        return link.NO_OVERLAP, 0
     best, best_error = 1.0, math.inf
     for gamma in link.GAMMA_GRID:
         error = overlap_error(points, grad_bytes, fabric, gamma)

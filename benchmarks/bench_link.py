@@ -54,7 +54,10 @@ ENV_VARIANTS = {
 }
 """Variants that run a step (``distseg`` or one of ``STEP_VARIANTS``) with Horovod
 settings of their own, given to both ranks by ``mpirun -x``."""
-EXTRA_VARIANTS = ("localloss", "nocheck", *ENV_VARIANTS)
+#: Variants of distseg's own step and their ``--compression``: ``auto`` decides from the
+#: link its run measures (``distseg.training.compression``; each row keeps the choice).
+COMPRESSED = {"fp16": "fp16", "auto": "auto"}
+EXTRA_VARIANTS = ("localloss", "nocheck", "auto", *ENV_VARIANTS)
 MODELS = {
     # name: (preset, extra distseg-train flags): liver2d's 31 M parameters on 128x128
     # slices (the LiTS sample's size), so the gradients are liver2d's.
@@ -68,17 +71,20 @@ def train_command(args, model: str, run_dir: str, compression: str, step: str) -
     """One rank's command (``mpirun`` starts it on each host): ``step`` one of
     ``STEP_VARIANTS`` runs under ``benchlib.train_variant``, any other distseg's own."""
     preset, extra = MODELS[model]
+    batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
     flags = ["--preset", preset, *extra, "--data", args.data, "--epochs", str(args.epochs),
-             "--batch-size", "8", "--max-steps-per-epoch", str(args.steps), "--no-validate",
+             *batch, "--max-steps-per-epoch", str(args.steps), "--no-validate",
              "--checkpoint-every", "0", "--compression", compression, "--precision", args.precision]
     return launch.train_command(flags, run_dir, threads=1,
                                 variant=["--step", step] if step in STEP_VARIANTS else ())
 
 
 def _env() -> dict:
+    # This checkout's distseg first, whichever one the console scripts were installed
+    # from (a second worktree measures its own code), and benchlib for the variants.
     return netns.clean_env(dict(os.environ, DISTSEG_PIN="0", OMP_NUM_THREADS="1",
                                 TF_CPP_MIN_LOG_LEVEL="2",
-                                PYTHONPATH=os.path.join(ROOT, "benchmarks")))
+                                PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks")])))
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -102,7 +108,7 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     run_dir = tempfile.mkdtemp(dir=work)
     os.rmdir(run_dir)
     step, settings = ENV_VARIANTS.get(variant, (variant, {}))
-    train = train_command(args, model, run_dir, "fp16" if variant == "fp16" else "none", step)
+    train = train_command(args, model, run_dir, COMPRESSED.get(variant, "none"), step)
     ranks = 1 if variant == "1proc" else 2
     timeline_file = os.path.join(work, os.path.basename(run_dir) + "-timeline.json")
     if args.timeline:
@@ -118,6 +124,7 @@ def distseg_run(args, hosts, agent: str, model: str, variant: str, work: str) ->
     with open(rundir.log_path(run_dir, 0)) as f:
         record = json.loads(f.readline())
     return {"samples_per_s": run_throughput(run_dir, ranks), "link": record.get("link"),
+            "compression": (record.get("compression_decision") or {}).get("choice"),
             "ranks": ranks, "run_dir": run_dir,
             "grad_bytes": link.gradient_bytes(record["model"]["params"]),
             "steal": steal, "step_s": median_step(run_dir), **parts}
@@ -179,6 +186,8 @@ def summarise(rows: list[dict]) -> list[dict]:
                                                    if m.get("bandwidth_gbps"))
                     if any(m.get("bandwidth_gbps") for m in links) else None,
                     "steal": _median_steal(rows, (rate, model, variant)),
+                    "compression": ",".join(sorted({r["compression"] for r in rows if r.get("compression")
+                                                    and (r["rate"], r["model"], r["variant"]) == (rate, model, variant)})),
                     "runs": sum(1 for r in rows if (r["rate"], r["model"], r["variant"]) == (rate, model, variant))})
     return out
 
@@ -311,9 +320,10 @@ def print_breakdown(parts: list[dict]) -> None:
 
 def print_table(summary: list[dict]) -> None:
     _markdown(["link", "model", "variant", "samples/s", "vs 1 process", "vs MWMS",
-               "link measured (Gbit/s)", "CPU stolen", "runs"],
+               "link measured (Gbit/s)", "compression", "CPU stolen", "runs"],
               [[s["rate"], s["model"], s["variant"], _fmt(s["samples_per_s"]), _fmt(s["vs_1proc"]),
-                _fmt(s["vs_mwms"]), _fmt(s["link_gbps"]), _fmt(s["steal"], ".0%"), str(s["runs"])]
+                _fmt(s["vs_mwms"]), _fmt(s["link_gbps"]), s.get("compression") or "-",
+                _fmt(s["steal"], ".0%"), str(s["runs"])]
                for s in summary])
 
 
@@ -325,6 +335,8 @@ def parse(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated, of {', '.join(VARIANTS + EXTRA_VARIANTS)}")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first untimed)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="per-rank batch of every run (0: the preset's own batch rule)")
     p.add_argument("--steps", type=int, default=6, help="steps per epoch")
     p.add_argument("--repeat", type=int, default=2, help="interleaved rounds")
     p.add_argument("--timeout", type=float, default=900.0)

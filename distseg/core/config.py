@@ -23,6 +23,7 @@ LR_SCALINGS = ("linear", "sqrt", "none", "gain", "adascale")
 #: How the lr decays after the warm-up, over the samples the run plans (``lr.decay``).
 LR_SCHEDULES = ("constant", "cosine", "poly")
 BATCH_POLICIES = ("fixed", "goodput")
+#: How a step's gradients travel (``train.compression`` once a run has decided).
 COMPRESSIONS = ("none", "fp16")
 LOSSES = ("dice", "dice_ce")
 #: ``train.optimizer``: Adam, or SGD with Nesterov momentum (nnU-Net's).
@@ -36,6 +37,9 @@ PRECISIONS = ("float32", "bfloat16")
 #: reports bfloat16 (``distseg.training.precision``); float32 elsewhere.
 AUTO = "auto"
 PRECISION_CHOICES = (AUTO,) + PRECISIONS
+#: ``train.compression``: decided at a multi-node run's start from the link its ranks
+#: measured (``distseg.training.compression``); exact float32 on one host.
+COMPRESSION_CHOICES = (AUTO,) + COMPRESSIONS
 NONFINITE = ("stop", "skip")
 #: ``data.augment``: on-the-fly augmentation of training samples (``distseg.data.augment``).
 AUGMENTS = ("none", "light", "default")
@@ -178,10 +182,15 @@ class TrainConfig:
     max_batch_per_rank: int = 8
     """The largest per-rank batch the ``goodput`` policy may choose (8: the batch one
     process trains with under the default global batch, so it fits where that ran)."""
-    compression: str = "none"
-    """How gradients travel between ranks: ``none`` (exact float32) or ``fp16``
-    (Horovod's float16 compression: half the bytes, a rounded update; for slow links,
-    docs/performance.md)."""
+    compression: str = AUTO
+    """How gradients travel between ranks: ``none`` (exact float32), ``fp16`` (Horovod's
+    float16 compression: half the bytes, a rounded update) or ``auto`` (every preset):
+    at a run's start, on ranks of more than one host, fp16 where the link the ranks
+    measure, the gradient bytes and the step's compute time predict at least 10 % more
+    samples/s with it, else exact float32; on one host exact float32 without a
+    measurement (``distseg.training.compression``; what it gained, and what fp16 cost
+    the demo's Dice: docs/performance.md#gradient-compression). A run's config.json
+    holds what was decided."""
     warmup_epochs: float = 1.0
     """Epochs over which the lr ramps linearly from ``lr`` to the scaled lr."""
     lr_schedule: str = "constant"
@@ -341,8 +350,8 @@ def _train_checks(cfg: "Config") -> list:
          f"must be one of {BATCH_POLICIES}, got {t.batch_policy!r}"),
         (t.max_batch_per_rank >= 1, "train.max_batch_per_rank",
          f"must be >= 1, got {t.max_batch_per_rank}"),
-        (t.compression in COMPRESSIONS, "train.compression",
-         f"must be one of {COMPRESSIONS}, got {t.compression!r}"),
+        (t.compression in COMPRESSION_CHOICES, "train.compression",
+         f"must be one of {COMPRESSION_CHOICES}, got {t.compression!r}"),
         (t.warmup_epochs >= 0, "train.warmup_epochs", f"must be >= 0, got {t.warmup_epochs}"),
         (t.lr_schedule in LR_SCHEDULES, "train.lr_schedule",
          f"must be one of {LR_SCHEDULES}, got {t.lr_schedule!r}"),
@@ -631,7 +640,8 @@ RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_t
 
 #: Fields added since runs were first written, with what a config.json without them
 #: trained with, where that differs from the liver2d preset it is read over.
-ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant", "train.precise_bn": 0}
+ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant", "train.precise_bn": 0,
+                "train.compression": "none"}
 
 
 def _get(cfg: Config, dotted: str) -> Any:

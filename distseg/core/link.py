@@ -27,11 +27,17 @@ PROBE_REPEATS = 3
 PROBE_BUDGET_S = 0.25
 
 
-def gradient_bytes(params: float) -> float:
+#: Bytes a gradient value takes in the step's allreduce, by ``train.compression``:
+#: exact float32, or Horovod's float16 (``distseg.parallel.distributed.average_gradients``).
+VALUE_BYTES = {"none": 4, "fp16": 2}
+
+
+def gradient_bytes(params: float, compression: str = "none") -> float:
     """Bytes of the gradients of ``params`` trainable parameters, as a step allreduces
-    them (one float32 each): what the projection, the memory estimate and the
-    benchmarks count."""
-    return 4 * params
+    them (one float32 each, or one float16 under ``fp16``): what the projection, the
+    memory estimate, the benchmarks and ``--compression auto`` count. (A bfloat16
+    network keeps float32 weights, so its gradients are float32 too.)"""
+    return VALUE_BYTES[compression] * params
 
 
 def ring_rounds(ranks: int) -> int:
@@ -100,3 +106,57 @@ GAMMA_RANGE = (1.0, 10.0)
 #: The gammas a fit tries, smallest first (a tie keeps the least overlap).
 GAMMA_GRID = tuple(GAMMA_RANGE[0] + 0.01 * i
                    for i in range(int(round((GAMMA_RANGE[1] - GAMMA_RANGE[0]) / 0.01)) + 1))
+
+
+#: Pollux's gamma of distseg's own step: it allreduces the gradients after the whole
+#: backward pass, so nothing overlaps (the report's fit to runs over a shaped link found
+#: 1.00-1.03, docs/studies/link-2026-11-26.md); what a prediction assumes before a run
+#: has steps to fit.
+NO_OVERLAP = 1.0
+
+# --- --compression auto --------------------------------------------------------------
+
+#: ``--compression auto`` takes fp16 where it predicts at least this many times exact
+#: float32's samples/s: 10 % more, past the noise of a step and the rounding it costs.
+FP16_MIN_SPEEDUP = 1.10
+
+
+def exact_reason(ranks: int, one_host: bool, bandwidth_gbps: float | None) -> str | None:
+    """Why ``--compression auto`` keeps exact float32 without predicting a step (one
+    rank; every rank on one host, whose own path is no network to save bytes on; a probe
+    that fitted no bandwidth), or None where a step must be predicted."""
+    if ranks < 2:
+        return "one rank: no gradient allreduce"
+    if one_host:
+        return "every rank on one host: its own path, not a network"
+    if not bandwidth_gbps or bandwidth_gbps <= 0:
+        return "the link probe fitted no bandwidth, so nothing to predict from"
+    return None
+
+
+def compression_choice(compute_s: float, params: float, ranks: int, bandwidth_gbps: float,
+                       latency_us: float, samples_per_step: float) -> dict:
+    """``--compression auto``'s prediction on a measured link: a step of ``compute_s``
+    seconds of compute, then the ring allreduce of ``params`` gradients (``sync_seconds``)
+    with no overlap (``NO_OVERLAP``), in float32 and in float16; fp16 where its
+    samples/s are ``FP16_MIN_SPEEDUP`` times exact float32's or more. The cost of
+    casting the gradients is left out (a few ms for the demo's 2 M values). Returns the
+    choice, every input and the predicted numbers, and the reason in words."""
+    sync = {c: sync_seconds(gradient_bytes(params, c), ranks, bandwidth_gbps, latency_us)
+            for c in VALUE_BYTES}
+    step = {c: step_seconds(compute_s, s, NO_OVERLAP) for c, s in sync.items()}
+    rate = {c: samples_per_step / s for c, s in step.items()}
+    speedup = rate["fp16"] / rate["none"]
+    choice = "fp16" if speedup >= FP16_MIN_SPEEDUP else "none"
+    told = (f"allreduce {sync['none'] * 1e3:.0f} ms in float32, {sync['fp16'] * 1e3:.0f} ms "
+            f"in fp16, beside {compute_s:.3f} s of compute, on {bandwidth_gbps:.3g} Gbit/s")
+    reason = (f"fp16 predicted {speedup:.2f}x exact float32's samples/s ({told}); "
+              + (f"taken at {FP16_MIN_SPEEDUP:.2f}x or more" if choice == "fp16"
+                 else f"exact float32 kept below {FP16_MIN_SPEEDUP:.2f}x"))
+    return {"choice": choice, "bandwidth_gbps": bandwidth_gbps, "latency_us": latency_us,
+            "ranks": ranks, "params": params,
+            "gradient_bytes": {c: gradient_bytes(params, c) for c in VALUE_BYTES},
+            "compute_s": compute_s, "allreduce_s": sync, "step_s": step,
+            "samples_per_step": samples_per_step, "samples_per_s": rate,
+            "speedup": speedup, "threshold": FP16_MIN_SPEEDUP, "gamma": NO_OVERLAP,
+            "reason": reason}

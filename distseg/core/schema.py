@@ -37,7 +37,14 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     (auto, float32 or bfloat16), choice; under auto also flags (the CPU's bfloat16
     flags), seconds {float32, bfloat16} (the slowest rank's median step in the trial;
     null: no trial), speedup, steps, trial_s, reason} (``distseg.training.precision``),
-    augment (``data.augment``: none, light or default; ``distseg.data.augment``).
+    augment (``data.augment``: none, light or default; ``distseg.data.augment``),
+    compression_decision {requested (auto, none or fp16), choice (none or fp16); under
+    auto also reason, decision_s, and either ranks and one_host (exact without a
+    prediction) or the prediction's inputs and outputs: bandwidth_gbps, latency_us,
+    ranks, params, gradient_bytes {none, fp16}, measured_step_s, step_source,
+    compute_s, allreduce_s {none, fp16}, step_s {none, fp16}, samples_per_step,
+    samples_per_s {none, fp16}, speedup, threshold, gamma} (``distseg.core.link``,
+    ``distseg.training.compression``).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
@@ -151,7 +158,7 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "run": ("pid", "model", "horovod_env", "lr_base", "lr_scaled",
             "warmup_steps", "epochs", "voxels_per_sample", "onednn", "batch_plan",
             "loss_scope", "lr_scaling", "link", "precision", "augment", "lr_schedule",
-            "lr_find"),
+            "lr_find", "compression_decision"),
     "step": ("skipped", "grad_sq"),
     "epoch": ("train_time", "steps", "train_loss_local", "val_loss_local",
               "val_samples_local", "val_samples", "weight_checksum", "skipped_steps",

@@ -131,6 +131,11 @@ class Context:
     def is_root(self) -> bool:
         return self.rank == 0
 
+    def one_host(self) -> bool:
+        """Whether every rank runs on this host (Horovod's local size counts the ranks
+        of this host): their allreduce takes the host's own path, not a network."""
+        return self.local_size == self.size
+
 
 _hvd = None
 _pinned = False

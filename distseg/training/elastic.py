@@ -14,7 +14,7 @@ from distseg.core import config as config_lib
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, factory, lrfind, precision, resume, startup
+from distseg.training import checkpoint, compression, factory, lrfind, precision, resume, startup
 
 
 def resumed_from(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
@@ -59,6 +59,7 @@ def run(cfg: config_lib.Config, ctx: dist.Context, resuming: bool, threads: tupl
     cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
     cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
     cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
+    cfg = compression.exact(cfg)  # nor a measured link: exact float32
     lrfind.refuse_elastic(cfg)  # nor a range test
     built = feeds.with_plan(cfg)  # --slab auto's depth and slab, as launch plans them
     state = factory.build_state(built, ctx, feeds.input_shape(built), broadcast=False)

@@ -79,11 +79,20 @@ def train_step(cfg: config_lib.Config, state, input_shape: Sequence[int], ranks:
                batch: int | None):
     """The train step of ``state``'s model for ``ranks`` ranks of per-rank ``batch``
     samples (None: any size), with the config's loss and gradient compression
-    (``steps.make_train_step``)."""
+    (``steps.make_train_step``). On several ranks the compression must be decided
+    (``compression.decide``) before the step is built: a traced step keeps it.
+
+    Raises:
+      ValueError: ``train.compression`` still ``auto`` on several ranks.
+    """
     model, optimizer = state[0], state[1]
     t = cfg.train
+    if ranks > 1 and t.compression not in config_lib.COMPRESSIONS:
+        raise ValueError(f"train.compression must be one of {config_lib.COMPRESSIONS} when "
+                         f"a step of {ranks} ranks is built, got {t.compression!r}")
     return steps.make_train_step(model, optimizer, input_shape, cfg.model.num_classes, t.loss,
-                                 ranks=ranks, batch=batch, compression=t.compression)
+                                 ranks=ranks, batch=batch,
+                                 compression=t.compression if ranks > 1 else "none")
 
 
 def eval_step(cfg: config_lib.Config, model, input_shape: Sequence[int]):
@@ -126,6 +135,13 @@ class TrainSteps:
                  traced: dict | None = None):
         self.cfg, self.state, self.input_shape, self.ranks = cfg, state, input_shape, ranks
         self.traced: dict = dict(traced or {})
+
+    def use(self, cfg: config_lib.Config) -> None:
+        """Builds steps from ``cfg`` from here on; a step traced for another gradient
+        compression is dropped (its compression is fixed in its graph)."""
+        if cfg.train.compression != self.cfg.train.compression:
+            self.traced.clear()
+        self.cfg = cfg
 
     def for_batch(self, batch: int | None):
         if batch not in self.traced:

@@ -117,7 +117,8 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
     training, global_step = training_state(cfg, ctx, feed, resumed, origin)
     reader = resources.enter_context(agreement.agree(feed.open_reader))
     log = resources.enter_context(agreement.agree(RunLog, cfg.run_dir, ctx.rank))
-    measured = startup.measure_link(ctx)
+    # Measured by start-up, before the compression was decided; an elastic run's here.
+    measured = prepared.link if prepared.link is not None else startup.measure_link(ctx)
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
@@ -136,7 +137,7 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
         predict=factory.predict_step(model, shape),
         console=Console.open(ctx, global_step + left, global_step, resources),
         resumed=resumed, origin=origin, global_step=global_step, epochs_done=origin[0], link=measured,
-        precision=prepared.precision, lr_find=prepared.lr_find)
+        precision=prepared.precision, lr_find=prepared.lr_find, compression=prepared.compression)
     use_plan(s, origin)
     s.observers = open_observers(s, resources)
     watch_collectives(s, resources)

@@ -34,20 +34,18 @@ optimizer and traced step are the run's: its first step is not traced twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import statistics
 import sys
 import time
 
-import numpy as np
-
 from distseg.core import config as config_lib
-from distseg.core.errors import Interrupted, RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, precision_cache, steps
+from distseg.training import factory, precision_cache, steps, trial
 from distseg.training.plan import EpochPlan
 
 #: /proc/cpuinfo flags of native bfloat16 arithmetic (AVX-512 BF16, AMX).
@@ -207,51 +205,20 @@ def _injected(ctx: dist.Context, piece: str) -> None:
         raise RuntimeError(f"failure injected in the {piece} piece ({FAIL_ENV}={spec})")
 
 
-def _failure(what: str, e: BaseException) -> tuple[str, int]:
-    message, code = agreement.failure_of(e)
-    return f"--precision auto's trial, {what}: {message}", code
-
-
-def _named(what: str, fn, *args):
-    """``fn(*args)``, its error re-raised as a ``RunError`` that names the piece."""
-    try:
-        return fn(*args)
-    except Interrupted:
-        raise
-    except Exception as e:  # noqa: BLE001 - named here, shared by agreement.agree
-        raise RunError(*_failure(what, e)) from e
+#: How the trial's errors name it.
+LABEL = "--precision auto's trial"
 
 
 def _agreed(what: str, fn, *args):
     """Collective: ``fn(*args)`` on every rank; a failure on any raises the same
     ``RunError`` on every rank, naming the piece ``what`` and the rank."""
-    return agreement.agree(_named, what, fn, *args)
+    return trial.agreed(LABEL, what, fn, *args)
 
 
 def _first_batch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed):
-    """This rank's first batch of the run, read by a reader of its own, and the static
-    batch size the step is traced for."""
+    """This rank's first batch of the run and the static batch (``trial.first_batch``)."""
     _injected(ctx, "batch")
-    plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
-    ids = plan.batches(feed.train_ids, ctx.rank, ctx.size, 0, cfg.train.seed)[0]
-    with feed.open_reader() as reader:
-        images, masks = reader.read(ids)
-    return images, masks, plan.static_batch(len(feed.train_ids), ctx.size)
-
-
-@dataclasses.dataclass
-class _Candidate:
-    """One precision's state, its traced step and what its variables held when built."""
-
-    state: tuple
-    step: object
-    kept: list
-    seconds: list = dataclasses.field(default_factory=list)
-
-    @property
-    def variables(self) -> list:
-        model, optimizer, _ = self.state
-        return steps.trial_variables(model, optimizer)
+    return trial.first_batch(cfg, ctx, feed)
 
 
 def _build(cfg: config_lib.Config, ctx: dist.Context, input_shape) -> factory.State:
@@ -277,42 +244,15 @@ def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch)
     dist.broadcast_variables(state.synced, root=0)
     kept = [v.numpy() for v in steps.trial_variables(state.model, state.optimizer)]
     step = _agreed(f"tracing the {p} step", _trace, cfg, ctx, state, feed.input_shape, batch[2])
-    candidate = _Candidate(state, step, kept)
+    candidate = trial.Candidate(state, step, kept)
     _step(candidate, batch, ctx, f"the first {p} step")
     return candidate
 
 
-def _flags(failed: bool) -> np.ndarray:
-    flags = np.zeros(2, np.float32)
-    flags[steps.FAILED] = 1.0 if failed else 0.0
-    return flags
-
-
-def _step(candidate: _Candidate, batch, ctx: dist.Context, what: str) -> float:
-    """Collective: one step of ``candidate``, its seconds. A rank whose step fails
-    steps again on a blank batch with the failed flag (the failure rides the step's
-    allreduce, as a failed read does in training), and every rank raises it."""
-    images, masks, _ = batch
-    failure = None
-    start = time.perf_counter()
-    try:
-        _injected(ctx, "step")
-        out = candidate.step(images, masks, _flags(False))
-        float(out.loss)
-    except Interrupted:
-        raise
-    except Exception as e:  # noqa: BLE001 - shared through the step's flags
-        failure = _failure(what, e)
-        out = candidate.step(np.zeros_like(images), np.zeros_like(masks), _flags(True))
-    seconds = time.perf_counter() - start
-    if steps.Flags.of(out.flags).failed:
-        agreement.raise_agreed(failure)
-    return seconds
-
-
-def _put_back(candidate: _Candidate) -> None:
-    """The variables as built, and no memory of the trial's gradients."""
-    steps.put_back(candidate.variables, candidate.kept, candidate.step)
+def _step(candidate: trial.Candidate, batch, ctx: dist.Context, what: str) -> float:
+    """Collective: one timed step of ``candidate`` (``trial.timed_step``), where
+    ``FAIL_ENV`` may make this rank fail."""
+    return trial.timed_step(candidate, batch, LABEL, what, functools.partial(_injected, ctx, "step"))
 
 
 def _trial(cfg, ctx, feed, flags: list) -> Decision:
@@ -328,7 +268,7 @@ def _trial(cfg, ctx, feed, flags: list) -> Decision:
     slowest = slowest_rank({p: statistics.median(c.seconds) for p, c in candidates.items()})
     choice = choose(slowest)
     chosen = candidates[choice]
-    _put_back(chosen)
+    trial.put_back(chosen)
     speedup = slowest["float32"] / slowest["bfloat16"]
     trial_s = time.perf_counter() - start
     record = {"requested": config_lib.AUTO, "flags": flags, "seconds": slowest,

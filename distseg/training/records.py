@@ -17,7 +17,7 @@ from distseg.core.errors import Interrupted, RunError
 from distseg.networks import models
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import steps, stopping
+from distseg.training import compression, steps, stopping
 from distseg.training.session import EpochResult, Session
 
 
@@ -26,7 +26,7 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
     ctx, cfg, t, batch = s.ctx, s.cfg, s.cfg.train, s.plan.batch
     run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if ctx.is_root() else None)
     versions = dist.versions()
-    params = int(sum(int(np.prod(v.shape)) for v in s.model.trainable_variables))
+    params = compression.params_of(s.model)
     record = agreement.agree(
         s.log.write, "run", schema_version=schema.SCHEMA_VERSION, size=ctx.size,
         local_rank=ctx.local_rank, local_size=ctx.local_size, host=versions["host"],
@@ -46,7 +46,8 @@ def write_run_record(s: Session, threads: tuple[int, int]) -> None:
         lr_base=t.lr, lr_scaled=s.plan.lr_target, warmup_steps=s.plan.warmup_steps,
         lr_schedule=t.lr_schedule, **({'lr_find': s.lr_find} if s.lr_find else {}),
         epochs=t.epochs, link=s.link, augment=cfg.data.augment,
-        precision=s.precision or {"requested": cfg.model.precision, "choice": cfg.model.precision})
+        precision=s.precision or {"requested": cfg.model.precision, "choice": cfg.model.precision},
+        compression_decision=s.compression or compression.given(cfg))
     for observer in s.observers:
         observer.on_run(record)
 

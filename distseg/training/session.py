@@ -68,6 +68,8 @@ class Session:
     """``--precision auto``'s decision at the run's start (``precision.decide``)."""
     lr_find: dict | None = None
     """``--lr auto``'s range test at the run's start (``lrfind.find``)."""
+    compression: dict | None = None
+    """``--compression auto``'s decision at the run's start (``compression.decide``)."""
 
     @property
     def plan(self):

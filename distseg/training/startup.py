@@ -1,6 +1,6 @@
 """Start-up of a run on every rank: the checks that need no side effect, then the run
-directory, then the precision and the model and optimizer every rank holds
-identically, and the link between the ranks as they measure it.
+directory, the link between the ranks as they measure it, then the precision, the
+model and optimizer every rank holds identically, and the gradient compression.
 
 Every piece that can fail on one rank alone is called through ``agreement.agree``, so
 all ranks stop together with the same message.
@@ -18,7 +18,7 @@ from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, lrfind, precision, resume
+from distseg.training import compression, factory, lrfind, precision, resume
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Opened:
@@ -102,8 +102,9 @@ def prepare_run_dir(cfg: config_lib.Config, ctx: dist.Context, resuming: bool) -
 @dataclass
 class Prepared:
     """What start-up prepared for a launch: the run's one live config (with the
-    precision decided and the lr found), the state every rank holds, the train steps
-    already traced for it, and what it was resumed from."""
+    precision and the compression decided and the lr found), the state every rank
+    holds, the train steps already traced for it, what it was resumed from, and the
+    link its ranks measured."""
 
     cfg: config_lib.Config
     state: factory.State
@@ -113,30 +114,41 @@ class Prepared:
     """The run record's ``precision`` field: ``--precision auto``'s decision."""
     lr_find: dict | None = None
     """The run record's ``lr_find`` field: ``--lr auto``'s range test."""
+    compression: dict | None = None
+    """The run record's ``compression_decision`` under ``--compression auto``."""
+    link: dict | None = None
+    """The run record's ``link`` (``measure_link``; None: one rank, or not measured
+    yet: an elastic run measures it when its session opens)."""
 
 
 def prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
             resuming: bool) -> Prepared:
-    """A new run, in the precision it decides (``precision.decide``) and with the lr it
-    finds (``lrfind.find``), or a resumed one, restored from its checkpoint in the
-    precision its config holds. A new run checks its directory before building
-    anything and writes its config once both are decided; a resumed one rewrites its
-    config only once its checkpoint has loaded."""
+    """A new run, in the precision it decides (``precision.decide``), with the gradient
+    compression it decides from the link it measures (``compression.decide``; until
+    then its steps are exact) and with the lr it finds (``lrfind.find``), or a resumed
+    one, restored from its checkpoint in the precision and compression its config
+    holds. A new run checks its directory before building anything and writes its
+    config once all are decided; a resumed one rewrites its config only once its
+    checkpoint has loaded."""
     if resuming:
         return _resumed(cfg, ctx, feed)
     check_run_dir(cfg, ctx, resuming=False)
     try:
-        decided = precision.decide(cfg, ctx, feed)
+        measured = measure_link(ctx)
+        decided = precision.decide(compression.exact(cfg), ctx, feed)
         state = decided.state or factory.build_state(decided.cfg, ctx, feed.input_shape)
         train_steps = factory.TrainSteps(decided.cfg, state, feed.input_shape, ctx.size,
                                          decided.traced)
-        found = lrfind.find(decided.cfg, ctx, feed, train_steps)
+        chosen = compression.decide(decided.cfg, cfg.train.compression, ctx, feed, train_steps,
+                                    measured, decided.record)
+        found = lrfind.find(chosen.cfg, ctx, feed, train_steps)
     except RunError:
         _forget_probe(cfg.run_dir, ctx)
         raise
-    train_steps.cfg = found.cfg  # the one live config from here on
+    train_steps.use(found.cfg)  # the one live config from here on
     agreement.agree(_write_config, found.cfg, ctx)
-    return Prepared(found.cfg, state, train_steps, None, decided.record, found.record)
+    return Prepared(found.cfg, state, train_steps, None, decided.record, found.record,
+                    chosen.record, measured)
 
 
 def _forget_probe(run_dir: str, ctx: dist.Context) -> None:
@@ -154,7 +166,7 @@ def _resumed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Pre
     state = factory.build_state(cfg, ctx, feed.input_shape)
     resumed = open_run_dir(cfg, ctx, state, resuming=True)
     return Prepared(cfg, state, factory.TrainSteps(cfg, state, feed.input_shape, ctx.size),
-                    resumed)
+                    resumed, link=measure_link(ctx))
 
 
 def open_run_dir(cfg: config_lib.Config, ctx: dist.Context, state: factory.State,
@@ -180,4 +192,4 @@ def measure_link(ctx: dist.Context) -> dict | None:
         return None
     sizes, seconds = dist.time_allreduces(link.PROBE_BYTES, link.PROBE_REPEATS,
                                           link.PROBE_ALWAYS, link.PROBE_BUDGET_S)
-    return {**(link.fit(sizes, seconds, ctx.size) or {}), "local": ctx.local_size == ctx.size}
+    return {**(link.fit(sizes, seconds, ctx.size) or {}), "local": ctx.one_host()}

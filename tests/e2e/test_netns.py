@@ -139,6 +139,19 @@ def test_distseg_train_two_hosts(hosts, tmp_path):
         assert json.load(f)["data"]["path"] == data
 
 
+def _one_step_at(agent: str, rate: str | None, run_dir, *flags: str) -> tuple[str, list[dict]]:
+    """One training step of ``distseg-train FLAGS`` across the two hosts over the link
+    shaped to ``rate`` (None: unshaped; the caller unshapes it afterwards): its output
+    and both ranks' ``run`` records."""
+    netns.shape(HOSTS, rate)
+    out = _mpirun(agent, [f"{BIN}/distseg-train", *flags, "--run-dir", str(run_dir),
+                          "--epochs", "1", "--no-validate", "--max-steps-per-epoch", "1",
+                          "--intra-op-threads", "1", "--inter-op-threads", "1"])
+    assert out.returncode == 0, out.stdout[-4000:]
+    return out.stdout, [schema.read_log(str(run_dir / "logs" / rundir.log_name(r)))[0][0]
+                        for r in (0, 1)]
+
+
 def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
     """At 1 Gbit/s the logged bandwidth is the rate set, within the tolerance measured
     here: allreduces see 0.57 of it at 4 MiB and 0.90 at 64 MiB (TCP over the token
@@ -149,15 +162,9 @@ def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
     logged = {}
     try:
         for rate in ("1gbit", None):
-            netns.shape(HOSTS, rate)
-            run_dir = tmp_path / f"np2-{rate or 'free'}"
-            out = _mpirun(hosts, [f"{BIN}/distseg-train", "--preset", "smoke", "--data", data,
-                                  "--run-dir", str(run_dir), "--epochs", "1", "--no-validate",
-                                  "--max-steps-per-epoch", "1", "--intra-op-threads", "1",
-                                  "--inter-op-threads", "1"])
-            assert out.returncode == 0, out.stdout[-4000:]
-            links = [schema.read_log(str(run_dir / "logs" / rundir.log_name(r)))[0][0]["link"]
-                     for r in (0, 1)]
+            _, records = _one_step_at(hosts, rate, tmp_path / f"np2-{rate or 'free'}",
+                                      "--preset", "smoke", "--data", data)
+            links = [r["link"] for r in records]
             assert links[0] == links[1] and not links[0]["local"]  # every rank logs the same
             logged[rate] = links[0]
     finally:
@@ -167,6 +174,43 @@ def test_every_multi_rank_run_logs_the_link_it_measured(hosts, tmp_path):
     assert 0.4 <= shaped <= 1.05, logged["1gbit"]
     assert free > 2 * shaped, logged[None]
 
+
+
+def test_compression_auto_takes_fp16_over_a_slow_link_and_exact_over_a_fast_one(hosts, tmp_path):
+    """``--compression auto`` across the two hosts, the demo U-Net (7.8 MB of gradients)
+    on 8 slices of 128x128 per rank in float32. Over a link shaped to 100 Mbit/s (the
+    probe reads about 0.06 Gbit/s) its exact allreduce is about 1 s, and fp16 was
+    predicted 1.40x as fast beside 0.75 s of compute; unshaped (2.6 Gbit/s), 29 ms, and
+    exact float32 stayed (1.01x, 1.06 s of compute; 2026-11-27, a loaded machine).
+    fp16 pays where compute + latency < 4.5x the exact allreduce's transfer: the test
+    holds for compute between about 0.11 s (a faster CPU would take fp16 unshaped) and
+    about 4.5 s (a slower one would keep exact float32 at 100 Mbit/s)."""
+    data = str(tmp_path / "slices.h5")
+    synth.make_dataset(data, cases=4, size=128, seed=0, slices_per_case=16)
+    decided = {}
+    try:
+        for rate in ("100mbit", None):
+            run_dir = tmp_path / f"auto-{rate or 'free'}"
+            out, records = _one_step_at(hosts, rate, run_dir, "--preset", "demo", "--data", data,
+                                        "--batch-size", "8", "--precision", "float32",
+                                        "--compression", "auto")
+            decided[rate] = records[0]["compression_decision"]
+            assert records[1]["compression_decision"] == decided[rate]  # every rank alike
+            with open(run_dir / "config.json") as f:  # config.json holds what was decided
+                assert json.load(f)["train"]["compression"] == decided[rate]["choice"]
+            assert f"compression auto: {decided[rate]['choice']}: " in out
+    finally:
+        netns.shape(HOSTS, None)
+    print(f"\ncompression decided: {decided}")
+    slow, fast = decided["100mbit"], decided[None]
+    for d in (slow, fast):
+        assert d["requested"] == "auto" and d["threshold"] == 1.10 and d["ranks"] == 2
+        assert (d["choice"] == "fp16") == (d["speedup"] >= d["threshold"]), d
+        assert d["step_source"] == "3 steps timed" and d["measured_step_s"] > 0
+    assert slow["choice"] == "fp16", slow
+    assert slow["reason"].startswith("fp16 predicted") and "taken at 1.10x" in slow["reason"]
+    assert fast["choice"] == "none", fast
+    assert "exact float32 kept below 1.10x" in fast["reason"]
 
 
 def test_the_timeline_epoch_logs_where_the_steps_time_went(hosts, tmp_path):
@@ -180,9 +224,11 @@ def test_the_timeline_epoch_logs_where_the_steps_time_went(hosts, tmp_path):
     run_dir = tmp_path / "np2-timeline"
     try:
         netns.shape(HOSTS, "1gbit")
+        # Exact float32: the model below counts 4 bytes a gradient.
         out = _mpirun(hosts, [f"{BIN}/distseg-train", "--preset", "demo", "--image-size", "32",
                               "--data", data, "--run-dir", str(run_dir), "--epochs", "2",
                               "--no-validate", "--max-steps-per-epoch", "3",
+                              "--compression", "none",
                               "--intra-op-threads", "1", "--inter-op-threads", "1"])
     finally:
         netns.shape(HOSTS, None)

@@ -89,6 +89,33 @@ def test_the_table_lists_each_runs_link_and_says_what_it_measured(tmp_path):
     assert json.loads((out / "report.json").read_text())["tables"]["links"][3]["hosts"] == 2
 
 
+def test_the_table_says_how_each_runs_gradients_travelled_and_why(tmp_path):
+    """A run under ``--compression auto`` logs its decision: the report shows the choice
+    and its reason beside the link it was taken on; a run named exact says so; an
+    older run's config.json is read where its record holds no decision."""
+    slow = measured_link(2, 1.0, 50.0, local=False)
+    reason = ("fp16 predicted 1.28x exact float32's samples/s (allreduce 78 ms in float32, "
+              "39 ms in fp16, beside 0.090 s of compute, on 1 Gbit/s); taken at 1.10x or more")
+    auto = write_run(str(tmp_path / "auto"), RunSpec(
+        size=2, hosts=["a", "b"], params=100_000, link=slow,
+        extra_run_fields={"compression_decision": {"requested": "auto", "choice": "fp16",
+                                                   "speedup": 1.28, "reason": reason}}))
+    named = write_run(str(tmp_path / "named"), RunSpec(
+        size=2, hosts=["a", "b"], params=100_000, link=slow,
+        extra_run_fields={"compression_decision": {"requested": "none", "choice": "none"}}))
+    older = write_run(str(tmp_path / "older"), RunSpec(
+        size=2, hosts=["a", "b"], params=100_000, link=slow,
+        train_fields={"compression": "fp16"}))
+    table = build([auto, named, older], ReportOptions(), processes=0).tables.links
+    assert (one_row(table, run="auto")["compression"],
+            one_row(table, run="auto")["compression_reason"]) == ("fp16 (auto)", reason)
+    assert (one_row(table, run="named")["compression"],
+            one_row(table, run="named")["compression_reason"]) == ("none", "named by the run's config")
+    assert (one_row(table, run="older")["compression"],
+            one_row(table, run="older")["compression_reason"]) == (
+        "fp16", "config.json (the run record has no decision)")
+
+
 # ------------------------------------------------------------------------- projection
 
 

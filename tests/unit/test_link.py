@@ -48,3 +48,76 @@ def test_compute_is_the_step_with_the_allreduce_taken_off_at_gamma():
     assert link.compute_seconds(0.4, 0.0, 3.0) == 0.4  # no allreduce
     assert link.compute_seconds(0.1, 0.2, 1.0) == 0.0  # the allreduce alone is longer
     assert link.GAMMA_GRID[0] == 1.0 and link.GAMMA_GRID[-1] == pytest.approx(10.0)
+
+
+# --- --compression auto's decision, on links fitted as a run fits its probe ------------
+
+#: The demo U-Net's trainable parameters (7.8 MB of float32 gradients).
+DEMO_PARAMS = 1_950_000
+#: A 2-rank demo step's compute (4 slices per rank of the global batch of 8): 0.09 s in
+#: bfloat16 on the development machine (docs/studies/precision-auto-2026-11-26.md).
+DEMO_COMPUTE_S = 0.09
+
+
+def _fitted(bandwidth_gbps, latency_us, ranks=2):
+    """The link a run's probe fits to allreduces of ``link.PROBE_BYTES`` that took what
+    the ring model gives at that bandwidth and latency."""
+    sizes = list(link.PROBE_BYTES)
+    seconds = [link.sync_seconds(n, ranks, bandwidth_gbps, latency_us) for n in sizes]
+    return link.fit(sizes, seconds, ranks)
+
+
+def _choice(fitted, compute_s=DEMO_COMPUTE_S, params=DEMO_PARAMS):
+    assert link.exact_reason(fitted["ranks"], False, fitted["bandwidth_gbps"]) is None
+    return link.compression_choice(compute_s, params, fitted["ranks"], fitted["bandwidth_gbps"],
+                                   fitted["latency_us"], samples_per_step=8)
+
+
+def test_fp16_is_taken_on_a_1_gbit_link_with_the_demos_gradients():
+    got = _choice(_fitted(1.0, 50.0))
+    assert got["choice"] == "fp16"
+    # 7.8 MB through each rank's link at 1 Gbit/s, 2 rounds of 50 us; half the bytes in fp16.
+    exact = 7.8e6 * 8 / 1e9 + 100e-6
+    assert got["allreduce_s"]["none"] == pytest.approx(exact)
+    assert got["allreduce_s"]["fp16"] == pytest.approx(exact / 2 + 50e-6)
+    assert got["gradient_bytes"] == {"none": 7.8e6, "fp16": 3.9e6}
+    # No overlap: the step is compute plus allreduce, samples/s the global batch over it.
+    assert got["step_s"]["none"] == pytest.approx(DEMO_COMPUTE_S + exact)
+    assert got["samples_per_s"]["none"] == pytest.approx(8 / (DEMO_COMPUTE_S + exact))
+    assert got["speedup"] == pytest.approx(got["samples_per_s"]["fp16"] / got["samples_per_s"]["none"])
+    assert got["speedup"] > 1.25 and got["threshold"] == link.FP16_MIN_SPEEDUP == 1.10
+    assert got["reason"].startswith(f"fp16 predicted {got['speedup']:.2f}x")
+    assert "taken at 1.10x or more" in got["reason"]
+
+
+def test_exact_float32_is_kept_on_a_10_gbit_link():
+    got = _choice(_fitted(10.0, 50.0))
+    assert got["choice"] == "none"
+    assert 1.0 < got["speedup"] < 1.10
+    assert "exact float32 kept below 1.10x" in got["reason"]
+
+
+def test_one_host_or_one_rank_keeps_exact_float32_with_no_link_measured():
+    assert link.exact_reason(2, True, None).startswith("every rank on one host")
+    assert link.exact_reason(1, True, None).startswith("one rank")
+    # Across hosts, a probe that fitted no bandwidth gives nothing to predict from.
+    assert "no bandwidth" in link.exact_reason(4, False, None)
+    assert link.exact_reason(4, False, 0.9) is None
+
+
+def test_fp16_is_taken_from_exactly_ten_percent_more_samples_per_second():
+    fitted = _fitted(1.0, 50.0)
+    sync = link.sync_seconds(link.gradient_bytes(DEMO_PARAMS), 2, fitted["bandwidth_gbps"],
+                             fitted["latency_us"])
+    half = link.sync_seconds(link.gradient_bytes(DEMO_PARAMS, "fp16"), 2,
+                             fitted["bandwidth_gbps"], fitted["latency_us"])
+    # (c + sync) / (c + half) = 1.10 at c = (sync - 1.10 half) / 0.10.
+    edge = (sync - 1.10 * half) / 0.10
+    assert _choice(fitted, edge * (1 - 1e-9))["choice"] == "fp16"
+    assert _choice(fitted, edge * (1 + 1e-9))["choice"] == "none"
+    assert _choice(fitted, edge)["speedup"] == pytest.approx(1.10, rel=1e-12)
+
+
+def test_a_gradient_is_2_bytes_a_parameter_in_fp16():
+    assert link.gradient_bytes(31_000_000, "fp16") == 62_000_000
+    assert link.gradient_bytes(10, "none") == link.gradient_bytes(10) == 40
