@@ -141,19 +141,19 @@ def _how(norm) -> str:
             f"z-score by mean {norm.mean:.1f} and std {norm.std:.1f})")
 
 
-def preprocessing(norm, ndim: int) -> dict:
+def preprocessing(norm, ndim: int, size: int) -> dict:
     """The file attribute ``preprocessing`` (as ``convert`` writes it): what
     ``distseg-predict`` repeats on a scan, the CT channel's normalisation ``norm``
     (``Intensity``) at the top and under ``channels``."""
-    return {**norm.describe(), "ndim": ndim, "size": 128 if ndim == 2 else 0,
+    return {**norm.describe(), "ndim": ndim, "size": size if ndim == 2 else 0,
             "channels": [{"name": "CT", **norm.describe()}]}
 
 
-def _attrs(norm, ndim: int) -> dict:
+def _attrs(norm, ndim: int, size: int) -> dict:
     """``hu_window`` (NaN unless the window) and ``preprocessing`` of a written file."""
     import json
     return {"hu_window": (norm.low, norm.high) if norm.kind == "ct" else (np.nan, np.nan),
-            "preprocessing": json.dumps(preprocessing(norm, ndim), sort_keys=True)}
+            "preprocessing": json.dumps(preprocessing(norm, ndim, size), sort_keys=True)}
 
 
 def convert(out: str, source_dir: str | None = None,
@@ -166,7 +166,7 @@ def convert(out: str, source_dir: str | None = None,
     slab = np.arange(img.shape[0]) // SLAB
     split = np.array([h5format.SPLITS[splits[int(s)]] for s in slab], dtype=np.uint8)
     values, norm = normalised(img, lab, splits, ct_norm)
-    attrs = _attrs(norm, 2)
+    attrs = _attrs(norm, 2, img.shape[-1])
     data.write_dataset(
         out, values[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
@@ -193,7 +193,7 @@ def convert_volumes(out: str, source_dir: str | None = None,
     splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
     hu, norm = normalised(img, lab, splits, ct_norm)
-    attrs = _attrs(norm, 3)
+    attrs = _attrs(norm, 3, img.shape[-1])
     parts = [(slice(a * SLAB, b * SLAB), 117 * 100 + a, h5format.SPLITS[split])
              for a, b, split in volume_parts(splits) if a * SLAB < len(hu)]
     return volumes.write_volumes(
