@@ -30,9 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+from distseg.data import lits  # noqa: E402
+
 from benchlib import launch, machine, runlogs  # noqa: E402
 from benchlib.args import add_results_dir  # noqa: E402
-from distseg.data import lits  # noqa: E402
 
 
 def recipe(text: str) -> tuple[str, list[str]]:
