@@ -54,7 +54,7 @@ PROJ_COLS = ("kind", "run", "nodes", "ranks", "steps_per_epoch", "step_s", "allr
              "epoch_s", "model_epoch_s", "residual_s", "efficiency", "note")
 LINK_COLS = ("run", "ranks", "hosts", "link", "bandwidth_gbps", "latency_us", "sizes_timed",
              "largest_bytes", "largest_s", "largest_gbps", "traced_allreduce_s",
-             "modelled_allreduce_s", "traced_wait_s", "compression", "compression_reason", "note")
+             "modelled_allreduce_s", "traced_wait_s", "compression", "note")
 PROJECTION_TITLE = "Projection (model, not measured)"
 PROJECTION_TARGET_TITLE = "Projection to target (model, not measured)"
 
@@ -169,7 +169,7 @@ def link_section(t: Tables) -> Section | None:
                    "bytes, and the time the first rank waited for the last before the step's "
                    "allreduces (imbalance, not the link). compression: how the gradients "
                    "travelled (none: exact float32; fp16: half the bytes, a rounded update; "
-                   "(auto): decided at the run's start) and compression_reason why: under "
+                   "(auto): decided at the run's start), and in links.csv compression_reason why: under "
                    "--compression auto, the step predicted with and without fp16 on the "
                    f"measured link, fp16 taken at {FP16_MIN_SPEEDUP:.2f}x the samples/s or "
                    "more. "
