@@ -33,6 +33,23 @@ class LrType(click.ParamType):
         return lr
 
 
+class EveryType(click.ParamType):
+    """A whole number of steps >= 1, or ``auto`` (0 in the config)."""
+
+    name = "K|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or value == 0:
+            return 0
+        try:
+            every = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a whole number nor 'auto'", param, ctx)
+        if every < 1:
+            self.fail(f"{value!r} must be >= 1 (or auto)", param, ctx)
+        return every
+
+
 TRAIN_FLAGS = {
     # flag name -> (config path, click type, help)
     "epochs": ("train.epochs", click.IntRange(1), "Passes over the training slices."),
@@ -65,6 +82,7 @@ TRAIN_FLAGS = {
     "checkpoint_every": ("train.checkpoint_every", click.IntRange(0), "Checkpoint every N epochs on rank 0 (0: last only)."),
     "hang_timeout": ("train.hang_timeout", click.FloatRange(0), "Seconds a rank may wait in a collective before it ends the run naming the ranks that stopped answering (0: forever)."),
     "precise_bn": ("train.precise_bn", click.IntRange(0), "Precise BatchNorm: after each epoch, replace BatchNorm's moving statistics by the mean batch statistics of the epoch's first K steps, weights frozen, averaged over the ranks, so validation and checkpoints normalise with statistics of their own weights (0: off; docs/training.md#precise-batchnorm)."),
+    "noise_every": ("train.noise_every", EveryType(), "Measure the gradient noise scale (and, on one rank, take the batch as two halves for it) every K-th step, or auto (the default): every step where the estimate steers the lr or batch (--lr-scaling gain/adascale, --batch-policy goodput); else time both kinds of step in the first epoch, then the smallest K whose measured steps take at most 1 % of training (docs/training.md#gradient-noise-scale). The update is the same either way."),
     "on_nonfinite": ("train.on_nonfinite", click.Choice(config_lib.NONFINITE), "A non-finite loss or gradient on any rank: stop every rank, or skip that step's update everywhere."),
     "slab": ("data.slab", str, "3D: training input D,H,W cut from each volume (multiples of 2**depth), 'full', or 'auto': the slab, --depth and the batch (--global-batch, or --batch-size per rank) all planned as nnU-Net's planner plans them, from the training volumes' median shape and the network's memory estimate (4 GiB per rank); give D,H,W, --depth and the batch to fix them (docs/training.md#3d-u-net-on-volumes)."),
     "foreground_fraction": ("data.foreground_fraction", click.FloatRange(0, 1), "Share of training samples made to hold foreground, drawn per sample from seed, epoch and id (any rank count alike): 3D slabs re-centred on a foreground voxel, 2D slices replaced by a slice holding foreground (nnU-Net: 0.33)."),

@@ -240,6 +240,16 @@ class TrainConfig:
     over the ranks (``distseg.training.precisebn``): validation and the saved model
     then normalise with statistics of the weights they hold, not an average that lags
     them. Costs a forward pass per step; nothing without BatchNorm."""
+    noise_every: int = 0
+    """Which steps measure the gradient noise scale (its norms and, on one rank, the
+    batch's two halves): every ``noise_every``-th, or 0 (``auto``, the default): every
+    step where the estimate steers the lr or the batch (``gain``, ``adascale``,
+    ``goodput``); elsewhere the first epoch measures every 4th step and times both
+    kinds, then the smallest cadence
+    whose measured steps take at most 1 % of training (``distseg.training.noise``'s
+    ``Cadence``; a checkpoint keeps the decision). The update is the same math on
+    every step; on one rank the steps that halve the batch round differently, so give
+    a number for runs that must repeat bit for bit."""
     on_nonfinite: str = "stop"
     """A non-finite loss or gradient on any rank: ``stop`` the run (every rank, with one
     message) or ``skip`` that step's update on every rank and count it in the log."""
@@ -362,6 +372,7 @@ def _train_checks(cfg: "Config") -> list:
         (t.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {t.weight_decay}"),
         (t.clip_norm >= 0, "train.clip_norm", f"must be >= 0 (0: off), got {t.clip_norm}"),
         (t.precise_bn >= 0, "train.precise_bn", f"must be >= 0 (0: off), got {t.precise_bn}"),
+        (t.noise_every >= 0, "train.noise_every", f"must be >= 0 (0: auto), got {t.noise_every}"),
         (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
          f"must be one of {NONFINITE}, got {t.on_nonfinite!r}"),
         (t.intra_op_threads >= 0, "train.intra_op_threads", "must be >= 0"),
@@ -634,13 +645,14 @@ def _overridden(cfg: Config, overrides: Mapping[str, Any] | None) -> Config:
 RESUME_MAY_CHANGE = ("train.epochs", "train.intra_op_threads", "train.inter_op_threads",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.validate",
                      "train.tensorboard",
-                     "train.on_nonfinite", "train.hang_timeout", "data.prefetch")
+                     "train.on_nonfinite", "train.hang_timeout", "train.noise_every",
+                     "data.prefetch")
 
 
 #: Fields added since runs were first written, with what a config.json without them
 #: trained with, where that differs from the liver2d preset it is read over.
 ABSENT_MEANS = {"data.augment": "none", "train.lr_schedule": "constant", "train.precise_bn": 0,
-                "train.compression": "none"}
+                "train.compression": "none", "train.noise_every": 1}
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -51,7 +51,8 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     spent waiting for input), loss (the loss of the whole global batch, the same on
     every rank; schema 1: the mean of the ranks' own losses), loss_local (this rank's
     batch), lr, samples (this rank's batch size), grad_sq [mean over ranks of
-    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes).
+    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes; only on
+    the steps that measure it, ``--noise-every``).
 ``epoch`` each finished epoch:
     epoch, t, epoch_time (training and validation), train_time (training only, with the
     epoch-end BatchNorm averaging and weight check), steps, samples (this rank's
@@ -62,7 +63,8 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares],
     noise_scale {b_simple, g2, tr_sigma (tr(Sigma), the per-sample gradient covariance's
     trace; Adam-preconditioned), b_simple_raw, g2_raw, tr_sigma_raw, small_batch,
-    big_batch, base_batch, method, ema, preconditioned} (``distseg.training.noise``;
+    big_batch, base_batch, method, ema, preconditioned, cadence {every, auto, decision}}
+    (``distseg.training.noise``;
     schema 1-2: trace, trace_raw), lr_rule {rule, lr, gain, progress, global_batch,
     base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy
     goodput`` goodput {policy, per_rank (this epoch's), options, step_time_model

@@ -35,7 +35,18 @@ from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
 from distseg.training import best as best_lib
 from distseg.training import board as board_lib
-from distseg.training import checkpoint, factory, precisebn, records, resume, startup, steps, stopping, validation
+from distseg.training import (
+    checkpoint,
+    factory,
+    noise,
+    precisebn,
+    records,
+    resume,
+    startup,
+    steps,
+    stopping,
+    validation,
+)
 from distseg.training import elastic as elastic_lib
 from distseg.training.observers import Console, Timeline
 from distseg.training.plan import PlannedBatches, origin_step
@@ -151,6 +162,7 @@ def use_plan(s: Session, origin: tuple[int, int]) -> None:
     s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
     s.training.noise.gradients_per_rank = s.train_step.gradients_per_rank
     s.fresh = True
+    s.noise_mode = None
 
 
 # --- one step -----------------------------------------------------------------------
@@ -173,6 +185,16 @@ def _set_lr(s: Session) -> float:
     if now != before:  # changes during the warm-up, and every step with the gain rule
         lr.assign(s.optimizer, now)
     return now
+
+
+def _noise_mode(s: Session) -> int:
+    """What this step does for the noise scale (``noise.Cadence``), told to the train
+    step where it changes."""
+    mode = s.training.cadence.mode(s.global_step)
+    if mode != s.noise_mode:
+        s.train_step.noise_mode.assign(mode)
+        s.noise_mode = mode
+    return mode
 
 
 def _step(s: Session, result: EpochResult, step: int, images, masks) -> steps.StepResult:
@@ -214,19 +236,21 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     step_start = time.perf_counter()
     ids, images, masks = _next_batch(s, result)
     data_wait = time.perf_counter() - step_start
-    step_lr = _set_lr(s)
+    step_lr, mode = _set_lr(s), _noise_mode(s)
     first, out = s.fresh, _step(s, result, step, images, masks)
     s.fresh = False
     failed, stop, nonfinite = steps.Flags.of(out.flags)
     if failed:
         agreement.raise_agreed(result.failure)
-    loss_local, loss, grad_sq = float(out.loss_local), float(out.loss), [float(g) for g in out.grad_sq]
+    loss_local, loss = float(out.loss_local), float(out.loss)
+    measured = {"grad_sq": [float(g) for g in out.grad_sq]} if mode == noise.MEASURE else {}
     now = time.perf_counter()
-    s.training.observe(grad_sq, applied=not nonfinite, seconds=None if first else now - step_start)
+    s.training.observe(measured.get("grad_sq"), applied=not nonfinite,
+                       seconds=None if first else now - step_start, mode=mode)
     log_step(s, result, dict(epoch=result.epoch, step=step, global_step=s.global_step,
                              t=now - s.t0, step_time=now - step_start, data_wait=data_wait,
                              loss=loss, loss_local=loss_local, lr=step_lr, samples=len(ids),
-                             grad_sq=grad_sq, **({"skipped": True} if nonfinite else {})))
+                             **measured, **({"skipped": True} if nonfinite else {})))
     result.seen.append(ids)
     result.losses.append(loss)
     result.losses_local.append(loss_local)
@@ -329,6 +353,20 @@ def decide_batch(s: Session):
     return dist.broadcast_object(s.training.decide() if s.ctx.is_root() else None)
 
 
+def decide_cadence(s: Session) -> None:
+    """Collective under ``--noise-every auto``, at the first epoch's end where both kinds
+    of step have been timed (the same epoch on every rank: they time the same steps):
+    the cadence of rank 0's medians, taken by every rank; says so on rank 0."""
+    cadence = s.training.cadence
+    if not cadence.ready:
+        return
+    medians = dist.broadcast_object(cadence.medians() if s.ctx.is_root() else None)
+    d = cadence.decide(*medians, s.global_step)
+    s.console.say(f"noise scale: measured every {d['every']} step(s) from step "
+                  f"{s.global_step} (a measuring step {d['measured_s'] * 1e3:.0f} ms, another "
+                  f"{d['plain_s'] * 1e3:.0f} ms: {d['share']:.1%} of training)")
+
+
 def switch_batch(s: Session, epoch: int) -> None:
     """Trains from ``epoch`` on with the batch the policy took; says so on rank 0."""
     use_plan(s, (epoch, 0))
@@ -361,6 +399,7 @@ def train_epochs(s: Session) -> int:
         val = validate(s)
         result.epoch_time = result.elapsed_before + time.perf_counter() - result.start
         choice = decide_batch(s) if epoch + 1 < epochs else None
+        decide_cadence(s)
         record = agreement.agree(records.epoch_record, s, result, val, choice)
         s.epochs_done = epoch + 1
         for observer in s.observers:  # TensorBoard's is a collective: every rank, in order

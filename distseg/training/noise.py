@@ -33,6 +33,12 @@ preconditioned one is the noise of the update Adam actually makes; it drives the
 (``gain``, AdaScale) and the batch policy, and B_simple = tr(Sigma) / |G|^2 of both is
 logged.
 
+The norms, and on one rank the halves, cost time (about 8 % of the demo's bfloat16 step:
+docs/performance.md#the-step-against-its-peers), so they are taken every ``k``-th step
+(``Cadence``, ``--noise-every``): under ``auto`` the run times both kinds of step and
+takes the smallest ``k`` that keeps their extra time within ``COST_SHARE`` of training.
+The step is traced once for both kinds (``steps.make_train_step``'s ``noise_mode``).
+
 Plain Python: the loop feeds it floats; the log holds its ``record()``, a checkpoint
 its ``state()``.
 """
@@ -40,6 +46,7 @@ its ``state()``.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from distseg.core import goodput
@@ -126,14 +133,17 @@ class NoiseScale:
             return "ranks"
         return "halves" if self.gradients_per_rank > 1 else "consecutive"
 
-    def update(self, small_sq: float, big_sq: float, small_pre: float, big_pre: float) -> None:
-        """One step's squared norms, raw and preconditioned (``steps.StepResult.grad_sq``);
+    def update(self, small_sq: float, big_sq: float, small_pre: float, big_pre: float,
+               steps: int = 1) -> None:
+        """One step's squared norms, raw and preconditioned (``steps.StepResult.grad_sq``),
+        standing for ``steps`` steps (``Cadence.every``: the averages decay by the samples
+        those steps trained, so their horizon in samples does not depend on the cadence);
         a step with a non-finite one (or none: the first of a one-rank launch) is skipped."""
         values = (small_sq, big_sq, small_pre, big_pre)
         if not all(math.isfinite(v) for v in values):
             return
         count, part = self.count, self.gradient_samples
-        decay = DECAY ** (part * count / self.base)
+        decay = DECAY ** (part * count * steps / self.base)
         for kind, (s, b) in zip(KINDS, ((small_pre, big_pre), (small_sq, big_sq))):
             self.averages[kind].update(*estimates(s, b, part, count), decay)
 
@@ -171,3 +181,109 @@ class NoiseScale:
         """Continues from ``state()`` (None or a state of other kinds: from scratch)."""
         if state and set(state) == set(KINDS):
             self.averages = {k: Average(*map(float, v)) for k, v in state.items()}
+
+
+#: What a step does for the noise scale (``steps.make_train_step``'s ``noise_mode``):
+#: nothing, keep its gradient for the next step's estimate (one rank without halves:
+#: the difference estimator), or measure.
+SKIP, KEEP, MEASURE = 0, 1, 2
+#: ``--noise-every auto``: the measured steps' extra time, at most this share of the
+#: training time.
+COST_SHARE = 0.01
+#: ``auto``'s cadence until both kinds of step are timed: every 4th step measures.
+FIRST_EVERY = 4
+#: Timed steps of each kind ``auto`` decides from (a launch's first step, which traces,
+#: is not timed).
+TIMED_EACH = 2
+#: The longest cadence ``auto`` takes, whatever the cost: the batch policy and the gain
+#: rule still see an estimate every so many steps.
+MOST_EVERY = 64
+
+
+def mode_of(global_step: int, every: int) -> int:
+    """What step ``global_step`` does under a cadence of ``every``: ``MEASURE`` on every
+    ``every``-th step, ``KEEP`` on the step before (the difference estimator's first
+    gradient), else ``SKIP``."""
+    if global_step % every == 0:
+        return MEASURE
+    return KEEP if (global_step + 1) % every == 0 else SKIP
+
+
+def every_for(measured_s: float, plain_s: float, share: float = COST_SHARE) -> int:
+    """The smallest cadence whose measured steps cost at most ``share`` of training:
+    (measured_s - plain_s) / every <= share * plain_s, within 1 and ``MOST_EVERY``."""
+    extra = max(measured_s - plain_s, 0.0)
+    if plain_s <= 0 or extra == 0:
+        return 1
+    return min(max(math.ceil(extra / (share * plain_s)), 1), MOST_EVERY)
+
+
+@dataclass
+class Cadence:
+    """Which steps take the noise scale's norms (and halves): every ``every``-th one. A
+    fixed ``--noise-every K`` stays; ``auto`` measures every step where the estimate
+    ``steers`` training, else starts at ``FIRST_EVERY``, times both
+    kinds of step, and once it has ``TIMED_EACH`` of each, takes ``every_for`` of rank
+    0's medians (``decide``; every rank has timed the same steps, so every rank is ready
+    at the same epoch's end and takes the same cadence)."""
+
+    every: int
+    auto: bool = False
+    steers: bool = False
+    """The estimate steers training (the ``gain`` and ``adascale`` lr rules, the
+    ``goodput`` policy): ``auto`` then measures every step and decides nothing, so the
+    lr and batch follow each step's estimate and no timing changes them."""
+    decision: dict | None = None
+    """Under ``auto``, once decided: every, measured_s, plain_s (median step seconds of
+    each kind), share (the measured steps' extra time at that cadence, as a share of
+    training), global_step (where it was decided)."""
+    timed: dict = field(default_factory=lambda: {MEASURE: [], SKIP: []})
+
+    @classmethod
+    def of(cls, noise_every: int, steers: bool = False) -> "Cadence":
+        """The cadence of ``train.noise_every`` (0: auto) for a run whose estimate
+        ``steers`` its lr or batch, or not."""
+        if noise_every:
+            return cls(noise_every, steers=steers)
+        return cls(1 if steers else FIRST_EVERY, auto=True, steers=steers)
+
+    def mode(self, global_step: int) -> int:
+        return mode_of(global_step, self.every)
+
+    def observe(self, mode: int, seconds: float | None) -> None:
+        """One step's kind and time (None: not timed, e.g. a step that traced)."""
+        if self.auto and not self.steers and self.decision is None and seconds is not None:
+            self.timed[MEASURE if mode == MEASURE else SKIP].append(seconds)
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``auto`` has what it decides from and has not decided yet."""
+        return (self.auto and not self.steers and self.decision is None
+                and min(len(t) for t in self.timed.values()) >= TIMED_EACH)
+
+    def medians(self) -> tuple[float, float]:
+        """(measured, plain) median step seconds on this rank."""
+        return (statistics.median(self.timed[MEASURE]), statistics.median(self.timed[SKIP]))
+
+    def decide(self, measured_s: float, plain_s: float, global_step: int) -> dict:
+        """Takes ``every_for`` of rank 0's medians; returns the decision."""
+        self.every = every_for(measured_s, plain_s)
+        extra = max(measured_s - plain_s, 0.0)
+        self.decision = {"every": self.every, "measured_s": measured_s, "plain_s": plain_s,
+                         "share": extra / self.every / plain_s if plain_s > 0 else 0.0,
+                         "global_step": global_step}
+        self.timed = {MEASURE: [], SKIP: []}
+        return self.decision
+
+    def record(self) -> dict:
+        """The ``noise_scale`` record's ``cadence``: every (in force), auto, decision;
+        also what a checkpoint keeps (``restore``)."""
+        return {"every": self.every, "auto": self.auto, "steers": self.steers,
+                "decision": self.decision}
+
+    def restore(self, kept: dict | None) -> None:
+        """Under ``auto``, a checkpoint's decided cadence (``record()``): a resumed run
+        measures the steps the uninterrupted run measures, and does not decide again. A
+        fixed ``--noise-every`` stays as given."""
+        if self.auto and kept and kept.get("auto") and kept.get("decision"):
+            self.every, self.decision = int(kept["every"]), dict(kept["decision"])

@@ -60,6 +60,8 @@ class Session:
     """The train step traced for the batch in force."""
     fresh: bool = True
     """The next step traces the train step (not timed for the policy; longer watch)."""
+    noise_mode: int | None = None
+    """What ``train_step.noise_mode`` was last told (``noise.Cadence``; None: not yet)."""
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
     link: dict | None = None

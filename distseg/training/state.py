@@ -11,13 +11,21 @@ Horovod; the loop does the collectives (rank 0 decides, every rank ``take``s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
+from distseg.training import noise as noise_lib
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
-from distseg.training.noise import NoiseScale
+from distseg.training.noise import Cadence, NoiseScale
 from distseg.training.plan import EpochPlan
+
+
+def noise_steers(train_cfg) -> bool:
+    """Whether the run's lr or batch follows the gradient noise scale: an lr rule of
+    ``lr.GAIN_RULES`` (per-rank or grown batches) or the ``goodput`` policy."""
+    return (train_cfg.batch_policy == "goodput"
+            or bool({train_cfg.lr_scaling, train_cfg.grown_lr_scaling} & set(lr.GAIN_RULES)))
 
 
 @dataclass
@@ -56,6 +64,9 @@ class TrainingState:
     ends."""
     note: str | None = None
     """What a resume did to the schedule, for the resume record's warnings."""
+    cadence: Cadence = field(default_factory=lambda: Cadence(1))
+    """Which steps measure the noise scale (``train.noise_every``); each launch decides
+    its own under ``auto``."""
 
     @classmethod
     def initial(cls, train_cfg, train_samples: int, ranks: int, kept: dict | None = None,
@@ -76,7 +87,8 @@ class TrainingState:
                                  batch.per_rank // fold)
         planned = EpochPlan.of(train_cfg, train_samples, ranks * fold)
         horizon = float(train_cfg.epochs * planned.steps * planned.batch.global_batch)
-        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold, horizon=horizon)
+        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold, horizon=horizon,
+                   cadence=Cadence.of(train_cfg.noise_every, noise_steers(train_cfg)))
 
     @property
     def warm(self) -> float:
@@ -99,18 +111,23 @@ class TrainingState:
         self.lr_now = lr.at(self.plan, clock, self.noise.gain(big), self.progress) * self.decay()
         return self.lr_now
 
-    def observe(self, grad_sq, applied: bool, seconds: float | None = None) -> None:
+    def observe(self, grad_sq, applied: bool, seconds: float | None = None,
+                mode: int = noise_lib.MEASURE) -> None:
         """One step: its squared gradient norms (``steps.StepResult.grad_sq``), whether
-        its update was applied (every rank skips a non-finite one), and its time for
-        the policy (None: not timed, e.g. a step that traced the train step)."""
+        its update was applied (every rank skips a non-finite one), its time for the
+        policy and the cadence (None: not timed, e.g. a step that traced the train
+        step), and what it did for the noise scale (``noise.MEASURE``: its norms stand
+        for the cadence's steps; otherwise it has none)."""
         big = self.plan.batch.global_batch
+        if applied and mode == noise_lib.MEASURE:
+            self.noise.update(*grad_sq, steps=self.cadence.every)
         if applied:
-            self.noise.update(*grad_sq)
             self.progress += self.noise.gain(big)
         self.samples += big
         self.trained += big
         if self.policy is not None and seconds is not None:
             self.policy.observe(seconds)
+        self.cadence.observe(mode, seconds)
 
     # --- each epoch's end ------------------------------------------------------------
 
@@ -138,7 +155,8 @@ class TrainingState:
         """What an ``epoch`` record holds of this state: the noise scale, the lr rule and,
         under the policy, the per-rank batch the epoch ``ran`` and ``choice`` for the
         next one."""
-        fields = {"noise_scale": self.noise.record(), "lr_rule": self.lr_rule()}
+        fields = {"noise_scale": {**self.noise.record(), "cadence": self.cadence.record()},
+                  "lr_rule": self.lr_rule()}
         if self.policy is not None:
             fields["goodput"] = self.policy.record(ran, choice)
         return fields
@@ -160,12 +178,14 @@ class TrainingState:
         return {"noise": self.noise.state(), "progress": self.progress,
                 "samples": self.samples, "global_batch": self.plan.batch.global_batch,
                 "trained": self.trained, "horizon": self.horizon, "epochs": self.train_cfg.epochs,
+                "cadence": self.cadence.record(),
                 "policy": None if self.policy is None else self.policy.state()}
 
     def restore(self, kept: dict | None, global_step: int = 0) -> None:
         """Continues a checkpoint's ``state()``: the averages, progress and samples where
         it trained the same global batch (a run of other ranks or batches: afresh), the
-        policy's state where the policy kept one. A checkpoint that kept no sample count
+        policy's state where the policy kept one, the cadence ``auto`` decided
+        (``noise.Cadence.restore``). A checkpoint that kept no sample count
         trained ``global_step`` steps of this batch."""
         big = self.plan.batch.global_batch
         if kept and kept.get("global_batch") == big:
@@ -174,6 +194,8 @@ class TrainingState:
             self.samples = int(kept.get("samples", global_step * big))
         if kept and self.policy is not None:
             self.policy.restore(kept.get("policy"))
+        if kept:
+            self.cadence.restore(kept.get("cadence"))
         self.trained = int(kept["trained"]) if kept and "trained" in kept else \
             (self.samples or global_step * big)
         if kept and kept.get("horizon"):

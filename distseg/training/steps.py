@@ -162,17 +162,38 @@ def halved_loss_and_grads(model, images, masks, num_classes: int, loss: str):
     return value, value, grads, halves
 
 
+def halves_where(measure, model, images, masks, num_classes: int, loss: str):
+    """``halved_loss_and_grads`` where the bool tensor ``measure`` is true, else one
+    pass over the batch (``loss_and_grads``; its gradient stands for both halves): the
+    same update, and the halves' extra time only on the steps that measure the noise
+    scale. Both are traced in the one step."""
+    import tensorflow as tf
+
+    def halved():
+        return halved_loss_and_grads(model, images, masks, num_classes, loss)
+
+    def whole():
+        value, local_loss, grads = loss_and_grads(model, images, masks, num_classes, loss)
+        return value, local_loss, grads, [grads, grads]
+
+    return tf.cond(measure, halved, whole)
+
+
 def checked_loss_and_grads(model, images, masks, num_classes: int, loss: str,
-                           ranks: int = 1, halved: bool = False) -> Checked:
-    """``loss_and_grads`` (``halved_loss_and_grads`` if ``halved``) with what the step
-    needs to skip an update (``Checked``)."""
+                           ranks: int = 1, halved: bool = False, measure=None) -> Checked:
+    """``loss_and_grads`` (``halved_loss_and_grads`` if ``halved``; only where the bool
+    tensor ``measure`` is true if given, ``halves_where``) with what the step needs to
+    skip an update (``Checked``)."""
     import tensorflow as tf
     # BatchNorm's moving statistics change in the forward pass itself: keep a copy
     # to put back when the step is skipped, so a NaN batch cannot poison them.
     stats = list(model.non_trainable_weights)
     before = [tf.identity(v) for v in stats]
     halves = None
-    if halved:
+    if halved and measure is not None:
+        value, local_loss, grads, halves = halves_where(measure, model, images, masks,
+                                                        num_classes, loss)
+    elif halved:
         value, local_loss, grads, halves = halved_loss_and_grads(model, images, masks,
                                                                  num_classes, loss)
     else:
@@ -246,18 +267,34 @@ class PreviousGradient:
         self.grad = tf.Variable(tf.zeros([size]), trainable=False)
         self.valid = tf.Variable(0.0, trainable=False)
 
-    def norms(self, optimizer, grads, variables):
+    def norms(self, optimizer, grads, variables, mode=None):
         """``StepResult.grad_sq`` of this and the last gradient (NaN without a last
-        gradient); keeps ``grads`` as the last."""
+        gradient); keeps ``grads`` as the last. Under a ``noise_mode`` tensor ``mode``
+        (``noise.MEASURE``, ``KEEP`` or ``SKIP``): only ``MEASURE`` estimates, ``KEEP``
+        only keeps ``grads``, ``SKIP`` forgets (NaN where nothing is estimated)."""
         import tensorflow as tf
-        g = flat(grads)
-        scale, use = adam_scale(optimizer, variables)
-        out = _pair_norms(g, tf.convert_to_tensor(self.grad), scale, use)
-        out = tf.where(self.valid > 0, out, tf.fill([4], float("nan")))
-        with tf.control_dependencies([out]):
-            self.grad.assign(g)
-            self.valid.assign(1.0)
-        return tf.identity(out)
+
+        def measure():
+            g = flat(grads)
+            scale, use = adam_scale(optimizer, variables)
+            out = _pair_norms(g, tf.convert_to_tensor(self.grad), scale, use)
+            out = tf.where(self.valid > 0, out, _nan_norms())
+            with tf.control_dependencies([out]):
+                kept = [self.grad.assign(g), self.valid.assign(1.0)]
+            with tf.control_dependencies(kept):
+                return tf.identity(out)
+
+        def keep():
+            with tf.control_dependencies([self.grad.assign(flat(grads)), self.valid.assign(1.0)]):
+                return _nan_norms()
+
+        def skip():
+            with tf.control_dependencies([self.valid.assign(0.0)]):
+                return _nan_norms()
+
+        if mode is None:
+            return measure()
+        return tf.switch_case(mode, [skip, keep, measure])
 
     def forget(self) -> None:
         """No last gradient: the next step estimates nothing (as a launch's first)."""
@@ -273,6 +310,18 @@ def halves_norms(optimizer, halves, variables):
 
 def _nothing() -> None:
     pass
+
+
+def _nan_norms():
+    """``StepResult.grad_sq`` of a step that estimates nothing."""
+    import tensorflow as tf
+    return tf.fill([4], float("nan"))
+
+
+def _measured(measure, norms):
+    """``norms()`` where the bool tensor ``measure`` is true, else ``_nan_norms``."""
+    import tensorflow as tf
+    return tf.cond(measure, norms, _nan_norms)
 
 
 def rank_norms(optimizer, grads, variables):
@@ -356,6 +405,22 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
     return tf.cond(skip_flag > 0, skip, apply)
 
 
+def _averaged_update(optimizer, variables, c: Checked, all_flags, measure, compression: str):
+    """A multi-rank step's update of ``checked_loss_and_grads``' ``c``: the gradients,
+    the flags and this rank's |g|^2 (raw and preconditioned; zeros on a step that does
+    not ``measure``) averaged in one grouped allreduce, then applied unless some rank's
+    were not finite."""
+    import tensorflow as tf
+    mine = tf.cond(measure, lambda: rank_norms(optimizer, c.grads, variables)[0],
+                   lambda: tf.zeros([2]))
+    grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine], compression)
+    norms = _measured(measure, lambda: averaged_norms(small, grads,
+                                                      adam_scale(optimizer, variables)))
+    with tf.control_dependencies([norms]):
+        apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
+    return StepResult(c.loss_local, c.loss, mean_flags, norms)
+
+
 def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes: int, loss: str,
                     ranks: int = 1, batch: int | None = None, compression: str = "none",
                     halves: bool = True):
@@ -375,7 +440,9 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     noise scale (``training.noise``), raw and preconditioned by Adam; the small batch's
     ride in the same allreduce. On one rank the gradient is taken as two halves where
     ``can_halve`` allows (``train_step.gradients_per_rank`` is 2), else the last step's gradient is
-    kept as the second. ``ranks``: the ranks sharing the global
+    kept as the second. They (and the halves) are taken only on a call whose
+    ``train_step.noise_mode`` (a variable; ``noise.MEASURE`` until assigned) is
+    ``noise.MEASURE``; the other calls return NaN norms (``noise.Cadence``). ``ranks``: the ranks sharing the global
     batch (``losses.global_loss``); with one, the step has no collective at all (an
     average over one rank is its own value, and a Horovod op would still wait for
     a coordination cycle, a visible share of a small model's step,
@@ -387,8 +454,13 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     """
     import tensorflow as tf
 
+    from distseg.training import noise
+
     halved = halves and ranks == 1 and can_halve(model, batch)
     previous = PreviousGradient(model.trainable_variables) if ranks == 1 and not halved else None
+    # What the next call does for the noise scale (``noise.MEASURE``, ``KEEP`` or
+    # ``SKIP``; ``noise.Cadence``): read inside the step, so no cadence traces it again.
+    mode = tf.Variable(noise.MEASURE, dtype=tf.int32, trainable=False)
 
     # autograph=False: the step's Python branches are on Python values only (tf.cond
     # is explicit), and converting its source cost a good share of the trace
@@ -396,28 +468,28 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     @tf.function(input_signature=_input_spec(model, spatial_shape, batch) + [tf.TensorSpec([2], tf.float32)],
                  autograph=False)
     def train_step(images, masks, flags):
-        c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks, halved)
-        all_flags = tf.concat([flags, [c.nonfinite]], 0)
         variables = model.trainable_variables
+        if not optimizer.built:  # its moments before any branch reads them
+            optimizer.build(variables)
+        mode_now = mode.read_value()
+        measure = tf.equal(mode_now, noise.MEASURE)
+        c = checked_loss_and_grads(model, images, masks, num_classes, loss, ranks, halved,
+                                   measure)
+        all_flags = tf.concat([flags, [c.nonfinite]], 0)
         if ranks == 1:
-            norms = (halves_norms(optimizer, c.halves, variables) if halved
-                     else previous.norms(optimizer, c.grads, variables))
+            norms = (_measured(measure, lambda: halves_norms(optimizer, c.halves, variables))
+                     if halved else previous.norms(optimizer, c.grads, variables, mode_now))
             with tf.control_dependencies([norms]):  # Adam's moments before the update
                 apply_unless(all_flags[NONFINITE], optimizer, c.grads, variables, c.stats,
                              c.before)
             return StepResult(c.loss_local, c.loss, all_flags, norms)
-        # Horovod: average gradients, the flags and this rank's |g|^2 (raw and
-        # preconditioned) in one grouped allreduce.
-        mine, scaled = rank_norms(optimizer, c.grads, variables)
-        grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine],
-                                                            compression)
-        norms = averaged_norms(small, grads, scaled)
-        with tf.control_dependencies([norms]):
-            apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
-        return StepResult(c.loss_local, c.loss, mean_flags, norms)
+        return _averaged_update(optimizer, variables, c, all_flags, measure, compression)
 
     # What steps taken outside training (a timed trial) leave behind, forgotten.
     train_step.forget = previous.forget if previous is not None else _nothing
+    # ``noise.Cadence``: what the next call does for the noise scale (``noise.MEASURE``
+    # unless told otherwise: every step measures).
+    train_step.noise_mode = mode
     # Gradients per rank the norms come from (``noise.NoiseScale.gradients_per_rank``).
     train_step.gradients_per_rank = 2 if halved else 1
     return train_step

@@ -56,7 +56,8 @@ def _config_precision(run_dir: str) -> str:
 
 
 def _steps(run_dir: str, rank: int = 0) -> list:
-    return [(r["loss"], r["grad_sq"]) for r in log_records(run_dir, rank) if r["type"] == "step"]
+    # grad_sq: only on the steps that measure the noise scale (``--noise-every``).
+    return [(r["loss"], r.get("grad_sq")) for r in log_records(run_dir, rank) if r["type"] == "step"]
 
 
 def _checksums(run_dir: str, rank: int = 0) -> list:

@@ -142,7 +142,9 @@ def run_config(scale: str, variant: str, ranks: int, seed: int, epochs: int, n_t
     fixed = {"global_batch": over.get("global_batch", 0), "global_batch_grows": "global_batch" in over}
     train = {"epochs": epochs, "batch_size": batch, "seed": seed, "max_steps_per_epoch": steps,
              "warmup_epochs": over["warmup_passes"] * evals_per_pass, "intra_op_threads": 1,
-             "inter_op_threads": 1, "checkpoint_every": 0, **fixed, **over.get("train", {})}
+             "inter_op_threads": 1, "checkpoint_every": 0,
+             # The noise scale of every step, as the emulation measures it.
+             "noise_every": 1, **fixed, **over.get("train", {})}
     if "lr_multiplier" in over:
         train["lr"] = config_lib.demo().train.lr * over["lr_multiplier"]
     model = {"bn_ghost_batch": 0, **SCALES[scale]["model"], **over.get("model", {})}
