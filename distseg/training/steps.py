@@ -8,6 +8,7 @@ learning rate of every step is ``distseg.core.lr``'s.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple, Sequence
 
@@ -215,85 +216,56 @@ def flat(tensors):
     return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
 
 
-def adam_weights(optimizer, variables):
-    """([1 / (sqrt(v_hat) + epsilon)]^2 per variable, whether to use them): the square of
+def adam_scale(optimizer, variables):
+    """(1 / (sqrt(v_hat) + epsilon) as one vector in ``flat`` order, whether to use it):
     AdaptDL's preconditioner, from Adam's bias-corrected second moments v_hat as they
     stand before this step's update, so the noise measured is that of the update Adam
-    makes. Not used (None, the identity) while Adam has taken fewer than
-    ``noise.PRECONDITION_AFTER`` steps, nor for any optimizer but plain Adam. Per
-    variable, never one vector of the whole model: no copy of every weight."""
+    makes. Not used (the identity) while Adam has taken fewer than
+    ``noise.PRECONDITION_AFTER`` steps, nor for any optimizer but plain Adam."""
     import tensorflow as tf
 
     from distseg.training.noise import PRECONDITION_AFTER
     if not _plain_adam(optimizer):
-        return None, tf.constant(False)
+        return tf.ones([sum(math.prod(v.shape) for v in variables)]), tf.constant(False)
     if not optimizer.built:  # as apply_adam does: the moments on first use
         optimizer.build(variables)
     t = tf.cast(optimizer.iterations, tf.float32)
     correction = tf.maximum(1.0 - tf.pow(tf.constant(optimizer.beta_2, tf.float32), t), 1e-30)
-    velocities = [optimizer._velocities[optimizer._get_variable_index(var)]  # noqa: SLF001
-                  for var in variables]
-    weights = [tf.math.reciprocal(tf.square(tf.sqrt(tf.convert_to_tensor(v) / correction)
-                                            + optimizer.epsilon)) for v in velocities]
-    return weights, t >= PRECONDITION_AFTER
-
-
-def _dot(a, b, weights=None):
-    """sum over variables of a . b (weighted elementwise by ``weights``), in float32."""
-    import tensorflow as tf
-    if weights is None:
-        return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32) * tf.cast(y, tf.float32))
-                         for x, y in zip(a, b)])
-    return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32) * tf.cast(y, tf.float32) * w)
-                     for x, y, w in zip(a, b, weights)])
-
-
-def _sq(grads, weighted):
-    """[|g|^2, preconditioned |g|^2] of ``grads`` under ``adam_weights``' ``weighted``."""
-    import tensorflow as tf
-    weights, use = weighted
-    raw = _dot(grads, grads)
-    if weights is None:
-        return tf.stack([raw, raw])
-    return tf.stack([raw, tf.where(use, _dot(grads, grads, weights), raw)])
+    v = flat([optimizer._velocities[optimizer._get_variable_index(var)]  # noqa: SLF001
+              for var in variables])
+    return 1.0 / (tf.sqrt(v / correction) + optimizer.epsilon), t >= PRECONDITION_AFTER
 
 
 def preconditioned_sq(optimizer, grads, variables):
-    """|g|^2 of ``grads`` preconditioned by Adam (``adam_weights``; the plain |g|^2 where
-    it is not used)."""
-    return _sq(grads, adam_weights(optimizer, variables))[1]
-
-
-def _pair_norms(a, b, weighted):
-    """[mean of |a|^2 and |b|^2, |(a + b) / 2|^2] raw, then preconditioned
-    (``adam_weights``' ``weighted``; lists of per-variable tensors): from three dot
-    products each."""
+    """|g|^2 of ``grads`` preconditioned by ``adam_scale`` (the plain |g|^2 where it is
+    not used)."""
     import tensorflow as tf
-    weights, use = weighted
+    g = flat(grads)
+    scale, use = adam_scale(optimizer, variables)
+    return tf.where(use, tf.reduce_sum(tf.square(g * scale)), tf.reduce_sum(tf.square(g)))
 
-    def two(w):
-        xx, yy, xy = _dot(a, a, w), _dot(b, b, w), _dot(a, b, w)
+
+def _pair_norms(a, b, scale, use):
+    """[mean of |a|^2 and |b|^2, |(a + b) / 2|^2] raw, then preconditioned by ``scale``
+    where ``use`` (flat vectors): from three dot products each."""
+    import tensorflow as tf
+
+    def two(x, y):
+        xx, yy, xy = (tf.reduce_sum(x * x), tf.reduce_sum(y * y), tf.reduce_sum(x * y))
         return tf.stack([(xx + yy) / 2.0, (xx + yy + 2.0 * xy) / 4.0])
-    raw = two(None)
-    if weights is None:
-        return tf.concat([raw, raw], 0)
-    return tf.concat([raw, tf.where(use, two(weights), raw)], 0)
+    raw = two(a, b)
+    return tf.concat([raw, tf.where(use, two(a * scale, b * scale), raw)], 0)
 
 
 class PreviousGradient:
-    """The last step's gradient on a one-rank run, a copy per variable: the second
+    """The last step's gradient on a one-rank run, as one flat vector: the second
     gradient of the noise scale's difference estimator (``training.noise``)."""
 
     def __init__(self, variables):
         import tensorflow as tf
-        self.grad = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False)
-                     for v in variables]
+        size = sum(math.prod(v.shape) for v in variables)
+        self.grad = tf.Variable(tf.zeros([size]), trainable=False)
         self.valid = tf.Variable(0.0, trainable=False)
-
-    def _keep(self, grads):
-        import tensorflow as tf
-        return [v.assign(tf.cast(g, tf.float32)) for v, g in zip(self.grad, grads)] + \
-            [self.valid.assign(1.0)]
 
     def norms(self, optimizer, grads, variables, mode=None):
         """``StepResult.grad_sq`` of this and the last gradient (NaN without a last
@@ -303,16 +275,17 @@ class PreviousGradient:
         import tensorflow as tf
 
         def measure():
-            last = [tf.convert_to_tensor(v) for v in self.grad]
-            out = _pair_norms(grads, last, adam_weights(optimizer, variables))
+            g = flat(grads)
+            scale, use = adam_scale(optimizer, variables)
+            out = _pair_norms(g, tf.convert_to_tensor(self.grad), scale, use)
             out = tf.where(self.valid > 0, out, _nan_norms())
             with tf.control_dependencies([out]):
-                kept = self._keep(grads)
+                kept = [self.grad.assign(g), self.valid.assign(1.0)]
             with tf.control_dependencies(kept):
                 return tf.identity(out)
 
         def keep():
-            with tf.control_dependencies(self._keep(grads)):
+            with tf.control_dependencies([self.grad.assign(flat(grads)), self.valid.assign(1.0)]):
                 return _nan_norms()
 
         def skip():
@@ -331,7 +304,8 @@ class PreviousGradient:
 def halves_norms(optimizer, halves, variables):
     """``StepResult.grad_sq`` of a one-rank step taken as two halves: the halves stand
     for two ranks' gradients."""
-    return _pair_norms(halves[0], halves[1], adam_weights(optimizer, variables))
+    scale, use = adam_scale(optimizer, variables)
+    return _pair_norms(flat(halves[0]), flat(halves[1]), scale, use)
 
 
 def _nothing() -> None:
@@ -351,16 +325,24 @@ def _measured(measure, norms):
 
 
 def rank_norms(optimizer, grads, variables):
-    """This rank's [|g|^2, preconditioned |g|^2]: they ride in the gradient allreduce."""
-    return _sq(grads, adam_weights(optimizer, variables))
+    """This rank's [|g|^2, preconditioned |g|^2] (they ride in the gradient allreduce)
+    and the flat scale for the averaged gradient's (``averaged_norms``)."""
+    import tensorflow as tf
+    g = flat(grads)
+    scale, use = adam_scale(optimizer, variables)
+    raw = tf.reduce_sum(g * g)
+    return tf.stack([raw, tf.where(use, tf.reduce_sum(tf.square(g * scale)), raw)]), (scale, use)
 
 
-def averaged_norms(small, optimizer, grads, variables):
+def averaged_norms(small, grads, scaled):
     """``StepResult.grad_sq`` of a multi-rank step: the ranks' mean ``small`` (from
     ``rank_norms``) and the averaged ``grads``' own."""
     import tensorflow as tf
-    mine = _sq(grads, adam_weights(optimizer, variables))
-    return tf.stack([small[0], mine[0], small[1], mine[1]])
+    scale, use = scaled
+    g = flat(grads)
+    raw = tf.reduce_sum(g * g)
+    return tf.stack([small[0], raw, small[1],
+                     tf.where(use, tf.reduce_sum(tf.square(g * scale)), raw)])
 
 
 def _plain_adam(optimizer) -> bool:
@@ -429,10 +411,11 @@ def _averaged_update(optimizer, variables, c: Checked, all_flags, measure, compr
     not ``measure``) averaged in one grouped allreduce, then applied unless some rank's
     were not finite."""
     import tensorflow as tf
-    mine = tf.cond(measure, lambda: rank_norms(optimizer, c.grads, variables),
+    mine = tf.cond(measure, lambda: rank_norms(optimizer, c.grads, variables)[0],
                    lambda: tf.zeros([2]))
     grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine], compression)
-    norms = _measured(measure, lambda: averaged_norms(small, optimizer, grads, variables))
+    norms = _measured(measure, lambda: averaged_norms(small, grads,
+                                                      adam_scale(optimizer, variables)))
     with tf.control_dependencies([norms]):
         apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
     return StepResult(c.loss_local, c.loss, mean_flags, norms)
