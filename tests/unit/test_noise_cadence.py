@@ -186,3 +186,20 @@ def test_a_skipped_step_forgets_the_consecutive_estimators_gradient():
         got.append(step(images, masks, flags).grad_sq.numpy())
     assert np.isnan(got[2]).all()  # the step before it kept nothing: nothing to compare
     assert all(math.isfinite(v) for v in got[3])
+
+
+@pytest.mark.parametrize("given,want", [("auto", 0), ("1", 1), ("12", 12)])
+def test_the_flag_takes_a_count_or_auto(given, want):
+    from distseg.cli.train import EveryType
+    assert EveryType().convert(given, None, None) == want
+
+
+@pytest.mark.parametrize("given,says", [("often", "neither a whole number nor 'auto'"),
+                                        ("-2", "must be >= 1 (or auto)"),
+                                        ("2.5", "neither a whole number nor 'auto'")])
+def test_the_flag_refuses_anything_else_in_one_line(given, says):
+    import click
+
+    from distseg.cli.train import EveryType
+    with pytest.raises(click.BadParameter, match=says.replace("(", r"\(").replace(")", r"\)")):
+        EveryType().convert(given, None, None)
