@@ -473,7 +473,9 @@ def liver2d() -> Config:
     ranks alike (docs/studies/recipe-real-ct-2026-11-27.md). The augmentation is the phantom's
     choice, what one real case cannot test: on phantoms of other seeds, shifted in
     contrast, intensity, rotation and scale, it raised the validation Dice at every
-    seed (docs/studies/augmentation-2026-11-26.md)."""
+    seed (docs/studies/augmentation-2026-11-26.md) with the GroupNorm model this preset
+    had; with its BatchNorm recipe it bought nothing there, and on held-out slabs of the
+    one real case it lowered the Dice (the real-CT study: a candidate to change)."""
     base = default()
     return dataclasses.replace(
         base, model=dataclasses.replace(base.model, norm="batch", bn_ghost_batch=2),
