@@ -87,7 +87,8 @@ def _timed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
     """Collective: the slowest rank's median seconds of the run's exact step on its first
     batch (``TIMED_STEPS`` after the one that traces it), the state put back."""
     batch = trial.agreed(LABEL, "reading its first batch", trial.first_batch, cfg, ctx, feed)
-    candidate = trial.Candidate.of(train_steps.state)  # the values before the steps
+    # The values before the steps; the kind of step the run mostly takes.
+    candidate = trial.Candidate.of(train_steps.state, trial.usual_noise_mode(cfg))
     candidate.step = trial.agreed(LABEL, "tracing the step", _traced, train_steps, batch[2])
     trial.timed_step(candidate, batch, LABEL, "the first step")
     seconds = [trial.timed_step(candidate, batch, LABEL, f"timed step {i + 1}")

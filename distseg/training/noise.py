@@ -250,6 +250,13 @@ class Cadence:
     def mode(self, global_step: int) -> int:
         return mode_of(global_step, self.every)
 
+    @property
+    def usual_mode(self) -> int:
+        """What most of the run's steps do: ``MEASURE`` where every step measures, else
+        ``SKIP`` (``auto`` settles on a cadence of several steps unless it steers). The
+        kind of step a trial times (``trial.timed_step``)."""
+        return MEASURE if self.every == 1 else SKIP
+
     def observe(self, mode: int, seconds: float | None) -> None:
         """One step's kind and time (None: not timed, e.g. a step that traced)."""
         if self.auto and not self.steers and self.decision is None and seconds is not None:

@@ -244,7 +244,7 @@ def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch)
     dist.broadcast_variables(state.synced, root=0)
     kept = [v.numpy() for v in steps.trial_variables(state.model, state.optimizer)]
     step = _agreed(f"tracing the {p} step", _trace, cfg, ctx, state, feed.input_shape, batch[2])
-    candidate = trial.Candidate(state, step, kept)
+    candidate = trial.Candidate(state, step, kept, trial.usual_noise_mode(cfg))
     _step(candidate, batch, ctx, f"the first {p} step")
     return candidate
 

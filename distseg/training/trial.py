@@ -6,7 +6,9 @@ The batch is the rank's first batch of the run, read with a reader of its own; a
 the timed steps the variables (weights, BatchNorm statistics, dropout seeds) and the
 optimizer state are put back as they were and the step forgets its last gradient
 (``put_back``), so the data order, the noise scale and the logs' steps are those of a
-run that timed nothing.
+run that timed nothing. The timed steps are of the kind most of the run's steps are
+(``usual_noise_mode``): with the noise scale measured every few steps, steps that do not
+measure, so the trial compares what training will run.
 
 No rank fails alone: each piece that may fail on some ranks runs inside an agreement
 point (``agreed``) before the next collective, and a rank whose timed step fails steps
@@ -28,8 +30,9 @@ from distseg.core.errors import Interrupted, RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import steps
+from distseg.training import noise, steps
 from distseg.training.plan import EpochPlan
+from distseg.training.state import noise_steers
 
 
 def failure(label: str, what: str, e: BaseException) -> tuple[str, int]:
@@ -64,20 +67,29 @@ def first_batch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed):
     return images, masks, plan.static_batch(len(feed.train_ids), ctx.size)
 
 
+def usual_noise_mode(cfg: config_lib.Config) -> int:
+    """What most of ``cfg``'s training steps do for the noise scale
+    (``noise.Cadence.usual_mode``): the kind of step the trial times."""
+    return noise.Cadence.of(cfg.train.noise_every, noise_steers(cfg.train)).usual_mode
+
+
 @dataclasses.dataclass
 class Candidate:
-    """A state, its traced step and what its variables held before the timed steps."""
+    """A state, its traced step, what its variables held before the timed steps, and
+    the kind of step timed (``usual_noise_mode``)."""
 
     state: tuple
     step: object
     kept: list
+    noise_mode: int = noise.MEASURE
     seconds: list = dataclasses.field(default_factory=list)
 
     @classmethod
-    def of(cls, state, step=None) -> "Candidate":
-        """``state`` (and ``step``, or one set later), with its variables' values now:
-        what ``put_back`` restores."""
-        return cls(state, step, [v.numpy() for v in steps.trial_variables(state[0], state[1])])
+    def of(cls, state, noise_mode: int = noise.MEASURE) -> "Candidate":
+        """``state`` with its variables' values now (what ``put_back`` restores); its
+        step set later."""
+        return cls(state, None, [v.numpy() for v in steps.trial_variables(state[0], state[1])],
+                   noise_mode)
 
     @property
     def variables(self) -> list:
@@ -98,6 +110,7 @@ def timed_step(candidate: Candidate, batch, label: str, what: str,
     a blank batch with the failed flag (the failure rides the step's allreduce, as a
     failed read does in training), and every rank raises it."""
     images, masks, _ = batch
+    candidate.step.noise_mode.assign(candidate.noise_mode)
     error = None
     start = time.perf_counter()
     try:
@@ -117,6 +130,7 @@ def timed_step(candidate: Candidate, batch, label: str, what: str,
 
 
 def put_back(candidate: Candidate) -> None:
-    """The variables as they were before the timed steps, and no memory of their
-    gradients."""
+    """The variables as they were before the timed steps, no memory of their gradients,
+    and the step measuring again until the run's cadence says otherwise."""
     steps.put_back(candidate.variables, candidate.kept, candidate.step)
+    candidate.step.noise_mode.assign(noise.MEASURE)

@@ -203,3 +203,37 @@ def test_the_flag_refuses_anything_else_in_one_line(given, says):
     from distseg.cli.train import EveryType
     with pytest.raises(click.BadParameter, match=says.replace("(", r"\(").replace(")", r"\)")):
         EveryType().convert(given, None, None)
+
+
+@pytest.mark.parametrize("changes,want", [({}, SKIP), ({"noise_every": 1}, MEASURE),
+                                          ({"noise_every": 5}, SKIP),
+                                          ({"lr_scaling": "gain"}, MEASURE)],
+                         ids=["auto", "every-step", "every-5th", "steering"])
+def test_a_trial_times_the_kind_of_step_the_run_mostly_takes(changes, want):
+    from distseg.core import config as config_lib
+    from distseg.training import trial
+    cfg = config_lib.demo()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
+    assert trial.usual_noise_mode(cfg) == want
+
+
+def test_a_timed_step_runs_in_the_trial_s_kind_and_put_back_measures_again():
+    import keras
+
+    from distseg.training import steps, trial
+    cfg, model = _model("batch", 2)
+    size, c = cfg.model.image_size, cfg.model.num_classes
+    optimizer = keras.optimizers.SGD(0.05)
+    step = steps.make_train_step(model, optimizer, (size, size), c, cfg.train.loss, batch=4)
+    candidate = trial.Candidate.of((model, optimizer, None), SKIP)
+    candidate.step = step
+    seen = []
+    images, masks = next(_batches(1, 4, size))
+    for _ in range(2):
+        trial.timed_step(candidate, (images, masks, 4), "the test", "a step",
+                         lambda: seen.append(int(step.noise_mode.numpy())))
+    assert seen == [SKIP, SKIP]
+    trial.put_back(candidate)
+    assert int(step.noise_mode.numpy()) == MEASURE
+    for v, kept in zip(candidate.variables, candidate.kept):
+        np.testing.assert_array_equal(np.asarray(v), kept)
