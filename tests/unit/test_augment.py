@@ -308,8 +308,9 @@ def test_planned_batches_hand_augmented_batches_that_ranks_share(slices_file, tm
 
 
 def test_presets_and_a_run_from_before_augmentation_resumes_without_it(tmp_path):
-    """liver2d augments (measured to pay for its GroupNorm model), the others do not; a
-    config.json written before ``data.augment`` existed resumes as it trained: none."""
+    """No preset augments (liver2d stopped when it left GroupNorm: the real-CT study); a
+    config.json written before ``data.augment`` existed resumes as it trained: none; one
+    that augmented resumes augmenting."""
     import json
 
     from distseg.core import config as config_lib
@@ -317,7 +318,7 @@ def test_presets_and_a_run_from_before_augmentation_resumes_without_it(tmp_path)
     made = {name: config_lib.resolve(name, None, {"data.path": "x.h5", "run_dir": "r"})
             for name in config_lib.PRESETS}
     assert {n: c.data.augment for n, c in made.items()} == {
-        "liver2d": "default", "demo": "none", "smoke": "none", "liver3d": "none", "smoke3d": "none"}
+        "liver2d": "none", "demo": "none", "smoke": "none", "liver3d": "none", "smoke3d": "none"}
     old = made["liver2d"].to_dict()
     del old["data"]["augment"]
     run = tmp_path / "run"
