@@ -52,3 +52,16 @@ def horovodrun(*command, ranks: int = 2, controller: str | None = None, timeout:
     return run_group(horovodrun_cmd(*command, ranks=ranks, controller=controller,
                                     launcher_args=launcher_args),
                      timeout=timeout, env=command_env())
+
+
+def train(*args, ranks: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``distseg-train ARGS`` as one process or under ``horovodrun -np ranks``, in
+    ``support.command_env()``; fails the test unless it exits 0 (its output's tail
+    in the message)."""
+    from support import BIN, command_env
+
+    cmd = ([f"{BIN}/distseg-train", *args] if ranks == 1
+           else horovodrun_cmd("distseg-train", *args, ranks=ranks))
+    out = run_group(cmd, env=command_env(), timeout=timeout)
+    assert out.returncode == 0, (out.stdout or "")[-3000:] + (out.stderr or "")[-3000:]
+    return out

@@ -294,3 +294,8 @@ def one_line_error(out, *words):
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
     for w in words:
         assert w in lines[0], (w, lines[0])
+
+
+def records(run_dir: str, kind: str, rank: int = 0) -> list[dict]:
+    """The records of type ``kind`` (``step``, ``epoch``, ``run``...) in a rank's log."""
+    return [r for r in log_records(run_dir, rank) if r["type"] == kind]

@@ -236,10 +236,17 @@ class TrainConfig:
     precise_bn: int = 0
     """Precise BatchNorm (0: off): after each epoch's steps, before validation and the
     checkpoint, every BatchNorm layer's moving statistics are replaced by the mean batch
-    statistics of the epoch's first ``precise_bn`` steps, the weights frozen, averaged
+    statistics of ``precise_bn`` steps (the epoch's first, then the epochs' before it
+    where it has fewer), the weights frozen, averaged
     over the ranks (``distseg.training.precisebn``): validation and the saved model
     then normalise with statistics of the weights they hold, not an average that lags
     them. Costs a forward pass per step; nothing without BatchNorm."""
+    weight_ema: float = 0.0
+    """Validate and save an exponential moving average of the weights, decay
+    ``weight_ema`` a step (0: off; ``distseg.training.weightema``): when an epoch's steps
+    are done the model takes the average for precise BatchNorm, validation and the
+    epoch's checkpoint, then training goes on from the live weights. Steadies the
+    validated model where small batches make each step move it far (3D)."""
     noise_every: int = 0
     """Which steps measure the gradient noise scale (its norms and, on one rank, the
     batch's two halves): every ``noise_every``-th, or 0 (``auto``, the default): every
@@ -372,6 +379,8 @@ def _train_checks(cfg: "Config") -> list:
         (t.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {t.weight_decay}"),
         (t.clip_norm >= 0, "train.clip_norm", f"must be >= 0 (0: off), got {t.clip_norm}"),
         (t.precise_bn >= 0, "train.precise_bn", f"must be >= 0 (0: off), got {t.precise_bn}"),
+        (0.0 <= t.weight_ema < 1.0, "train.weight_ema",
+         f"must be in [0, 1) (0: off), got {t.weight_ema}"),
         (t.noise_every >= 0, "train.noise_every", f"must be >= 0 (0: auto), got {t.noise_every}"),
         (t.on_nonfinite in NONFINITE, "train.on_nonfinite",
          f"must be one of {NONFINITE}, got {t.on_nonfinite!r}"),

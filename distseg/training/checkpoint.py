@@ -101,8 +101,9 @@ class Position:
     ``best.json`` at it. None: no such part (older checkpoints, tests)."""
 
 
-def _state_arrays(optimizer, ranks: list[RankState]) -> dict:
+def _state_arrays(optimizer, ranks: list[RankState], extra: dict | None = None) -> dict:
     arrays = {f"opt_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
+    arrays.update(extra or {})
     for r, state in enumerate(ranks):
         arrays.update({f"rank{r}_local_{j}": np.asarray(a) for j, a in enumerate(state.local)})
         arrays[f"rank{r}_seen"] = np.asarray(state.seen, np.int64)
@@ -165,22 +166,24 @@ def _save_failed(ckdir: str, position: Position, what: str, error: OSError) -> W
 
 
 def save(ctx, run_dir: str, position: Position, model, optimizer, mine: RankState,
-         keep: int) -> None:
+         keep: int, extra: dict | None = None) -> None:
     """Collective: rank 0 writes a checkpoint holding every rank's ``RankState`` (this
-    rank's: ``mine``). One it cannot write (a full disk: ``write`` raises
-    ``WriteError``) stops every rank with rank 0's line and exit 1."""
+    rank's: ``mine``) and ``extra`` arrays (the same on every rank). One it cannot write
+    (a full disk: ``write`` raises ``WriteError``) stops every rank with rank 0's line
+    and exit 1."""
     everyone = dist.allgather_object(mine)
     if ctx.is_root():
-        agreement.agree(write, run_dir, position, model, optimizer, everyone, keep)
+        agreement.agree(write, run_dir, position, model, optimizer, everyone, keep, extra)
     else:
         agreement.agree(lambda: None)
 
 
 def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankState],
-          keep: int) -> str:
+          keep: int, extra: dict | None = None) -> str:
     """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
     and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
-    (gathered). Returns the stem's path.
+    (gathered); ``extra``: more named arrays for the state file (``weightema``).
+    Returns the stem's path.
 
     A file that cannot be written (a full disk) raises ``WriteError`` (exit 1) naming
     the directory and the file; what was written of a checkpoint without its manifest
@@ -200,7 +203,7 @@ def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankSt
         with PartialFile(files["weights"], temporary["weights"]) as part:
             _write_bytes(part.partial, weights)
         what = os.path.basename(files["state"])
-        arrays = _state_arrays(optimizer, ranks)
+        arrays = _state_arrays(optimizer, ranks, extra)
         with PartialFile(files["state"], temporary["state"]) as part:
             _write_npz(part.partial, arrays)
         what = os.path.basename(manifest_path)
@@ -387,6 +390,12 @@ def _assign(where: str, variables, arrays, what: str) -> None:
                              f"the checkpoint {a.shape}")
     for v, a in zip(variables, arrays):
         v.assign(a)
+
+
+def assign_trainable(where: str, variables, arrays) -> None:
+    """Restores the trainable weights from arrays of the state file (the live weights
+    beside a weights file holding their average, ``weightema``)."""
+    _assign(where, variables, arrays, "trainable")
 
 
 def assign_local(where: str, variables, arrays) -> None:

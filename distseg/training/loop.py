@@ -46,6 +46,7 @@ from distseg.training import (
     steps,
     stopping,
     validation,
+    weightema,
 )
 from distseg.training import elastic as elastic_lib
 from distseg.training.observers import Console, Timeline
@@ -71,16 +72,26 @@ def training_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
 
 
 def open_observers(s: Session, resources: contextlib.ExitStack) -> tuple:
-    """The observers, in the order every rank calls them: precise BatchNorm (its epoch's
-    end is a collective, before validation), the timeline (it stops Horovod's timeline
+    """The observers, in the order every rank calls them: the average of the weights
+    (the model takes it before precise BatchNorm and validation), precise BatchNorm (its
+    epoch's end is a collective, before validation), the timeline (it stops Horovod's timeline
     after a step), TensorBoard (its epoch end is a collective), the console, the best
     checkpoint's EMA (``best``; its line follows the epoch's)."""
     board = board_lib.open_board(s.cfg.run_dir, s.ctx, s.global_step, s.start_time,
                                  s.cfg.train.tensorboard, resources)
     timeline = Timeline(s.cfg.run_dir, s.ctx, s.origin[0])
     best = best_lib.BestDice.open(s.cfg.train, s.resumed, s.console)
-    return tuple(p for p in (precise_batchnorm(s), timeline, board, s.console, best)
-                 if p is not None)
+    return tuple(p for p in (weight_average(s), precise_batchnorm(s), timeline, board,
+                             s.console, best) if p is not None)
+
+
+def weight_average(s: Session) -> weightema.WeightAverage | None:
+    """The average of the weights under ``train.weight_ema`` (None: off), continuing a
+    resumed checkpoint's."""
+    if not s.cfg.train.weight_ema:
+        return None
+    kept = s.resumed.weight_average if s.resumed else None
+    return agreement.agree(weightema.WeightAverage, s.model, s.cfg.train.weight_ema, kept)
 
 
 def precise_batchnorm(s: Session) -> precisebn.PreciseBatchNorm | None:
@@ -95,15 +106,20 @@ def precise_batchnorm(s: Session) -> precisebn.PreciseBatchNorm | None:
 
 
 def training_images(s: Session, epoch: int, steps_: int) -> list:
-    """This rank's images of the first ``steps_`` steps of ``epoch`` under the plan in
-    force, read and augmented as training read them."""
+    """This rank's images of ``steps_`` steps under the plan in force, read and augmented
+    as training read them: the first of ``epoch``, and where it has fewer steps, those
+    of the epochs before it, newest first (an epoch of one step would otherwise give
+    BatchNorm statistics of one batch)."""
     out = []
-    for ids in s.plan.batches(s.feed.train_ids, s.ctx.rank, s.ctx.size, epoch,
-                              s.cfg.train.seed)[:steps_]:
-        images, masks = s.reader.read(ids, epoch)
-        if s.batches.transform is not None:
-            images, masks = s.batches.transform(ids, epoch, images, masks)
-        out.append(images)
+    for e in range(epoch, -1, -1):
+        for ids in s.plan.batches(s.feed.train_ids, s.ctx.rank, s.ctx.size, e,
+                                  s.cfg.train.seed)[:steps_ - len(out)]:
+            images, masks = s.reader.read(ids, e)
+            if s.batches.transform is not None:
+                images, masks = s.batches.transform(ids, e, images, masks)
+            out.append(images)
+        if len(out) >= steps_:
+            break
     return out
 
 
@@ -288,7 +304,7 @@ def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
                            else ([], [], []))
     mine = resume.rank_state(s.model, seen, losses, local)
     checkpoint.save(s.ctx, s.cfg.run_dir, position, s.model, s.optimizer, mine,
-                    s.cfg.train.keep_checkpoints)
+                    s.cfg.train.keep_checkpoints, weightema.checkpoint_arrays(s.observers))
 
 
 def _stop_inside_epoch(s: Session, result: EpochResult, step: int):
@@ -383,6 +399,8 @@ def close_epoch(s: Session, result: EpochResult, epoch: int) -> None:
     stop = any(dist.allgather_object(s.stop.requested))
     if stop or checkpoint.is_due(s.epochs_done, t.epochs, t.checkpoint_every):
         checkpoint_now(s, result, 0)
+    for observer in s.observers:
+        observer.on_epoch_closed()
     if s.elastic is not None and not stop:
         elastic_lib.commit(s.elastic, s.epochs_done, s.ctx.size)
     if stop:

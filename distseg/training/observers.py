@@ -44,6 +44,9 @@ class Observer:
     def on_epoch_end(self, record: dict) -> None:
         """This rank's ``epoch`` record, as written."""
 
+    def on_epoch_closed(self) -> None:
+        """The epoch's checkpoint is written (or was not due); training goes on next."""
+
 
 class Timeline(Observer):
     """Horovod's timeline over the first ``timeline.TIMELINE_STEPS`` steps of a launch's

@@ -5,9 +5,12 @@ while the weights moved, so they lag the weights; validation and inference norma
 with them, and a run's validation Dice can swing between epochs although training
 does not (docs/studies/folds-2026-11-27.md). Wu and Johnson's "precise BN" (2021, also
 Detectron2's ``update_bn_stats``) replaces them, with the weights frozen, by the mean
-of the batch statistics of a few training batches: here the first ``train.precise_bn``
-steps of the epoch just trained (the same samples and augmentation draws at any rank
-count), each rank its own part of each step, averaged over the steps and the ranks.
+of the batch statistics of a few training batches: here ``train.precise_bn`` steps,
+the first of the epoch just trained and, where it has fewer, those of the epochs before
+it (the same samples and augmentation draws at any rank count), each rank its own part
+of each step, averaged over the steps and the ranks. An epoch of one or two steps (a 3D
+case cut in few slabs) would otherwise give statistics of one or two batches, and the
+validation Dice swung with them (docs/studies/recipe-real-ct-2026-11-27.md).
 With a fixed global batch and ghost batches, one process and N ranks average the same
 ghost-batch statistics, so the result stays exact across rank counts.
 
@@ -107,8 +110,8 @@ def install(model, means: list[np.ndarray], allreduce_many: Callable, size: int)
 
 class PreciseBatchNorm(Observer):
     """The loop's part: when an epoch's steps are done, ``measure`` and ``install`` the
-    statistics of the first ``steps`` steps of that epoch (``read(epoch, steps)``: this rank's images arrays of
-    them, read and augmented as training read them); its cost goes in the epoch's
+    statistics of ``steps`` steps of that epoch and those before it (``read(epoch,
+    steps)``: this rank's images arrays of them, read and augmented as training read them); its cost goes in the epoch's
     ``precise_bn`` field. A read that fails on any rank fails every rank alike."""
 
     def __init__(self, model, forward: Callable, read: Callable, steps: int,

@@ -13,7 +13,7 @@ from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint
+from distseg.training import checkpoint, weightema
 
 
 def local_variables(model) -> list:
@@ -41,6 +41,9 @@ class Resumed:
     """This rank's partial epoch (same number of ranks only), else None."""
     elastic: str | None = None
     """Why an elastic run re-formed (a rank lost, hosts changed); None otherwise."""
+    weight_average: list | None = None
+    """The checkpoint's average of the weights (``--weight-ema``; None: it has none, or
+    an elastic run's commit: the average starts again)."""
 
 
 def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
@@ -70,8 +73,15 @@ def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
 def _load_on_root(run_dir: str, size: int, model, optimizer):
     entry, warnings = _find_for_size(run_dir, size)
     checkpoint.load(entry, model, optimizer)
-    states = checkpoint.rank_states(checkpoint.read_state(entry), entry["position"].size)
-    return entry["position"], entry["manifest"], warnings, states
+    arrays = checkpoint.read_state(entry)
+    # Written while the model held the average of the weights (``--weight-ema``): the
+    # weights file is the average, training goes on from the live weights kept beside it.
+    live = weightema.arrays_of(weightema.LIVE_KEY, arrays)
+    if live is not None:
+        checkpoint.assign_trainable(entry["state"], model.trainable_variables, live)
+    states = checkpoint.rank_states(arrays, entry["position"].size)
+    average = weightema.arrays_of(weightema.AVERAGE_KEY, arrays)
+    return entry["position"], entry["manifest"], warnings, states, average
 
 
 def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
@@ -81,13 +91,14 @@ def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
         if ctx.is_root() else agreement.agree(lambda: None)
     # Horovod (in distributed): every rank takes rank 0's weights and optimizer state.
     dist.broadcast_variables(synced, root=0)
-    position, manifest, warnings, states = dist.broadcast_object(loaded)
+    position, manifest, warnings, states, average = dist.broadcast_object(loaded)
     carried = None
     if position.size == ctx.size:
         # The same ranks: each takes back its own statistics, seeds and partial epoch.
         carried = states[ctx.rank]
         agreement.agree(checkpoint.assign_local, manifest, local_variables(model), carried.local)
-    return Resumed(position=position, manifest=manifest, warnings=warnings, carried=carried)
+    return Resumed(position=position, manifest=manifest, warnings=warnings, carried=carried,
+                   weight_average=average)
 
 
 def check_extends(resumed: Resumed, epochs: int) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 import proc_group
-from proc_group import run_group
-from support import BIN, command_env, log_records
+from support import records
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(4 * TIMEOUT)
@@ -20,34 +19,39 @@ RUN = ["--preset", "smoke", *THREADS, "--global-batch", "8", "--norm", "batch",
        "--no-tensorboard"]
 
 
-def _train(*args, ranks: int = 1) -> None:
-    cmd = ([f"{BIN}/distseg-train", *args] if ranks == 1
-           else proc_group.horovodrun_cmd("distseg-train", *args, ranks=ranks))
-    out = run_group(cmd, env=command_env(), timeout=TIMEOUT)
-    assert out.returncode == 0, (out.stdout or "")[-3000:] + (out.stderr or "")[-3000:]
-
-
-def _records(run_dir: str, kind: str) -> list[dict]:
-    return [r for r in log_records(run_dir, 0) if r["type"] == kind]
-
-
 def test_precise_statistics_change_validation_not_training_and_hold_across_ranks(tiny, tmp_path):
     plain, one, two = (str(tmp_path / n) for n in ("plain", "one", "two"))
-    _train(*RUN, "--data", tiny, "--run-dir", plain)
-    _train(*RUN, "--data", tiny, "--run-dir", one, "--precise-bn", "2")
-    _train(*RUN, "--data", tiny, "--run-dir", two, "--precise-bn", "2", ranks=2)
+    proc_group.train(*RUN, "--data", tiny, "--run-dir", plain)
+    proc_group.train(*RUN, "--data", tiny, "--run-dir", one, "--precise-bn", "2")
+    proc_group.train(*RUN, "--data", tiny, "--run-dir", two, "--precise-bn", "2", ranks=2)
 
     # Training never reads the moving statistics: the same losses, bit for bit.
-    assert ([r["loss"] for r in _records(one, "step")]
-            == [r["loss"] for r in _records(plain, "step")])
-    epochs = _records(one, "epoch")
+    assert ([r["loss"] for r in records(one, "step")]
+            == [r["loss"] for r in records(plain, "step")])
+    epochs = records(one, "epoch")
     assert [e["precise_bn"]["steps"] for e in epochs] == [2, 2]
-    assert "precise_bn" not in _records(plain, "epoch")[0]
-    assert [e["val_loss"] for e in epochs] != [e["val_loss"] for e in _records(plain, "epoch")]
+    assert "precise_bn" not in records(plain, "epoch")[0]
+    assert [e["val_loss"] for e in epochs] != [e["val_loss"] for e in records(plain, "epoch")]
 
     # Two ranks average their halves of the same steps: the one-process statistics.
-    for a, b in zip(epochs, _records(two, "epoch")):
+    for a, b in zip(epochs, records(two, "epoch")):
         assert b["precise_bn"]["steps"] == 2
         assert abs(a["val_loss"] - b["val_loss"]) <= 1e-4 * max(1.0, abs(a["val_loss"]))
         for name, dice in a["val_dice"].items():
             assert abs(dice - b["val_dice"][name]) <= 1e-4, (name, dice, b["val_dice"][name])
+
+
+def test_an_epoch_shorter_than_k_steps_takes_the_earlier_epochs_steps(tiny, tmp_path):
+    # K = 20 steps, more than an epoch's plan holds (its training slices / 8): the first
+    # epoch has only its own, the next ones theirs and those of the epochs before; 2
+    # ranks of the same global batch read the same ones.
+    short = [*RUN, "--max-steps-per-epoch", "1", "--epochs", "3", "--precise-bn", "20"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    proc_group.train(*short, "--data", tiny, "--run-dir", one)
+    proc_group.train(*short, "--data", tiny, "--run-dir", two, ranks=2)
+    epochs = records(one, "epoch")
+    taken = [e["precise_bn"]["steps"] for e in epochs]
+    assert taken[0] < 20 and taken[1:] == [20, 20], taken
+    for a, b in zip(epochs, records(two, "epoch")):
+        assert b["precise_bn"]["steps"] == a["precise_bn"]["steps"]
+        assert abs(a["val_loss"] - b["val_loss"]) <= 1e-4 * max(1.0, abs(a["val_loss"]))

@@ -40,7 +40,7 @@ EPOCHS, STEPS, EVERY = 3, 3, 2
 #: in that step's allreduce and the loop checkpoints 2 steps into epoch 3.
 STOP_AT = (3, 1)
 HOOKS = ("on_run", "on_epoch_start", "on_step", "on_epoch_trained", "epoch_fields",
-         "on_epoch_end")
+         "on_epoch_end", "on_epoch_closed")
 
 
 class Recorder(Observer):
@@ -73,6 +73,9 @@ class Recorder(Observer):
     def on_epoch_end(self, record: dict) -> None:
         self.events.append(("on_epoch_end", record["epoch"]))
         self.seen.epochs.append(record)
+
+    def on_epoch_closed(self) -> None:
+        self.events.append(("on_epoch_closed",))
 
 
 class Spy:
@@ -208,7 +211,7 @@ def epoch_events(epoch: int, global_step: int, first: int = 0, checkpoint: bool 
         out += [("run_step", epoch, step), ("on_step", epoch, step, global_step)]
         global_step += 1
     out += [("on_epoch_trained",), ("validate",), ("epoch_fields",), ("on_epoch_end", epoch)]
-    return out + ([("checkpoint", epoch, 0)] if checkpoint else [])
+    return out + ([("checkpoint", epoch, 0)] if checkpoint else []) + [("on_epoch_closed",)]
 
 
 def test_each_epoch_starts_steps_validates_ends_then_checkpoints_when_due(launches):
