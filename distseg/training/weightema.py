@@ -1,12 +1,12 @@
 """Validating and saving an exponential moving average of the weights (``--weight-ema D``).
 
-With a batch of one or two 3D slabs a step, Adam's steps move the weights enough that
-the validation Dice of consecutive epochs swings (LiTS 117 at 2 ranks: falls of up to
-0.19 late in a run, docs/studies/recipe-real-ct-2026-11-27.md), though training does
-not diverge. An average of the weights over the last steps (Polyak averaging; the
+An average of the weights over the last steps (Polyak averaging; the
 ``ExponentialMovingAverage`` of TensorFlow and timm's model EMA) is a model of the same
-run that does not swing with each step. Training itself is unchanged: the optimizer
-steps the live weights; the average follows them.
+run that does not move with each step's noise. Training itself is unchanged: the
+optimizer steps the live weights; the average follows them. Off in every preset: on
+LiTS 117's 3D folds at 2 ranks it did not steady validation, whose swings came from
+BatchNorm statistics of one step's slabs, not from the weights
+(docs/studies/recipe-real-ct-2026-11-27.md, "liver3d at 2 ranks: what swings").
 
 How it runs, as one of the loop's parts (``observers``):
 
