@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -294,6 +295,15 @@ def one_line_error(out, *words):
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
     for w in words:
         assert w in lines[0], (w, lines[0])
+
+
+def write_config(run_dir, config: dict) -> str:
+    """Writes ``config`` (a ``Config.to_dict()``, perhaps from before a field existed)
+    as ``run_dir``'s config.json, the folder made if missing; returns ``run_dir``."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, rundir.CONFIG_FILE), "w") as f:
+        json.dump({**config, "run_dir": str(run_dir)}, f)
+    return str(run_dir)
 
 
 def records(run_dir: str, kind: str, rank: int = 0) -> list[dict]:

@@ -368,12 +368,18 @@ def read_state(entry: dict) -> dict:
         raise InputError(f"{entry['state']}: cannot be read ({str(e).splitlines()[0]})") from e
 
 
+def numbered(arrays: dict, prefix: str) -> list[np.ndarray]:
+    """The arrays ``prefix0``, ``prefix1``, ... of ``read_state``'s arrays, in order
+    (empty where there are none)."""
+    n = sum(k.startswith(prefix) for k in arrays)
+    return [arrays[f"{prefix}{i}"] for i in range(n)]
+
+
 def rank_states(arrays: dict, size: int) -> list[RankState]:
     """Every saved rank's ``RankState`` from ``read_state``'s arrays."""
     out = []
     for r in range(size):
-        n = sum(k.startswith(f"rank{r}_local_") for k in arrays)
-        out.append(RankState(local=[arrays[f"rank{r}_local_{j}"] for j in range(n)],
+        out.append(RankState(local=numbered(arrays, f"rank{r}_local_"),
                              seen=arrays[f"rank{r}_seen"],
                              losses=arrays[f"rank{r}_losses"].tolist(),
                              losses_local=arrays[f"rank{r}_losses_local"].tolist()))

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from distseg.training import checkpoint
 from distseg.training.observers import Observer
 
 #: TensorFlow's ``ExponentialMovingAverage(num_updates=t)``: the decay at step t is at
@@ -50,8 +51,7 @@ def decay_at(decay: float, global_step: int) -> float:
 
 def arrays_of(prefix: str, arrays: dict) -> list[np.ndarray] | None:
     """``prefix``'s arrays of a checkpoint's state, in order (None: it has none)."""
-    n = sum(k.startswith(prefix) for k in arrays)
-    return [arrays[f"{prefix}{i}"] for i in range(n)] if n else None
+    return checkpoint.numbered(arrays, prefix) or None
 
 
 class WeightAverage(Observer):

@@ -15,6 +15,8 @@ from distseg.data import augment, prefetch, synth
 from distseg.data import slices as data
 from distseg.training import plan as plan_lib
 
+from support import write_config
+
 SHAPES = {2: (48, 48), 3: (12, 40, 40)}
 #: Only the transforms that move voxels, each certain to fire.
 SPATIAL = dataclasses.replace(augment.with_only(augment.DEFAULT, "rotation", "scaling", "elastic"),
@@ -311,20 +313,14 @@ def test_presets_and_a_run_from_before_augmentation_resumes_without_it(tmp_path)
     """No preset augments (liver2d stopped when it left GroupNorm: the real-CT study); a
     config.json written before ``data.augment`` existed resumes as it trained: none; one
     that augmented resumes augmenting."""
-    import json
-
-    from distseg.core import config as config_lib
-    from distseg.core import rundir as rundir_lib
     made = {name: config_lib.resolve(name, None, {"data.path": "x.h5", "run_dir": "r"})
             for name in config_lib.PRESETS}
     assert {n: c.data.augment for n, c in made.items()} == {
         "liver2d": "none", "demo": "none", "smoke": "none", "liver3d": "none", "smoke3d": "none"}
     old = made["liver2d"].to_dict()
     del old["data"]["augment"]
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / rundir_lib.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
-    assert config_lib.for_resume(str(run)).data.augment == "none"
+    run = write_config(tmp_path / "run", old)
+    assert config_lib.for_resume(run).data.augment == "none"
     old["data"]["augment"] = "default"
-    (run / rundir_lib.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
-    assert config_lib.for_resume(str(run)).data.augment == "default"
+    write_config(run, old)
+    assert config_lib.for_resume(run).data.augment == "default"

@@ -5,15 +5,15 @@ Horovod is never initialised here, so any collective would raise: a decision tha
 returns has measured nothing. The prediction itself is ``tests/unit/test_link.py``'s;
 the decision over a shaped link between two hosts, ``tests/e2e/test_netns.py``'s."""
 
-import json
 
 import pytest
 
 from distseg.core import config as config_lib
-from distseg.core import rundir
 from distseg.core.errors import InputError
 from distseg.parallel import distributed as dist
 from distseg.training import compression, factory
+
+from support import write_config
 
 
 def _ctx(size: int, local_size: int, rank: int = 0) -> dist.Context:
@@ -89,12 +89,10 @@ def test_a_run_from_before_auto_resumes_with_what_it_trained_with(tmp_path):
     ``none``, not the new default; one that holds a decision resumes with it."""
     old = _cfg().to_dict()
     del old["train"]["compression"]
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / rundir.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
-    assert config_lib.for_resume(str(run)).train.compression == "none"
+    run = write_config(tmp_path / "run", old)
+    assert config_lib.for_resume(run).train.compression == "none"
     old["train"]["compression"] = "fp16"
-    (run / rundir.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
-    assert config_lib.for_resume(str(run)).train.compression == "fp16"
+    write_config(run, old)
+    assert config_lib.for_resume(run).train.compression == "fp16"
     with pytest.raises(InputError, match="train.compression: the run was trained with 'fp16'"):
-        config_lib.for_resume(str(run), {"train.compression": "auto"})
+        config_lib.for_resume(run, {"train.compression": "auto"})

@@ -4,12 +4,11 @@ now."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from distseg.core import config as config_lib
-from distseg.core import rundir as rundir_lib
+
+from support import write_config
 
 
 @pytest.mark.parametrize("dotted", sorted(config_lib.ABSENT_MEANS))
@@ -20,8 +19,5 @@ def test_a_field_missing_from_an_old_config_resumes_as_it_trained(tmp_path, dott
         "an entry equal to the preset's value says nothing"
     old = cfg.to_dict()
     del old[section][name]
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / rundir_lib.CONFIG_FILE).write_text(json.dumps({**old, "run_dir": str(run)}))
-    resumed = config_lib.for_resume(str(run))
+    resumed = config_lib.for_resume(write_config(tmp_path / "run", old))
     assert getattr(getattr(resumed, section), name) == config_lib.ABSENT_MEANS[dotted]
