@@ -527,9 +527,10 @@ def liver3d() -> Config:
     parameters) on 32x128x128 slabs, one per rank per step, trained as decided on 4
     folds of LiTS 117's volumes (docs/studies/recipe-real-ct-2026-11-27.md): BatchNorm
     (far above GroupNorm and InstanceNorm), Dice + cross-entropy, precise BatchNorm
-    statistics before each validation, 90 epochs: fold mean 0.863 at 1 rank and 0.866
-    at 2 on ``lits-sample``'s default files. Adam at 1e-3 constant beat nnU-Net's SGD
-    with poly, poly alone and a fixed global batch of 2 slabs."""
+    statistics before each validation, 90 epochs; measured at 1 and 2 ranks on
+    ``lits-sample``'s default files too (CT normalised by the foreground). Adam at 1e-3
+    constant beat nnU-Net's SGD with poly, poly alone and a fixed global batch of 2
+    slabs."""
     base = default()
     return dataclasses.replace(
         base,
