@@ -5,7 +5,6 @@ Horovod is never initialised here, so any collective would raise: a decision tha
 returns has measured nothing. The prediction itself is ``tests/unit/test_link.py``'s;
 the decision over a shaped link between two hosts, ``tests/e2e/test_netns.py``'s."""
 
-
 import pytest
 
 from distseg.core import config as config_lib
