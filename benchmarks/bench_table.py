@@ -93,6 +93,9 @@ MODIFIERS = {
     "bare": (["--step", "bare"], {}, []),
     "localloss": (["--step", "localloss"], {}, []),
     "nopin": ([], {"DISTSEG_PIN": "0"}, []),
+    # The noise scale's statistics on the launch's first step only: what the rest of
+    # distseg's loop costs against a peer's.
+    "nostats": ([], {}, ["--noise-every", "1000000"]),
 }
 
 GOALS = {

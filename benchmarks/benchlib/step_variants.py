@@ -10,7 +10,8 @@ the real ``distseg-train`` with it. The benchmark never changes distseg itself: 
 variant that wins is reported with its code and its measured gain.
 
 Variants (``VARIANTS``):
-  ``distseg``      the original, untouched;
+  ``distseg``      the original, untouched (every call measures the noise scale);
+  ``skipping``     the original on calls that skip the noise scale's statistics;
   ``nocheck``      no BatchNorm copy, no per-gradient finiteness check (the loss is
                    still checked, so a NaN loss is still caught);
   ``sumcheck``     the BatchNorm copy kept, the finiteness check folded into one sum
@@ -233,8 +234,19 @@ def consecutive(model, optimizer, spatial_shape, num_classes: int, loss: str, ra
                          halves=False)
 
 
+def skipping(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks: int = 1,
+             batch: int | None = None):
+    """distseg's own step on a call that takes no noise-scale statistics
+    (``noise.SKIP``): what most of a run's steps are under ``--noise-every auto``."""
+    from distseg.training import noise
+    step = original(model, optimizer, spatial_shape, num_classes, loss, ranks, batch)
+    step.noise_mode.assign(noise.SKIP)
+    return step
+
+
 VARIANTS = {
     "distseg": original,
+    "skipping": skipping,
     "nocheck": make_nocheck_train_step,
     "sumcheck": make_sumcheck_train_step,
     "nocond": make_nocond_train_step,

@@ -259,7 +259,8 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     if failed:
         agreement.raise_agreed(result.failure)
     loss_local, loss = float(out.loss_local), float(out.loss)
-    measured = {"grad_sq": [float(g) for g in out.grad_sq]} if mode == noise.MEASURE else {}
+    measured = ({"grad_sq": np.asarray(out.grad_sq, np.float64).tolist()}
+                if mode == noise.MEASURE else {})
     now = time.perf_counter()
     s.training.observe(measured.get("grad_sq"), applied=not nonfinite,
                        seconds=None if first else now - step_start, mode=mode)
