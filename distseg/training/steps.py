@@ -407,17 +407,34 @@ def apply_unless(skip_flag, optimizer, grads, variables, stats=(), before=()):
     return tf.cond(skip_flag > 0, skip, apply)
 
 
+def _rank_norms_where(measure, optimizer, grads, variables):
+    """``rank_norms`` where the bool tensor ``measure`` is true, else zeros and an empty
+    scale: (this rank's two norms, Adam's flat scale, whether to use it). The scale
+    leaves the branch so the averaged gradient's norms reuse it: Adam's moments do not
+    change between the two (the update comes after both), and computing it is half of
+    the norms' time
+    (docs/studies/noise-every-2026-11-28.md#the-preconditioner-once-later-the-same-day)."""
+    import tensorflow as tf
+
+    def measured():
+        small, (scale, use) = rank_norms(optimizer, grads, variables)
+        return small, scale, use
+
+    def skipped():
+        return tf.zeros([2]), tf.zeros([0]), tf.constant(False)
+
+    return tf.cond(measure, measured, skipped)
+
+
 def _averaged_update(optimizer, variables, c: Checked, all_flags, measure, compression: str):
     """A multi-rank step's update of ``checked_loss_and_grads``' ``c``: the gradients,
     the flags and this rank's |g|^2 (raw and preconditioned; zeros on a step that does
     not ``measure``) averaged in one grouped allreduce, then applied unless some rank's
     were not finite."""
     import tensorflow as tf
-    mine = tf.cond(measure, lambda: rank_norms(optimizer, c.grads, variables)[0],
-                   lambda: tf.zeros([2]))
+    mine, scale, use = _rank_norms_where(measure, optimizer, c.grads, variables)
     grads, (mean_flags, small) = dist.average_gradients(c.grads, [all_flags, mine], compression)
-    norms = _measured(measure, lambda: averaged_norms(small, grads,
-                                                      adam_scale(optimizer, variables)))
+    norms = _measured(measure, lambda: averaged_norms(small, grads, (scale, use)))
     with tf.control_dependencies([norms]):
         apply_unless(mean_flags[NONFINITE], optimizer, grads, variables, c.stats, c.before)
     return StepResult(c.loss_local, c.loss, mean_flags, norms)
