@@ -559,8 +559,8 @@ def weight_checksum(variables) -> list[float]:
     In numpy: about half the time of the same sums as eager TensorFlow ops, at every
     epoch's end on every rank, and unlike a ``tf.function`` nothing to trace
     (docs/studies/first-step-reader-optimizer-2026-11-25.md). The squares are summed by
-    ``einsum`` in float64 without a float64 copy of each variable: 13 ms instead of 19
-    on the demo's weights and Adam state (docs/performance.md#the-latest-results).
+    ``einsum`` in float64, without a float64 copy of each variable
+    (docs/studies/loop-costs-2026-11-28.md).
     """
     total = np.zeros(2)
     for v in variables:
