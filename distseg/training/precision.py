@@ -300,7 +300,7 @@ def _no_flag(cfg: config_lib.Config, ctx: dist.Context, flags: list) -> Decision
     record = {"requested": config_lib.AUTO, "flags": flags, "seconds": None,
               "choice": "float32", "trial_s": 0.0, "decision_s": 0.0, "source": "flags",
               "reason": "no bfloat16 flag (avx512_bf16, amx_bf16) on "
-                        f"{'this' if ctx.size == 1 else 'some rank'}'s CPU: no trial"}
+                        f"{'this machine' if ctx.size == 1 else 'some rank'}'s CPU: no trial"}
     return Decision(_with_precision(cfg, "float32"), record)
 
 
