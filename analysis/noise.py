@@ -46,14 +46,18 @@ from analysis.tables import epoch_batches, first_per_epoch
 from distseg.core import goodput
 
 SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours", "samples",
-                  "b_simple", "g2", "trace", "small_batch", "big_batch", "method"]
+                  "b_simple", "b_simple_low", "b_simple_high", "effective_steps", "g2",
+                  "trace", "small_batch", "big_batch", "method"]
 #: The columns of ``SERIES_COLUMNS`` taken from the epochs' ``noise_*`` columns
 #: (``summary.noise_columns``): column -> the ``noise_scale`` field it holds (the series
 #: calls tr(Sigma) ``trace``).
-SERIES_NOISE = {"b_simple": "b_simple", "g2": "g2", "trace": "tr_sigma",
+SERIES_NOISE = {"b_simple": "b_simple", "b_simple_low": "b_simple_low",
+                "b_simple_high": "b_simple_high", "effective_steps": "effective_steps",
+                "g2": "g2", "trace": "tr_sigma",
                 "small_batch": "small_batch", "big_batch": "big_batch", "method": "method"}
 TABLE_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "small_batch", "big_batch",
-                 "at", "metric", "target", "target_epoch", "epoch", "samples", "b_simple"]
+                 "at", "metric", "target", "target_epoch", "epoch", "samples", "b_simple",
+                 "b_simple_low", "b_simple_high", "effective_steps"]
 PREDICTION_COLUMNS = ["run", "ranks", "nodes", "metric", "target", "global_batch_size", "base",
                       "base_global_batch", "base_samples", "noise_from", "noise_epochs",
                       "b_noise_first", "b_noise_last", "predicted_samples", "samples",
@@ -120,9 +124,10 @@ def measured_near(frame: pd.DataFrame, run: str, epoch: int | None = None) -> pd
 
 
 def _point(row: pd.Series | None, **fields) -> dict:
-    out = dict.fromkeys(["epoch", "samples", "b_simple"], None)
+    point = ("epoch", "samples", "b_simple", "b_simple_low", "b_simple_high", "effective_steps")
+    out = dict.fromkeys(point, None)
     if row is not None:
-        out.update(epoch=row["epoch"], samples=row["samples"], b_simple=row["b_simple"])
+        out.update({c: row[c] for c in point})
     return {**out, **fields}
 
 

@@ -224,7 +224,8 @@ def efficiency_sections(t: Tables) -> list[Section]:
 SEED_COLS = ("group", "runs", "seeds", "ranks", "nodes", "metric", "target", "reached",
              "mean_h", "min_h", "max_h", "mean_samples", "min_samples", "max_samples")
 NOISE_COLS = ("run", "ranks", "nodes", "global_batch_size", "at", "metric", "target",
-              "target_epoch", "epoch", "samples", "b_simple")
+              "target_epoch", "epoch", "samples", "b_simple", "b_simple_low",
+              "b_simple_high", "effective_steps")
 PREDICTION_COLS = ("run", "ranks", "metric", "target", "global_batch_size",
                    "base_global_batch", "base_samples", "noise_from", "noise_epochs",
                    "b_noise_first", "b_noise_last", "predicted_samples", "samples_text",
@@ -267,11 +268,17 @@ def noise_sections(extra: Mapping[str, pd.DataFrame], t: Tables) -> list[Section
                    "own and averaged gradients). Per run: at the end of training, and near "
                    "each target: at the end of target_epoch, the epoch in which the run "
                    "first reached it (epoch: the record read, the latest with a value). "
-                   "samples: trained by the end of that epoch. All columns: noise_scale.csv.",
+                   "samples: trained by the end of that epoch. b_simple_low, b_simple_high: "
+                   "its 90 % confidence interval over the measured steps the averages are "
+                   "worth (effective_steps); b_simple_high empty beside a b_simple_low: no "
+                   "upper bound (|G|^2 not told from 0); both empty in logs from before "
+                   "2026-11-28. All columns: noise_scale.csv.",
                    frame=extra["noise_scale"], columns=NOISE_COLS),
            Section("Gradient noise scale over training", Role.FIGURE, "B_simple at the end of "
                    "each epoch against the samples all ranks trained on (log scale), one "
-                   "line per run; the dotted line is the run's global batch. "
+                   "line per run, shaded over its 90 % interval where logged, above 0 and "
+                   "bounded; the "
+                   "dotted line is the run's global batch. "
                    + (f"Not drawn (no noise scale logged or estimated): {', '.join(missing)}. "
                       if missing else "") + "Data: noise_scale_series.csv.",
                    figure=NOISE_FIGURE)]

@@ -248,8 +248,8 @@ def throughput_vs_size(table: pd.DataFrame, path: str) -> str:
 
 def noise_figure(series: pd.DataFrame):
     """B_simple at the end of each epoch against samples trained, one line per run
-    that measured it, its global batch dotted (a matplotlib ``Figure``; the caller
-    closes it)."""
+    that measured it, shaded over its 90 % interval where the log has one above 0 and
+    bounded, its global batch dotted (a matplotlib ``Figure``; the caller closes it)."""
     fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = series[np.isfinite(series["b_simple"].astype(float))
@@ -261,6 +261,7 @@ def noise_figure(series: pd.DataFrame):
         ax.plot(g["samples"].astype(float), g["b_simple"].astype(float), color=color,
                 marker="o", ms=3, lw=1.4,
                 label=label + ("" if pd.isna(batch) else f", global batch {int(batch)}"))
+        _shade_interval(ax, g, color)
         if not pd.isna(batch):
             ax.axhline(float(batch), color=color, ls=":", lw=1)
     ax.set_yscale("log")
@@ -269,6 +270,17 @@ def noise_figure(series: pd.DataFrame):
     return _finished(fig, ax, "samples trained (all ranks)",
                      "B_simple = tr(Sigma) / |G|^2 (samples)",
                      "Gradient noise scale over training (dotted: each run's global batch)")
+
+
+def _shade_interval(ax, run: pd.DataFrame, color) -> None:
+    """B_simple's 90 % interval, on the epochs of ``run`` that logged one bounded on
+    both sides (a lower end of 0 has no place on the log scale)."""
+    low, high = (pd.to_numeric(run.get(c, pd.Series(np.nan, index=run.index)), errors="coerce")
+                 .to_numpy(dtype=float) for c in ("b_simple_low", "b_simple_high"))
+    known = np.isfinite(low) & np.isfinite(high) & (low > 0)
+    if known.any():
+        ax.fill_between(run["samples"].astype(float).to_numpy()[known], low[known],
+                        high[known], color=color, alpha=0.15, lw=0)
 
 
 def _finished(fig, ax, xlabel: str, ylabel: str, title: str):

@@ -84,12 +84,13 @@ def curve_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 #: The ``noise_scale`` fields of an epoch record read into ``noise_*`` columns.
-NOISE_FIELDS = ("b_simple", "g2", "tr_sigma", "small_batch", "big_batch")
+NOISE_FIELDS = ("b_simple", "b_simple_low", "b_simple_high", "effective_steps", "g2",
+                "tr_sigma", "small_batch", "big_batch")
 
 
 def noise_columns(rec: dict) -> dict[str, Any]:
-    """``noise_b_simple``, ``noise_g2``, ``noise_tr_sigma``, ``noise_small_batch``,
-    ``noise_big_batch`` (NaN where null) and ``noise_method`` of an epoch record's
+    """``noise_<field>`` of each of ``NOISE_FIELDS`` (NaN where null or absent: logs
+    from before 2026-11-28 have no interval or ``effective_steps``) and ``noise_method`` of an epoch record's
     ``noise_scale``; nothing when it has none (older logs), so their frames keep the
     columns they always had."""
     noise = dict_field(rec, "noise_scale")

@@ -51,10 +51,10 @@ def cost_share(steps: list[dict]) -> dict:
             "share": max(m - p, 0.0) * len(measured) / total}
 
 
-def replay(steps: list[dict], epoch_record: dict, every: int, offset: int = 0) -> float | None:
-    """The preconditioned B_simple of the every-step run's norms, keeping only the
-    global steps ``offset``, ``offset + every``, ... (each standing for ``every`` steps),
-    as the run averages them."""
+def replayed(steps: list[dict], epoch_record: dict, every: int,
+             offset: int = 0) -> noise.NoiseScale:
+    """The every-step run's norms averaged as a run would, keeping only the global steps
+    ``offset``, ``offset + every``, ... (each standing for ``every`` steps)."""
     ns = epoch_record["noise_scale"]
     # The record's small_batch is the samples behind each small gradient: half the
     # rank's batch where one rank takes it as two halves.
@@ -64,7 +64,32 @@ def replay(steps: list[dict], epoch_record: dict, every: int, offset: int = 0) -
     for r in steps:
         if "grad_sq" in r and r["global_step"] % every == offset:
             scale.update(*r["grad_sq"], steps=every)
-    return scale.b_simple
+    return scale
+
+
+def replay(steps: list[dict], epoch_record: dict, every: int, offset: int = 0) -> float | None:
+    """The preconditioned B_simple of ``replayed``."""
+    return replayed(steps, epoch_record, every, offset).b_simple
+
+
+def interval_check(steps: list[dict], epoch_record: dict, every: int, want: float) -> dict:
+    """At each offset of ``every``: whether the 90 % interval the replayed run would log
+    (``noise.Average.b_simple_interval``) holds ``want``, the every-step estimate, and
+    its ends relative to ``want`` (high None: open above; ``none``: offsets with too few
+    measured steps for an interval)."""
+    out = {"held": 0, "offsets": every, "open_above": 0, "none": 0, "low": [], "high": []}
+    for offset in range(every):
+        interval = replayed(steps, epoch_record, every, offset).averages[
+            "preconditioned"].b_simple_interval()
+        if interval is None:
+            out["none"] += 1
+            continue
+        low, high = interval
+        out["held"] += low <= want and (high is None or want <= high)
+        out["open_above"] += high is None
+        out["low"].append(low / want - 1)
+        out["high"].append(None if high is None else high / want - 1)
+    return out
 
 
 def replay_spread(steps: list[dict], epoch_record: dict, every: int) -> list[float | None]:
@@ -85,11 +110,15 @@ def one_run(args, ranks: int, cadence: str, work: str, key: str) -> dict:
     row = {"ranks": ranks, "cadence": cadence, "cost": cost_share(steps),
            "every": epochs[-1]["noise_scale"]["cadence"]["every"],
            "decision": epochs[-1]["noise_scale"]["cadence"]["decision"],
-           "b_simple": epochs[-1]["noise_scale"]["b_simple"]}
+           "b_simple": epochs[-1]["noise_scale"]["b_simple"],
+           "logged_interval": [epochs[-1]["noise_scale"].get(k) for k in
+                               ("b_simple_low", "b_simple_high", "effective_steps")]}
     if cadence == "1":
         assert _close(replay(steps, epochs[-1], 1), row["b_simple"]), "the replay is not the run's"
         row["replayed"] = {k: replay(steps, epochs[-1], k) for k in REPLAY_EVERY}
         row["replayed_offsets"] = {k: replay_spread(steps, epochs[-1], k) for k in REPLAY_EVERY}
+        row["intervals"] = {k: interval_check(steps, epochs[-1], k, row["b_simple"])
+                            for k in (1, *REPLAY_EVERY)}
         row["steps"] = steps
         row["last_epoch"] = epochs[-1]
     return row
@@ -120,6 +149,9 @@ def summarise(rows: list[dict]) -> list[dict]:
                                    for x in every1[0]["replayed_offsets"][k]]
                                for k in REPLAY_EVERY} if every1 else {},
             "auto_vs_every1": [_rel(a["b_simple"], o["b_simple"]) for o, a in zip(every1, auto)],
+            "auto_interval": [a["logged_interval"] for a in auto],
+            "every1_interval": [o["logged_interval"] for o in every1],
+            "intervals": every1[0]["intervals"] if every1 else {},
         })
     return out
 
@@ -153,6 +185,25 @@ def print_summary(summary: list[dict]) -> None:
             if got:
                 print(f"  {s['ranks']} rank(s), k={k}: {got[0]:+.1%}, "
                       f"{statistics.median(got):+.1%}, {got[-1]:+.1%}")
+    print_intervals(summary)
+
+
+def print_intervals(summary: list[dict]) -> None:
+    """The 90 % intervals: as the runs logged them, and the replayed ones' hold on the
+    every-step estimate."""
+    print("\nthe 90 % interval of B_simple as logged at the end ([low, high, effective steps]):")
+    for s in summary:
+        print(f"  {s['ranks']} rank(s): every step {s['every1_interval']}, auto {s['auto_interval']}")
+    print("replayed at every k-th step (first round): offsets whose interval holds the every-"
+          "step estimate; median ends relative to it; offsets open above")
+    for s in summary:
+        for k, c in s["intervals"].items():
+            highs = [h for h in c["high"] if h is not None]
+            low = statistics.median(c["low"]) if c["low"] else None
+            high = statistics.median(highs) if highs else None
+            print(f"  {s['ranks']} rank(s), k={k}: held {c['held']}/{c['offsets']}, "
+                  f"[{_fmt([low], '+.0%')}, {_fmt([high], '+.0%')}], open above "
+                  f"{c['open_above']}, no interval {c['none']}")
 
 
 def main(argv=None) -> int:

@@ -51,8 +51,9 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     spent waiting for input), loss (the loss of the whole global batch, the same on
     every rank; schema 1: the mean of the ranks' own losses), loss_local (this rank's
     batch), lr, samples (this rank's batch size), grad_sq [mean over ranks of
-    |g_rank|^2, |g_averaged|^2] (the gradient noise scale's two batch sizes; only on
-    the steps that measure it, ``--noise-every``).
+    |g_rank|^2, |g_averaged|^2, the same two preconditioned by Adam] (the gradient
+    noise scale's two batch sizes; only on the steps that measure it,
+    ``--noise-every``).
 ``epoch`` each finished epoch:
     epoch, t, epoch_time (training and validation), train_time (training only, with the
     epoch-end BatchNorm averaging and weight check), steps, samples (this rank's
@@ -62,8 +63,11 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     (global, from counts summed over ranks), val_dice_local {class: dice or null},
     val_samples (all ranks), val_samples_local, weight_checksum [sum, sum of squares],
     noise_scale {b_simple, g2, tr_sigma (tr(Sigma), the per-sample gradient covariance's
-    trace; Adam-preconditioned), b_simple_raw, g2_raw, tr_sigma_raw, small_batch,
-    big_batch, base_batch, method, ema, preconditioned, cadence {every, auto, decision}}
+    trace; Adam-preconditioned), b_simple_low, b_simple_high (b_simple's 90 %
+    confidence interval; both null with fewer than 3 effective steps or after resuming
+    a checkpoint from before 2026-11-28, b_simple_high alone null where it has no upper
+    bound), effective_steps (the measured steps the averages are worth), b_simple_raw,
+    g2_raw, tr_sigma_raw, small_batch, big_batch, base_batch, method, ema, preconditioned, cadence {every, auto, decision}}
     (``distseg.training.noise``;
     schema 1-2: trace, trace_raw), lr_rule {rule, lr, gain, progress, global_batch,
     base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy

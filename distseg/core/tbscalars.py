@@ -62,6 +62,8 @@ TAGS: dict[str, str] = {
     "ranks/slowest_rank": "the rank with it",
     "ranks/imbalance_ratio": "it over the mean of the ranks' mean step times (1: balanced)",
     "noise/b_simple": "gradient noise scale B_simple, Adam-preconditioned",
+    "noise/b_simple_low": "the low end of B_simple's 90 % confidence interval",
+    "noise/b_simple_high": "its high end (not written where it has none)",
     "noise/b_simple_raw": "B_simple of the raw gradients",
     "noise/g2": "|G|^2, preconditioned",
     "noise/tr_sigma": "tr(Sigma), preconditioned",
@@ -79,7 +81,7 @@ TAGS: dict[str, str] = {
     "comm/small_wait_s": "timeline's epoch: the wait before the global loss's allreduce",
 }
 
-_NOISE = ("b_simple", "b_simple_raw", "g2", "tr_sigma")
+_NOISE = ("b_simple", "b_simple_low", "b_simple_high", "b_simple_raw", "g2", "tr_sigma")
 _LR_RULE = ("gain", "progress")
 _UNSAFE = re.compile(r"[^\w.\-/]")
 

@@ -25,6 +25,10 @@ are not) by a bias-corrected exponential moving average whose decay is tied to t
 samples a step covers: ``DECAY`` per ``base`` samples, so a step of B samples decays
 by DECAY^(B / base) (AdaptDL: 0.999 per initial batch). Read back, |G|^2 is clipped at
 0 and tr(Sigma) at ``TR_SIGMA_FLOOR``; a step whose norms are not finite is skipped.
+The same weights give B_simple's 90 % confidence interval (``Average.b_simple_interval``)
+and the measured steps the average is worth (``effective_steps``), both logged: one step's
+|G|^2 is a difference of two noisy norms, so a few dozen measured steps leave B_simple
+uncertain by tens of percent (docs/studies/noise-every-2026-11-28.md).
 
 The norms come twice: of the raw gradients, and of the gradients divided by Adam's
 bias-corrected sqrt(v) + epsilon (``preconditioned``; the identity in Adam's first
@@ -55,6 +59,12 @@ from distseg.core import goodput
 DECAY = 0.999
 #: The floor of tr(Sigma) when read back (AdaptDL's): the gain stays finite.
 TR_SIGMA_FLOOR = 1e-6
+#: The two-sided normal quantile of ``Average.b_simple_interval``: a 90 % interval
+#: (widened to Student's t for the effective steps, ``t_quantile``).
+INTERVAL_Z = 1.6449
+#: Effective steps below which no interval is given (t's expansion needs 2 degrees
+#: of freedom).
+MIN_EFFECTIVE = 3
 #: Adam steps before the preconditioner is Adam's own (identity before; AdaptDL's 5).
 PRECONDITION_AFTER = 5
 #: What ``record()`` and ``state()`` name the two estimators.
@@ -63,17 +73,26 @@ KINDS = ("preconditioned", "raw")
 
 @dataclass
 class Average:
-    """A bias-corrected exponential moving average of |G|^2 and tr(Sigma)."""
+    """A bias-corrected exponential moving average of |G|^2 and tr(Sigma), and a
+    confidence interval of their ratio, B_simple."""
 
     g2_biased: float = 0.0
     tr_sigma_biased: float = 0.0
     weight: float = 0.0
     """1 - the product of every decay so far: what corrects the bias."""
+    squares: tuple[float, ...] | None = (0.0, 0.0, 0.0, 0.0)
+    """The same sums with each step's weight squared, of 1, tr(Sigma)^2,
+    tr(Sigma) |G|^2 and |G|^4 (``b_simple_interval``); None: not known (an average restored
+    from a checkpoint written before they were kept)."""
 
     def update(self, g2: float, tr_sigma: float, decay: float) -> None:
         self.g2_biased = decay * self.g2_biased + (1 - decay) * g2
         self.tr_sigma_biased = decay * self.tr_sigma_biased + (1 - decay) * tr_sigma
         self.weight = decay * self.weight + (1 - decay)
+        if self.squares is not None:
+            kept, w = decay * decay, (1 - decay) ** 2
+            new = (1.0, tr_sigma * tr_sigma, tr_sigma * g2, g2 * g2)
+            self.squares = tuple(kept * old + w * x for old, x in zip(self.squares, new))
 
     @property
     def g2(self) -> float | None:
@@ -91,6 +110,70 @@ class Average:
         if self.weight == 0 or self.g2 == 0:
             return None
         return self.tr_sigma / self.g2
+
+    @property
+    def effective_steps(self) -> float | None:
+        """How many equally weighted measured steps the average is worth (Kish's
+        effective sample size of its weights); None where not known."""
+        if self.squares is None or self.squares[0] <= 0:
+            return None
+        return self.weight ** 2 / self.squares[0]
+
+    def b_simple_interval(self) -> tuple[float, float | None] | None:
+        """The 90 % confidence interval (``INTERVAL_Z``) of B_simple over the steps it
+        averages: Fieller's, for a ratio of two weighted means, with each step's
+        residual tr(Sigma) - B |G|^2 as its own variance (times n / (n - 1) for ``n``
+        effective steps, and Student's t quantile for n - 1 degrees of freedom) and the
+        steps' estimates independent (their batches are disjoint). Asymmetric where |G|^2 is uncertain; (low, None) where |G|^2 cannot
+        be told from 0 at that level, so B_simple has no upper bound. None with fewer
+        than ``MIN_EFFECTIVE`` effective steps, without ``b_simple``, or where the spread is not known.
+        """
+        ratio, n = self.b_simple, self.effective_steps
+        if ratio is None or n is None or n < MIN_EFFECTIVE or self.g2_biased <= 0:
+            return None
+        _, tt, tg, gg = self.squares
+        z2 = t_quantile(INTERVAL_Z, n - 1) ** 2 * n / (n - 1)
+        t, g = self.tr_sigma_biased, self.g2_biased
+        # B in the interval <=> a B^2 - 2 b B + c <= 0.
+        a, b, c = g * g - z2 * gg, t * g - z2 * tg, t * t - z2 * tt
+        disc = b * b - a * c
+        if a > 0:  # B_simple itself is inside, so disc >= 0 up to rounding
+            root = math.sqrt(max(disc, 0.0))
+            return max((b - root) / a, 0.0), (b + root) / a
+        # Open above: from the root below B_simple (the larger one when a < 0), or 0.
+        low = (b - math.sqrt(disc)) / a if a < 0 and disc > 0 and ratio >= b / a else 0.0
+        return max(low, 0.0), None
+
+    def state(self) -> list[float]:
+        """What a checkpoint keeps (``restored`` reads it back)."""
+        return [self.g2_biased, self.tr_sigma_biased, self.weight, *(self.squares or ())]
+
+    @classmethod
+    def restored(cls, values) -> "Average":
+        """The average of ``state()``; a checkpoint's from before the squares were kept
+        (3 values) gives an average whose spread is not known."""
+        values = [float(v) for v in values]
+        if len(values) == 3:
+            return cls(*values, squares=None)
+        if len(values) == 7:
+            return cls(*values[:3], squares=tuple(values[3:]))
+        raise ValueError(f"a noise-scale average of 3 or 7 values, got {len(values)}")
+
+
+def t_quantile(z: float, dof: float) -> float:
+    """Student's t quantile at ``dof`` (>= 2) degrees of freedom of the normal quantile
+    ``z``, by Cornish-Fisher's expansion to three terms (for 1.6449: 2.885 at 2, where
+    the exact is 2.920; 1.812 at 10, exact)."""
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+
+
+def interval_fields(average: Average) -> dict:
+    """An ``epoch`` record's ``b_simple_low`` and ``b_simple_high`` (``None``: not known;
+    ``b_simple_high`` alone ``None``: no upper bound)."""
+    interval = average.b_simple_interval()
+    low, high = interval if interval else (None, None)
+    return {"b_simple_low": low, "b_simple_high": high}
 
 
 def estimates(small_sq: float, big_sq: float, small: int, count: int) -> tuple[float, float]:
@@ -169,18 +252,19 @@ class NoiseScale:
         (``b_simple``, ``g2``, ``tr_sigma``) and the raw one (``*_raw``)."""
         pre, raw = self.averages["preconditioned"], self.averages["raw"]
         return {"b_simple": pre.b_simple, "g2": pre.g2, "tr_sigma": pre.tr_sigma,
+                **interval_fields(pre), "effective_steps": pre.effective_steps,
                 "b_simple_raw": raw.b_simple, "g2_raw": raw.g2, "tr_sigma_raw": raw.tr_sigma,
                 "small_batch": self.gradient_samples, "big_batch": self.big, "base_batch": self.base,
                 "method": self.method, "ema": DECAY, "preconditioned": True}
 
     def state(self) -> dict:
         """What a checkpoint keeps, so ``--resume`` continues the averages exactly."""
-        return {k: [a.g2_biased, a.tr_sigma_biased, a.weight] for k, a in self.averages.items()}
+        return {k: a.state() for k, a in self.averages.items()}
 
     def restore(self, state: dict | None) -> None:
         """Continues from ``state()`` (None or a state of other kinds: from scratch)."""
         if state and set(state) == set(KINDS):
-            self.averages = {k: Average(*map(float, v)) for k, v in state.items()}
+            self.averages = {k: Average.restored(v) for k, v in state.items()}
 
 
 #: What a step does for the noise scale (``steps.make_train_step``'s ``noise_mode``):

@@ -145,12 +145,16 @@ def config(spec: RunSpec, run_dir: str) -> dict:
 def noise_record(spec: RunSpec, epoch: int) -> dict:
     """The ``noise_scale`` field of an epoch record (``distseg.training.noise``'s
     ``record()``): ``b_simple`` from ``spec.noise_scale``, |G|^2 = 1 and tr(Sigma) =
-    b_simple; nothing estimated on 1 rank unless ``spec.consecutive``."""
+    b_simple, its interval from b_simple / 2 to 2 b_simple (no upper bound in epoch
+    0) over 4 effective steps an epoch; nothing estimated on 1 rank unless
+    ``spec.consecutive``."""
     alone = spec.size == 1
     b = spec.noise_scale(epoch) if not alone or spec.consecutive else None
     method = "ranks" if not alone else "consecutive" if spec.consecutive else "none"
     tr_sigma = names(spec.schema_version)["tr_sigma"]
-    return {"b_simple": b, "g2": None if b is None else 1.0, tr_sigma: b,
+    interval = ({"b_simple_low": b / 2, "b_simple_high": None if epoch == 0 else 2 * b,
+                 "effective_steps": 4.0 * (epoch + 1)} if b is not None else {})
+    return {"b_simple": b, **interval, "g2": None if b is None else 1.0, tr_sigma: b,
             "small_batch": spec.batch_size, "big_batch": spec.batch_size * spec.size,
             "method": method, "ema": 0.95, "preconditioned": False}
 

@@ -8,8 +8,10 @@ The fixture's training loss is -0.05 x global step; 16 samples, batch 2 per rank
 1-rank run (14 samples), epoch 1 of the 2-rank run (28), epoch 3 of the 4-rank run (56).
 """
 
+import glob
 import json
 import math
+import os
 
 import pytest
 
@@ -159,6 +161,38 @@ def test_json_and_html_carry_the_values(tmp_path):
     html = (out / "report.html").read_text()
     assert "Samples to target predicted from the noise scale" in html
     assert "data:image/png;base64," in html
+
+
+def _without_interval(run_dir):
+    """``run_dir``'s logs as written before 2026-11-28: no interval, no effective steps."""
+    for path in glob.glob(os.path.join(run_dir, "logs", "*.jsonl")):
+        with open(path) as f:
+            records = [json.loads(line) for line in f]
+        for r in records:
+            for key in ("b_simple_low", "b_simple_high", "effective_steps"):
+                r.get("noise_scale", {}).pop(key, None)
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return run_dir
+
+
+def test_the_interval_is_read_with_b_simple_and_left_empty_in_older_logs(tmp_path):
+    runs = _runs(tmp_path, **NOISE)[1:]
+    runs.append(_without_interval(write_run(str(tmp_path / "old"), RunSpec(size=2, **NOISE))))
+    report = build(runs, ReportOptions(target_loss=(-0.3,)), processes=0)
+    table = report.optional["noise_scale"]
+    end = one_row(table, run="np2", at=noise.END)
+    assert (end["b_simple"], end["b_simple_low"], end["b_simple_high"],
+            end["effective_steps"]) == (7.0, 3.5, 14.0, 16.0)
+    series = report.optional["noise_scale_series"]
+    first = one_row(series, run="np4", epoch=0)
+    assert first["b_simple_low"] == 2.0 and math.isnan(first["b_simple_high"])  # unbounded
+    old = one_row(table, run="old", at=noise.END)
+    assert old["b_simple"] == 7.0 and math.isnan(old["b_simple_low"])
+    out = tmp_path / "out"
+    write(report, str(out))
+    assert "b_simple_high empty beside a b_simple_low: no upper bound" in (
+        out / "report.md").read_text()
 
 
 def _seed_runs(tmp_path):

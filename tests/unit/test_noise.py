@@ -127,6 +127,71 @@ def test_non_finite_norms_are_skipped_and_state_resumes_exactly():
     assert fresh.b_simple is None
 
 
+def _replicate(rng, updates, true_g, sigma, small=2, ranks=4, steps=1):
+    """One run's ``NoiseScale`` after ``updates`` measured steps of known noise."""
+    noise = NoiseScale(small, small * ranks, base=small * ranks)
+    for _ in range(updates):
+        noise.update(*_norms(_draws(rng, true_g, sigma, small, ranks), 1.0), steps=steps)
+    return noise
+
+
+@pytest.mark.parametrize("sigma,updates,steps,open_above", [
+    (2.0, 30, 1, (0.0, 0.0)), (6.0, 60, 8, (0.0, 0.05)), (10.0, 60, 1, (0.25, 0.6))])
+def test_the_b_simple_interval_covers_the_true_noise_scale_in_90_percent_of_runs(
+        sigma, updates, steps, open_above):
+    # 300 runs of the same known noise, from precise (sigma 2) to |G|^2 hardly told
+    # from 0 (sigma 10: many intervals have no upper bound, and a few runs no B_simple
+    # at all, which log no interval either). About 90 % of the intervals logged
+    # contain the true B_simple, and the effective steps are the worth of the moving
+    # average's weights.
+    rng = np.random.default_rng(7)
+    true_g = rng.normal(size=30)
+    want = 30 * sigma**2 / float(true_g @ true_g)
+    runs = [_replicate(rng, updates, true_g, sigma, steps=steps).averages["preconditioned"]
+            for _ in range(300)]
+    assert [a.b_simple_interval() is None for a in runs] == [a.b_simple is None for a in runs]
+    runs = [a for a in runs if a.b_simple is not None]
+    intervals = [a.b_simple_interval() for a in runs]
+    inside = [lo <= want and (hi is None or want <= hi) for lo, hi in intervals]
+    assert 0.85 <= np.mean(inside) <= 0.96
+    assert open_above[0] <= np.mean([hi is None for _, hi in intervals]) <= open_above[1]
+    assert all(lo <= a.b_simple and (hi is None or a.b_simple <= hi)
+               for a, (lo, hi) in zip(runs, intervals))
+    decay = noise_lib.DECAY ** steps
+    weights = (1 - decay) * decay ** np.arange(updates)
+    n = [a.effective_steps for a in runs]
+    assert n == pytest.approx([weights.sum() ** 2 / (weights ** 2).sum()] * len(runs), rel=1e-9)
+
+
+@pytest.mark.parametrize("dof,exact", [(2, 2.920), (3, 2.353), (5, 2.015), (10, 1.812), (30, 1.697)])
+def test_t_quantile_is_students_at_the_intervals_level(dof, exact):
+    assert noise_lib.t_quantile(noise_lib.INTERVAL_Z, dof) == pytest.approx(exact, rel=0.015)
+
+
+def test_the_interval_needs_three_effective_steps_and_a_known_spread():
+    noise = NoiseScale(1, 2, base=2)
+    noise.update(3.0, 2.0, 3.0, 2.0)
+    assert noise.record()["effective_steps"] == pytest.approx(1.0)
+    assert noise.record()["b_simple_low"] is None and noise.record()["b_simple_high"] is None
+    for small, big in ((4.0, 2.5), (3.2, 2.1)):
+        noise.update(small, big, small, big)
+    assert noise.record()["effective_steps"] < 3 and noise.record()["b_simple_low"] is None
+    noise.update(3.5, 2.0, 3.5, 2.0)
+    record = noise.record()
+    assert 0 <= record["b_simple_low"] <= record["b_simple"]
+    # A checkpoint from before 2026-11-28 kept 3 values per average: B_simple goes on
+    # exactly, its spread is not known.
+    old = {k: v[:3] for k, v in noise.state().items()}
+    again = NoiseScale(1, 2, base=2)
+    again.restore(old)
+    for n in (noise, again):
+        n.update(5.0, 3.0, 5.0, 3.0)
+    assert again.record()["b_simple"] == noise.record()["b_simple"]
+    assert again.record()["b_simple_low"] is None and again.record()["effective_steps"] is None
+    with pytest.raises(ValueError, match="3 or 7 values, got 4"):
+        again.restore({k: [1.0, 2.0, 3.0, 4.0] for k in noise_lib.KINDS})
+
+
 def _smoke_model(num_classes=2, size=16, **model):
     """The smoke U-Net, with ``model`` fields (``norm``, ``bn_ghost_batch``) over it."""
     from distseg.core import config as config_lib
