@@ -124,7 +124,8 @@ def measured_near(frame: pd.DataFrame, run: str, epoch: int | None = None) -> pd
 
 
 def _point(row: pd.Series | None, **fields) -> dict:
-    point = ("epoch", "samples", "b_simple", "b_simple_low", "b_simple_high", "effective_steps")
+    point = ("epoch", "samples", "b_simple", "b_simple_low", "b_simple_high",
+             "effective_steps")
     out = dict.fromkeys(point, None)
     if row is not None:
         out.update({c: row[c] for c in point})

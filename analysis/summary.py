@@ -90,9 +90,9 @@ NOISE_FIELDS = ("b_simple", "b_simple_low", "b_simple_high", "effective_steps", 
 
 def noise_columns(rec: dict) -> dict[str, Any]:
     """``noise_<field>`` of each of ``NOISE_FIELDS`` (NaN where null or absent: logs
-    from before 2026-11-28 have no interval or ``effective_steps``) and ``noise_method`` of an epoch record's
-    ``noise_scale``; nothing when it has none (older logs), so their frames keep the
-    columns they always had."""
+    from before 2026-11-28 have no interval or ``effective_steps``) and
+    ``noise_method`` of an epoch record's ``noise_scale``; nothing when it has none
+    (older logs), so their frames keep the columns they always had."""
     noise = dict_field(rec, "noise_scale")
     if noise is None:
         return {}

@@ -67,8 +67,8 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     confidence interval; both null with fewer than 3 effective steps or after resuming
     a checkpoint from before 2026-11-28, b_simple_high alone null where it has no upper
     bound), effective_steps (the measured steps the averages are worth), b_simple_raw,
-    g2_raw, tr_sigma_raw, small_batch, big_batch, base_batch, method, ema, preconditioned, cadence {every, auto, decision}}
-    (``distseg.training.noise``;
+    g2_raw, tr_sigma_raw, small_batch, big_batch, base_batch, method, ema,
+    preconditioned, cadence {every, auto, decision}} (``distseg.training.noise``;
     schema 1-2: trace, trace_raw), lr_rule {rule, lr, gain, progress, global_batch,
     base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy
     goodput`` goodput {policy, per_rank (this epoch's), options, step_time_model

@@ -25,10 +25,11 @@ are not) by a bias-corrected exponential moving average whose decay is tied to t
 samples a step covers: ``DECAY`` per ``base`` samples, so a step of B samples decays
 by DECAY^(B / base) (AdaptDL: 0.999 per initial batch). Read back, |G|^2 is clipped at
 0 and tr(Sigma) at ``TR_SIGMA_FLOOR``; a step whose norms are not finite is skipped.
-The same weights give B_simple's 90 % confidence interval (``Average.b_simple_interval``)
-and the measured steps the average is worth (``effective_steps``), both logged: one step's
-|G|^2 is a difference of two noisy norms, so a few dozen measured steps leave B_simple
-uncertain by tens of percent (docs/studies/noise-every-2026-11-28.md).
+The same weights give B_simple's 90 % confidence interval
+(``Average.b_simple_interval``) and the measured steps the average is worth
+(``effective_steps``), both logged: one step's |G|^2 is a difference of two noisy
+norms, so a few dozen measured steps leave B_simple uncertain by tens of percent
+(docs/studies/noise-every-2026-11-28.md).
 
 The norms come twice: of the raw gradients, and of the gradients divided by Adam's
 bias-corrected sqrt(v) + epsilon (``preconditioned``; the identity in Adam's first
@@ -82,8 +83,8 @@ class Average:
     """1 - the product of every decay so far: what corrects the bias."""
     squares: tuple[float, ...] | None = (0.0, 0.0, 0.0, 0.0)
     """The same sums with each step's weight squared, of 1, tr(Sigma)^2,
-    tr(Sigma) |G|^2 and |G|^4 (``b_simple_interval``); None: not known (an average restored
-    from a checkpoint written before they were kept)."""
+    tr(Sigma) |G|^2 and |G|^4 (``b_simple_interval``); None: not known (an average
+    restored from a checkpoint written before they were kept)."""
 
     def update(self, g2: float, tr_sigma: float, decay: float) -> None:
         self.g2_biased = decay * self.g2_biased + (1 - decay) * g2
@@ -124,9 +125,12 @@ class Average:
         averages: Fieller's, for a ratio of two weighted means, with each step's
         residual tr(Sigma) - B |G|^2 as its own variance (times n / (n - 1) for ``n``
         effective steps, and Student's t quantile for n - 1 degrees of freedom) and the
-        steps' estimates independent (their batches are disjoint). Asymmetric where |G|^2 is uncertain; (low, None) where |G|^2 cannot
-        be told from 0 at that level, so B_simple has no upper bound. None with fewer
-        than ``MIN_EFFECTIVE`` effective steps, without ``b_simple``, or where the spread is not known.
+        steps' estimates independent (their batches are disjoint).
+
+        Asymmetric where |G|^2 is uncertain; (low, None) where |G|^2 cannot be told
+        from 0 at that level, so B_simple has no upper bound. None with fewer than
+        ``MIN_EFFECTIVE`` effective steps, without ``b_simple``, or where the spread is
+        not known.
         """
         ratio, n = self.b_simple, self.effective_steps
         if ratio is None or n is None or n < MIN_EFFECTIVE or self.g2_biased <= 0:
