@@ -48,6 +48,7 @@ from distseg.core.errors import InputError, WriteError
 from distseg.core.partial import PartialFile
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
+from distseg.training import noise
 
 
 def sha256(path: str) -> str:
@@ -316,7 +317,8 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
         files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
         m.setdefault("training", m.get("scaling"))  # a manifest from before the rename
         position = Position(**{k: m[k] for k in Position.__dataclass_fields__ if k in m})
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        noise.NoiseScale.check_state((position.training or {}).get("noise"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(f"{path}: not a checkpoint manifest ({type(e).__name__}: {e})") from e
     for kind, file in files.items():
         if verify and (not os.path.exists(file) or sha256(file) != m["files"][kind]["sha256"]):

@@ -55,6 +55,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from distseg.core import goodput
+from distseg.core.errors import InputError
 
 #: The moving averages' decay per ``NoiseScale.base`` samples (AdaptDL's smoothing).
 DECAY = 0.999
@@ -153,15 +154,26 @@ class Average:
         return [self.g2_biased, self.tr_sigma_biased, self.weight, *(self.squares or ())]
 
     @classmethod
-    def restored(cls, values) -> "Average":
+    def restored(cls, values, field_name: str = "noise") -> "Average":
         """The average of ``state()``; a checkpoint's from before the squares were kept
-        (3 values) gives an average whose spread is not known."""
-        values = [float(v) for v in values]
-        if len(values) == 3:
+        (3 values) gives an average whose spread is not known. Raises ``InputError``
+        naming ``field_name`` (the checkpoint's field) for anything else: every rank
+        reads the same checkpoint, so every rank raises it."""
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            values = None
+        if values is not None and len(values) == 3:
             return cls(*values, squares=None)
-        if len(values) == 7:
+        if values is not None and len(values) == 7:
             return cls(*values[:3], squares=tuple(values[3:]))
-        raise ValueError(f"a noise-scale average of 3 or 7 values, got {len(values)}")
+        raise InputError(f"field training.{field_name}: expected a list of 3 or 7 numbers "
+                         f"(a noise-scale average), got {values_text(values)}")
+
+
+def values_text(values: list | None) -> str:
+    """What ``Average.restored`` got, for its error."""
+    return "something that is not a list of numbers" if values is None else f"{len(values)}"
 
 
 def t_quantile(z: float, dof: float) -> float:
@@ -268,7 +280,16 @@ class NoiseScale:
     def restore(self, state: dict | None) -> None:
         """Continues from ``state()`` (None or a state of other kinds: from scratch)."""
         if state and set(state) == set(KINDS):
-            self.averages = {k: Average.restored(v) for k, v in state.items()}
+            self.averages = {k: Average.restored(v, f"noise.{k}") for k, v in state.items()}
+
+    @staticmethod
+    def check_state(state) -> None:
+        """Raises ``InputError`` where ``restore`` would: read with the checkpoint's
+        manifest, so a damaged average is a damaged checkpoint (skipped for an older
+        one, as a file that fails its checksum is) before anything is written."""
+        if isinstance(state, dict) and set(state) == set(KINDS):
+            for k, v in state.items():
+                Average.restored(v, f"noise.{k}")
 
 
 #: What a step does for the noise scale (``steps.make_train_step``'s ``noise_mode``):

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from distseg.core.errors import InputError
 from distseg.training import noise as noise_lib
 from distseg.training.noise import NoiseScale
 
@@ -188,8 +189,11 @@ def test_the_interval_needs_three_effective_steps_and_a_known_spread():
         n.update(5.0, 3.0, 5.0, 3.0)
     assert again.record()["b_simple"] == noise.record()["b_simple"]
     assert again.record()["b_simple_low"] is None and again.record()["effective_steps"] is None
-    with pytest.raises(ValueError, match="3 or 7 values, got 4"):
+    with pytest.raises(InputError, match=r"^field training\.noise\.preconditioned: expected a list of 3 "
+                       r"or 7 numbers \(a noise-scale average\), got 4$"):
         again.restore({k: [1.0, 2.0, 3.0, 4.0] for k in noise_lib.KINDS})
+    with pytest.raises(InputError, match="got something that is not a list of numbers"):
+        again.restore({k: "damaged" for k in noise_lib.KINDS})
 
 
 def _smoke_model(num_classes=2, size=16, **model):

@@ -149,6 +149,33 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert checkpoint.find(run_dir)[0] is None
 
 
+@pytest.mark.parametrize("damage, words", [
+    ([1.0, 2.0], "got 2"), ("damaged", "got something that is not a list of numbers")])
+def test_a_damaged_noise_average_is_a_damaged_checkpoint(tmp_path, damage, words):
+    # The manifest's noise-scale averages are checked as it is read: the newest
+    # checkpoint, damaged there, is skipped for the one before, with one warning
+    # naming the file and the field, and before anything is written.
+    model, opt = _tiny_state(1)
+    run_dir = str(tmp_path)
+    _save(run_dir, model, opt, 1)
+    stem = _save(run_dir, model, opt, 2)
+    noise_state = {"preconditioned": [1.0, 2.0, 0.5], "raw": [1.0, 2.0, 0.5, 0.1, 1, 1, 1]}
+    with open(f"{stem}.json") as f:
+        manifest = json.load(f)
+    manifest["training"] = {"noise": noise_state, "global_batch": 4}
+    with open(f"{stem}.json", "w") as f:
+        json.dump(manifest, f)
+    entry, warnings = checkpoint.find(run_dir)
+    assert entry["epoch"] == 2 and warnings == []  # 3 and 7 values: both readable
+    noise_state["raw"] = damage
+    with open(f"{stem}.json", "w") as f:
+        json.dump(manifest, f)
+    entry, warnings = checkpoint.find(run_dir)
+    assert entry["epoch"] == 1 and len(warnings) == 1
+    assert "epoch-0002.json: not a checkpoint manifest" in warnings[0]
+    assert f"field training.noise.raw: expected a list of 3 or 7 numbers (a noise-scale average), {words}" in warnings[0]
+
+
 def test_the_files_of_a_checkpoint_are_those_rundir_names(tmp_path):
     model, opt = _tiny_state(1)
     run_dir = str(tmp_path)
