@@ -277,8 +277,7 @@ def noise_sections(extra: Mapping[str, pd.DataFrame], t: Tables) -> list[Section
            Section("Gradient noise scale over training", Role.FIGURE, "B_simple at the end of "
                    "each epoch against the samples all ranks trained on (log scale), one "
                    "line per run, shaded over its 90 % interval where logged, above 0 and "
-                   "bounded; the "
-                   "dotted line is the run's global batch. "
+                   "bounded; the dotted line is the run's global batch. "
                    + (f"Not drawn (no noise scale logged or estimated): {', '.join(missing)}. "
                       if missing else "") + "Data: noise_scale_series.csv.",
                    figure=NOISE_FIGURE)]
