@@ -317,7 +317,7 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
         files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
         m.setdefault("training", m.get("scaling"))  # a manifest from before the rename
         position = Position(**{k: m[k] for k in Position.__dataclass_fields__ if k in m})
-        noise.NoiseScale.check_state((position.training or {}).get("noise"))
+        noise.NoiseScale.averages_of((position.training or {}).get("noise"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(f"{path}: not a checkpoint manifest ({type(e).__name__}: {e})") from e
     for kind, file in files.items():

@@ -162,18 +162,15 @@ class Average:
         try:
             values = [float(v) for v in values]
         except (TypeError, ValueError):
-            values = None
-        if values is not None and len(values) == 3:
-            return cls(*values, squares=None)
-        if values is not None and len(values) == 7:
-            return cls(*values[:3], squares=tuple(values[3:]))
+            got = "something that is not a list of numbers"
+        else:
+            if len(values) == 3:
+                return cls(*values, squares=None)
+            if len(values) == 7:
+                return cls(*values[:3], squares=tuple(values[3:]))
+            got = str(len(values))
         raise InputError(f"field training.{field_name}: expected a list of 3 or 7 numbers "
-                         f"(a noise-scale average), got {values_text(values)}")
-
-
-def values_text(values: list | None) -> str:
-    """What ``Average.restored`` got, for its error."""
-    return "something that is not a list of numbers" if values is None else f"{len(values)}"
+                         f"(a noise-scale average), got {got}")
 
 
 def t_quantile(z: float, dof: float) -> float:
@@ -279,17 +276,19 @@ class NoiseScale:
 
     def restore(self, state: dict | None) -> None:
         """Continues from ``state()`` (None or a state of other kinds: from scratch)."""
-        if state and set(state) == set(KINDS):
-            self.averages = {k: Average.restored(v, f"noise.{k}") for k, v in state.items()}
+        averages = self.averages_of(state)
+        if averages:
+            self.averages = averages
 
     @staticmethod
-    def check_state(state) -> None:
-        """Raises ``InputError`` where ``restore`` would: read with the checkpoint's
-        manifest, so a damaged average is a damaged checkpoint (skipped for an older
-        one, as a file that fails its checksum is) before anything is written."""
-        if isinstance(state, dict) and set(state) == set(KINDS):
-            for k, v in state.items():
-                Average.restored(v, f"noise.{k}")
+    def averages_of(state) -> dict | None:
+        """The averages of a checkpoint's ``state()`` (None: none, or of other kinds).
+        Raises ``InputError`` for an average it cannot read; the checkpoint's manifest
+        is read through it, so such an average makes a damaged checkpoint (skipped for
+        an older one, as a file that fails its checksum is) before anything is written."""
+        if not isinstance(state, dict) or set(state) != set(KINDS):
+            return None
+        return {k: Average.restored(v, f"noise.{k}") for k, v in state.items()}
 
 
 #: What a step does for the noise scale (``steps.make_train_step``'s ``noise_mode``):
