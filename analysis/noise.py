@@ -45,19 +45,19 @@ from analysis.logs import RunData
 from analysis.tables import epoch_batches, first_per_epoch
 from distseg.core import goodput
 
+#: B_simple's 90 % interval and the effective steps behind it: ``noise_scale`` fields
+#: read beside ``b_simple`` wherever it is (null in logs from before 2026-11-28).
+INTERVAL = ("b_simple_low", "b_simple_high", "effective_steps")
 SERIES_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "epoch", "hours", "samples",
-                  "b_simple", "b_simple_low", "b_simple_high", "effective_steps", "g2",
-                  "trace", "small_batch", "big_batch", "method"]
+                  "b_simple", *INTERVAL, "g2", "trace", "small_batch", "big_batch", "method"]
 #: The columns of ``SERIES_COLUMNS`` taken from the epochs' ``noise_*`` columns
 #: (``summary.noise_columns``): column -> the ``noise_scale`` field it holds (the series
 #: calls tr(Sigma) ``trace``).
-SERIES_NOISE = {"b_simple": "b_simple", "b_simple_low": "b_simple_low",
-                "b_simple_high": "b_simple_high", "effective_steps": "effective_steps",
-                "g2": "g2", "trace": "tr_sigma",
+SERIES_NOISE = {"b_simple": "b_simple", **{c: c for c in INTERVAL}, "g2": "g2", "trace": "tr_sigma",
                 "small_batch": "small_batch", "big_batch": "big_batch", "method": "method"}
 TABLE_COLUMNS = ["run", "ranks", "nodes", "global_batch_size", "small_batch", "big_batch",
                  "at", "metric", "target", "target_epoch", "epoch", "samples", "b_simple",
-                 "b_simple_low", "b_simple_high", "effective_steps"]
+                 *INTERVAL]
 PREDICTION_COLUMNS = ["run", "ranks", "nodes", "metric", "target", "global_batch_size", "base",
                       "base_global_batch", "base_samples", "noise_from", "noise_epochs",
                       "b_noise_first", "b_noise_last", "predicted_samples", "samples",
@@ -124,8 +124,7 @@ def measured_near(frame: pd.DataFrame, run: str, epoch: int | None = None) -> pd
 
 
 def _point(row: pd.Series | None, **fields) -> dict:
-    point = ("epoch", "samples", "b_simple", "b_simple_low", "b_simple_high",
-             "effective_steps")
+    point = ("epoch", "samples", "b_simple", *INTERVAL)
     out = dict.fromkeys(point, None)
     if row is not None:
         out.update({c: row[c] for c in point})
