@@ -107,10 +107,13 @@ def expected_samples(run: RunData) -> Expected:
 _FILE_DIGESTS: dict[tuple, tuple[str | None, str]] = {}
 
 
-def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray, int]:
+def _read_train_ids(path: str, slab: tuple[int, ...] | None,
+                    fold: int = -1) -> tuple[np.ndarray, int]:
     """The train sample ids of a data file and its number of samples: the train
     slices of a slice file; of a volume file, the slab ids of its train cases on the
-    grid of ``slab`` (as 3D training numbers them). Only the small tables are read.
+    grid of ``slab`` (as 3D training numbers them). With ``fold`` >= 0, the split is
+    that fold's (``distseg.data.folds``), as the run trained it. Only the small tables
+    are read.
 
     Raises:
       InputError: the file's ``format_version`` is newer than this distseg reads.
@@ -118,7 +121,7 @@ def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray
     """
     import h5py  # a plain HDF5 reader, imported only when a data file is checked
 
-    from distseg.data import volumes  # h5py and numpy only
+    from distseg.data import folds, volumes  # h5py and numpy only
     from distseg.data.h5format import FORMAT_VERSION
 
     # Locking off, as the ranks read it: a file on Lustre/NFS may refuse locks.
@@ -127,6 +130,8 @@ def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray
         if version is not None:
             refuse_newer(path, "format_version", version, FORMAT_VERSION)
         split = np.asarray(f["split"][...])
+        if fold >= 0:
+            split = _fold_split(path, fold, np.asarray(f["case_id"][...]), folds)
         train = np.flatnonzero(split == schema.SPLITS["train"])
         layout = f.attrs.get("layout", "slices")
         if (layout.decode() if isinstance(layout, bytes) else layout) != volumes.LAYOUT:
@@ -137,10 +142,18 @@ def _read_train_ids(path: str, slab: tuple[int, ...] | None) -> tuple[np.ndarray
         return grid.ids(train), grid.total
 
 
-def _train_digest(path: str, n: int, n_train: int,
-                  slab: tuple[int, ...] | None) -> tuple[str | None, str]:
+def _fold_split(path: str, fold: int, case_ids: np.ndarray, folds) -> np.ndarray:
+    """The split of fold ``fold`` of the file's fold table, per entry of ``case_ids``."""
+    table = folds.read_table(path)
+    if table is None or fold >= table.k:
+        raise ValueError(f"no fold {fold} in the file's fold table")
+    return folds.roles_of(table, fold, case_ids, path)
+
+
+def _train_digest(path: str, n: int, n_train: int, slab: tuple[int, ...] | None,
+                  fold: int = -1) -> tuple[str | None, str]:
     try:
-        train, total = _read_train_ids(path, slab)
+        train, total = _read_train_ids(path, slab, fold)
     except InputError:
         raise  # a newer format is refused, not skipped: its split may mean something else
     except Exception as e:  # noqa: BLE001 (any unreadable file only loses the cross-check)
@@ -148,7 +161,8 @@ def _train_digest(path: str, n: int, n_train: int,
     if total != n or len(train) != n_train:
         return None, (f"data file {path} now holds {total} samples, {len(train)} train "
                       f"(the run logged {n}, {n_train})")
-    return schema.sample_digest(train.tolist()), "train split of the data file"
+    where = "train split of the data file" if fold < 0 else f"fold {fold}'s train cases of the data file"
+    return schema.sample_digest(train.tolist()), where
 
 
 def _logged_slab(ds: dict) -> tuple[int, ...] | None:
@@ -178,13 +192,13 @@ def data_file_digest(run: RunData) -> tuple[str | None, str]:
         return None, "no data file path and sizes in the run record"
     if not os.path.isfile(path):
         return None, f"data file {path} not found here"
-    slab = _logged_slab(ds)
+    slab, fold = _logged_slab(ds), run_fold(run)
     try:
-        key = (path, os.path.getmtime(path), int(n), int(n_train), slab)
+        key = (path, os.path.getmtime(path), int(n), int(n_train), slab, fold)
     except (OSError, TypeError, ValueError):
         return None, f"data file {path} cannot be checked"
     if key not in _FILE_DIGESTS:
-        _FILE_DIGESTS[key] = _train_digest(path, int(n), int(n_train), slab)
+        _FILE_DIGESTS[key] = _train_digest(path, int(n), int(n_train), slab, fold)
     return _FILE_DIGESTS[key]
 
 
@@ -193,7 +207,13 @@ def dataset_key(run: RunData) -> tuple:
     another slab shape cuts other slab ids from the same file), for digest votes."""
     ds = run.dataset
     return (os.path.basename(str(ds.get("path", ""))), ds.get("samples"), run.train_samples,
-            ds.get("source"), str(ds.get("slab")))
+            ds.get("source"), str(ds.get("slab")), run_fold(run))
+
+
+def run_fold(run: RunData) -> int:
+    """The cross-validation fold the run validated (config ``data.fold``), -1 for none."""
+    fold = ((run.config or {}).get("data") or {}).get("fold", -1)
+    return fold if isinstance(fold, int) and not isinstance(fold, bool) else -1
 
 
 @dataclass(frozen=True)

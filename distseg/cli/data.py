@@ -160,6 +160,43 @@ def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     click.echo(_wrote(out, info))
 
 
+@data.command("folds", context_settings={"max_content_width": 100})
+@click.argument("path", type=click.Path(dir_okay=False, exists=True))
+@click.option("--folds", "k", default=None, type=click.IntRange(2), metavar="K",
+              help="Draw K folds over the file's cases (over patients with --patients or "
+                   "--patient-pattern), seeded by --seed.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the draw.")
+@click.option("--like-nnunet", is_flag=True,
+              help="Draw as nnU-Net v2 does: KFold(K, shuffle, random_state=12345) over the "
+                   "sorted case names (--seed then defaults to 12345; no patient grouping).")
+@click.option("--patients", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="CSV of case,patient rows: a patient's cases always share a fold.")
+@click.option("--patient-pattern", default=None, metavar="REGEX",
+              help="The patient of a case: the first group of REGEX searched in its name "
+                   "(e.g. '^(pat\\d+)_' ), so a patient's cases share a fold.")
+@click.option("--splits-in", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Take the folds from nnU-Net v2's splits_final.json (case names as the "
+                   "file's cases/name) instead of drawing them.")
+@click.option("--splits-out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the folds as nnU-Net v2's splits_final.json.")
+@click.option("--fold", "base_fold", default=0, show_default=True, type=click.IntRange(0),
+              help="The fold the file's own split takes (what a run without --fold trains).")
+def folds(path, k, seed, like_nnunet, patients, patient_pattern, splits_in, splits_out, base_fold):
+    """Give a data file K cross-validation folds by case (or read them from
+    splits_final.json), kept in the file: `distseg-train --fold I` then validates fold I
+    and trains the others; the file's test cases stay out of every fold. Without
+    --folds or --splits-in, prints the table the file holds (and writes --splits-out).
+    Everything is checked before the file is touched (docs/cross-validation.md).
+    """
+    from distseg.data import foldtool
+    try:
+        lines = foldtool.run(path, foldtool.Request(k, seed, like_nnunet, patients, patient_pattern,
+                                                  splits_in, splits_out, base_fold))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo("\n".join(lines))
+
+
 @data.command("info")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--slab", default=None, metavar="D,H,W|full",

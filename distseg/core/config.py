@@ -284,6 +284,11 @@ class DataConfig:
     holds foreground (``feeds.ForegroundSlices``)."""
     val_overlap: float = 0.5
     """3D only: overlap of the sliding windows that validate whole volumes."""
+    fold: int = -1
+    """The cross-validation fold this run validates (``distseg-train --fold I``): the
+    data file's fold table (``distseg.data.folds``) decides, case by case, what trains
+    and what validates; the file's test cases stay out of every fold. -1: the split the
+    file was written with. A config.json written before this field existed means -1."""
     augment: str = "none"
     """On-the-fly augmentation of the training samples (never of validation):
     ``none``, ``light`` or ``default`` (``distseg.data.augment``). Each sample's draw
@@ -408,6 +413,7 @@ def _data_checks(cfg: "Config") -> list:
          f"must be in [0, 1], got {d.foreground_fraction}"),
         (0.0 <= d.val_overlap < 1.0, "data.val_overlap",
          f"must be in [0, 1), got {d.val_overlap}"),
+        (d.fold >= -1, "data.fold", f"must be a fold index >= 0 (or -1: the file's split), got {d.fold}"),
         (bool(d.path), "data.path", "is required (--data FILE.h5)"),
         (bool(cfg.run_dir), "run_dir", "is required (--run-dir DIR)"),
     ]

@@ -77,9 +77,9 @@ class PartialFile:
             raise
 
 
-def write_json(path: str, obj) -> None:
+def write_json(path: str, obj, indent: int = 2) -> None:
     """Writes ``obj`` as JSON to ``path`` through ``PATH.tmp`` and a rename (a run's
-    config.json, a checkpoint's manifest)."""
+    config.json, a checkpoint's manifest), keys sorted."""
     with PartialFile(path, f"{path}.tmp") as part:
         with open(part.partial, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
+            json.dump(obj, f, indent=indent, sort_keys=True)

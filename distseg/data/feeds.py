@@ -18,7 +18,7 @@ import numpy as np
 from distseg.core import batchplan
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
-from distseg.data import h5format, sharding, slabplan, volumes
+from distseg.data import folds, h5format, sharding, slabplan, volumes
 from distseg.data import slices as data
 
 
@@ -129,7 +129,7 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
     if cfg.model.spatial_dims == 3:
         return _open_volumes(cfg, ranks, check_labels)
     per_rank = batchplan.batch_plan(cfg.train, ranks).per_rank
-    info = data.examine(cfg.data.path, check_labels=check_labels)
+    info = folds.examine(cfg.data.path, 2, cfg.data.fold, check_labels=check_labels)
     cfg = _with_file_classes(cfg, info)
     data.check_fit(info, ranks=ranks, batch_size=per_rank, image_size=cfg.model.image_size,
                    resize=cfg.data.resize, num_classes=cfg.model.num_classes)
@@ -139,7 +139,7 @@ def open_feed(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
 def _open_volumes(cfg: config_lib.Config, ranks: int, check_labels: bool) -> Opened:
     """``open_feed`` of a 3D run: planned first, since ``--slab auto`` may set the batch
     the ranks share."""
-    info = volumes.examine(cfg.data.path, check_labels=check_labels)
+    info = folds.examine(cfg.data.path, 3, cfg.data.fold, check_labels=check_labels)
     cfg, plan = planned(_with_file_classes(cfg, info), info)
     slab = volumes.check_fit(info, ranks=ranks, batch_size=_per_rank(cfg, ranks, plan),
                              slab=volumes.parse_slab(cfg.data.slab),
@@ -190,7 +190,7 @@ def with_plan(cfg: config_lib.Config) -> config_lib.Config:
     and batch ``open_feed`` plans, from the file's metadata alone (on this rank only:
     no collective; what an elastic run builds its model from)."""
     if cfg.model.spatial_dims == 3 and slabplan.asks(cfg):
-        info = volumes.examine(cfg.data.path, check_labels=False)
+        info = folds.examine(cfg.data.path, 3, cfg.data.fold)
         return planned(_with_file_classes(cfg, info), info)[0]
     return with_classes(cfg)
 

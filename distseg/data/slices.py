@@ -16,6 +16,7 @@ here imports TensorFlow or Horovod.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -64,6 +65,13 @@ class DatasetInfo:
     """Input channels per slice (the last axis of ``images``)."""
     channel_names: tuple[str, ...] = ()
     """One name per channel (attribute ``channel_names``), or empty: none recorded."""
+
+    def with_splits(self, splits: np.ndarray) -> "DatasetInfo":
+        """This file's info with ``splits`` (one per slice) in place of the file's own
+        (a cross-validation fold's, ``folds.applied``)."""
+        return dataclasses.replace(
+            self, splits=splits, train_indices=np.flatnonzero(splits == SPLITS["train"]),
+            val_indices=np.flatnonzero(splits == SPLITS["val"]))
 
     def summary(self) -> dict:
         """What ``distseg-data info`` prints and a run logs as ``dataset``: the keys of

@@ -28,6 +28,7 @@ makes one sample per case, the whole volume. Nothing here imports TensorFlow or 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -193,6 +194,11 @@ class VolumeInfo:
     @property
     def cases(self) -> int:
         return len(self.case_ids)
+
+    def with_splits(self, splits: np.ndarray) -> "VolumeInfo":
+        """This file's info with ``splits`` (one per case) in place of the file's own
+        (a cross-validation fold's, ``folds.applied``)."""
+        return dataclasses.replace(self, splits=np.asarray(splits, np.uint8))
 
     def rows(self, split: str) -> np.ndarray:
         """Row indices of the cases in ``split`` ("train", "val" or "test")."""

@@ -27,8 +27,8 @@ import numpy as np
 from distseg import sliding
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
+from distseg.data import folds, volumes
 from distseg.data import slices as data
-from distseg.data import volumes
 from distseg.inference import postprocess, predict
 
 
@@ -48,12 +48,11 @@ def validation_cases(cfg: config_lib.Config, path: str) -> list[Case]:
     Raises:
       InputError: the file holds no validation case.
     """
+    info = folds.examine(path, cfg.model.spatial_dims, cfg.data.fold)
     if cfg.model.spatial_dims == 3:
-        info = volumes.examine(path, check_labels=False)
         cases = [Case(f"case {int(info.case_ids[k])}", (int(k),), int(np.prod(info.shapes[k])))
                  for k in info.val_cases]
     else:
-        info = data.examine(path, check_labels=False)
         val = np.sort(info.val_indices)
         ids = info.case_ids[val]
         cases = [Case(f"case {int(c)}", tuple(int(i) for i in val[ids == c]),

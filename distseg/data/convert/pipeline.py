@@ -31,6 +31,7 @@ import numpy as np
 
 from distseg.core.errors import InputError, Interrupted
 from distseg.core.stopflag import StopFlag
+from distseg.data import folds as data_folds
 from distseg.data import h5format
 from distseg.data.convert import geometry, sources, splits
 from distseg.data.convert import spacing as spacing_lib
@@ -200,9 +201,11 @@ def choose_intensities(source: Source, opts: Options) -> tuple[Intensity, ...]:
     return tuple(Intensity.of_modality(k, mr_norm, opts.window) for k in kinds)
 
 
-def foreground_intensities(source: Source, opts: Options, intensities, split) -> tuple:
+def foreground_intensities(source: Source, opts: Options, intensities, split, fold) -> tuple:
     """``intensities`` with every CT channel's replaced, under ``--ct-norm foreground``,
-    by ``Intensity.ct_foreground`` of the training cases' foreground (up to
+    by ``Intensity.ct_foreground`` of the training cases' foreground (with ``--folds``,
+    of every fold's cases, as nnU-Net's fingerprint covers its whole training set: the
+    one file serves every fold) (up to
     ``FOREGROUND_VOXELS`` per case, drawn by a generator of the split seed and the
     case's position). A training case that cannot be read is left out here:
     ``prepare_case`` names it.
@@ -215,7 +218,7 @@ def foreground_intensities(source: Source, opts: Options, intensities, split) ->
         return tuple(intensities)
     samples: dict[int, list] = {c: [] for c in ct}
     for k, case in enumerate(source.cases):
-        if split[k] != h5format.SPLITS["train"]:
+        if (fold[k] < 0) if opts.folds else (split[k] != h5format.SPLITS["train"]):
             continue
         try:
             _, voxels = sources.case_channels(case.files, opts.channel)
@@ -558,7 +561,7 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
     opts, spacing_line = settle_spacing(source, opts)
     split, fold = splits.assign(len(source.cases), opts.seed, opts.val_fraction,
                                 opts.folds, opts.fold)
-    intensities = foreground_intensities(source, opts, choose_intensities(source, opts), split)
+    intensities = foreground_intensities(source, opts, choose_intensities(source, opts), split, fold)
     names = kept_channels(source, opts)
     summary, stop = Summary(out=out, ndim=opts.ndim, spacing=spacing_line), StopFlag()
     summary.channels = tuple(f"{n} ({i.describe()['intensity']})" for n, i in zip(names, intensities))
@@ -585,6 +588,9 @@ def run(source_path: str, out: str, opts: Options) -> Summary:
         except BaseException:
             writer.abort()
             raise
+    if opts.folds:
+        data_folds.write_table(out, data_folds.table_from_cases_column(
+            out, f"convert --folds {opts.folds} --seed {opts.seed}"), base_fold=opts.fold)
     summary.seconds = time.perf_counter() - started
     summary.peak_rss_mib = peak_rss_mib()
     if opts.workers <= 1:
