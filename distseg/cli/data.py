@@ -130,8 +130,9 @@ def synth(ctx, out, ndim, cases, size, slices_per_case, jitter, val_fraction, dt
               help="Folder holding img_117.mrc and lab_117.mrc (default: the installed "
                    "liver-ct-segmentation-package).")
 @click.option("--folds", default=None, type=int, metavar="K",
-              help="Cut the 8 slabs into K (2, 4 or 8) contiguous folds; with --fold, the "
-                   "fold that validates (for cross-validation on the one case).")
+              help="Cut the 8 slabs into K (2, 4 or 8) contiguous folds. 2D without --fold: "
+                   "one file holding every fold (distseg-train --fold I picks one; the CT "
+                   "normalised over all slabs); with --fold, a file of that fold alone.")
 @click.option("--fold", default=None, type=int, metavar="I",
               help="The validating fold, 0 to K-1: its slabs validate, the slab on each "
                    "side is a buffer (unused), the rest train.")
@@ -149,12 +150,18 @@ def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     80-95 are the buffer, 96-127 validate, each part one volume (fold 3 of 4). --folds K
     --fold I picks another fold (see distseg/data/lits.py for why).
     """
-    if (folds is None) != (fold is None):
-        fail("--folds and --fold go together (e.g. --folds 4 --fold 0)")
+    if fold is not None and folds is None:
+        fail("--fold needs --folds (e.g. --folds 4 --fold 0)")
+    if ndim == 3 and folds is not None and fold is None:
+        fail("--ndim 3 --folds K needs --fold I: a 3D fold's cases are its own runs of "
+             "slabs, so each fold is its own file")
     try:
-        split = lits.DEFAULT_FOLD[ndim] if folds is None else (folds, fold)
-        info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split,
-                                                                     ct_norm=ct_norm)
+        if ndim == 2 and folds is not None and fold is None:
+            info = lits.convert_folds(out, folds, source_dir, ct_norm=ct_norm)
+        else:
+            split = lits.DEFAULT_FOLD[ndim] if folds is None else (folds, fold)
+            info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split,
+                                                                         ct_norm=ct_norm)
     except DistsegError as e:
         fail(str(e), e.exit_code)
     click.echo(_wrote(out, info))

@@ -189,6 +189,82 @@ def sweep(node_list, out_dir, chain, target_loss, target_dice, **p):
 
 
 @jobs.command()
+@click.option("--recipe", "recipe_texts", multiple=True, required=True, metavar="NAME[=FLAGS]",
+              help="A recipe: a name and the distseg-train flags that make it, over the common "
+                   "options (e.g. dice='--loss dice'); repeatable. The plan adds --fold.")
+@click.option("--nodes", "node_list", default="1", show_default=True,
+              help="Node counts each recipe's folds train at, e.g. 1,2.")
+@click.option("--folds", "fold_list", default=None,
+              help="The folds to run, e.g. 0,1 (default: every fold of the data file's table).")
+@click.option("--out", "out_dir", required=True, help="The CV directory: cv.json, runs/, jobs/, submit.sh.")
+@click.option("--target-dice", type=float, default=None,
+              help="Mean foreground validation Dice the report counts hours to.")
+@_job_options
+def cv(recipe_texts, node_list, fold_list, out_dir, target_dice, **p):
+    """Write a cross-validation as jobs: one per recipe x node count x fold, folds side by
+    side, each resuming after a requeue, and a distseg-report job after all of them.
+
+    The data file must hold folds (distseg-data folds FILE --folds K, convert --folds K,
+    or lits-sample --folds K). `bash OUT/submit.sh` submits it on Slurm; `distseg-jobs
+    cv-run OUT` trains the same plan on this machine, one run after another, continuing
+    where it stopped (docs/cross-validation.md).
+
+    \b
+    distseg-jobs cv --partition generic --cores-per-node 2 --ranks-per-node 1 \\
+        --data liver.h5 --nodes 1,2 --epochs 8 --out cv-loss \\
+        --recipe dice_ce='--preset demo' --recipe dice='--preset demo --loss dice'
+    bash cv-loss/submit.sh        # or: distseg-jobs cv-run cv-loss
+    """
+    from distseg.cli.train import parse_config
+    from distseg.cluster import cv as cv_lib
+    try:
+        recipes = [cv_lib.parse_recipe(t) for t in recipe_texts]
+        nodes = schema.parse_node_counts(node_list, "--nodes")
+        folds = cv_lib.parse_folds(fold_list) if fold_list else None
+        written = cv_lib.write_cv(_spec(nodes[0], "", p), recipes, nodes, out_dir, parse_config,
+                                  folds=folds, target_dice=target_dice, command=_command_line("cv"))
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    plan = written.plan
+    click.echo(f"wrote {written.cv_dir}/cv.json: {len(plan.recipes)} recipe(s) x {len(plan.nodes)} "
+               f"node count(s) x {len(plan.folds)} fold(s) of {plan.k} = {len(plan.runs)} runs")
+    click.echo(f"wrote {len(written.scripts)} job scripts in {written.cv_dir}/jobs, report.sbatch and submit.sh")
+    click.echo(f"next: bash {shlex.quote(os.path.join(written.cv_dir, 'submit.sh'))}   "
+               f"(or, without Slurm: distseg-jobs cv-run {shlex.quote(written.cv_dir)})")
+
+
+@jobs.command("cv-run")
+@click.argument("cv_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--report/--no-report", default=True, show_default=True,
+              help="Run distseg-report over the CV after the last run (into CV_DIR/report).")
+@click.option("--only", multiple=True, metavar="LABEL",
+              help="Train only this run of the plan (RECIPE-nN-fold-I); repeatable.")
+def cv_run(cv_dir, report, only):
+    """Train a CV plan on this machine without Slurm: every run of CV_DIR/cv.json one
+    after another, with the command line its job would start (several ranks through
+    horovodrun on localhost). Finished runs are skipped and a stopped one resumes from
+    its last checkpoint, so running it again continues the CV. Exits 1 if a run failed.
+    """
+    import subprocess
+
+    from distseg.cluster import cv as cv_lib
+    from distseg.core import cvplan
+    try:
+        outcome = cv_lib.run_local(cv_dir, echo=click.echo, only=only)
+        plan = cvplan.read(cv_dir)
+    except DistsegError as e:
+        fail(str(e), e.exit_code)
+    click.echo(f"trained {len(outcome.trained)}, already done {len(outcome.skipped)}, "
+               f"failed {len(outcome.failed)}" + (f": {', '.join(outcome.failed)}" if outcome.failed else ""))
+    if report:
+        code = subprocess.call(cv_lib.report_command(cv_dir, plan))
+        if code:
+            fail(f"distseg-report over {cv_dir} failed (exit {code})", 1)
+    if outcome.failed:
+        raise SystemExit(1)
+
+
+@jobs.command()
 def partitions():
     """List the node types --partition accepts, with their layout and queues."""
     for part in jobs_lib.PARTITIONS.values():

@@ -173,6 +173,39 @@ def _train_config(resume: bool, preset, config_file, overrides) -> config_lib.Co
     return config_lib.for_resume(overrides["run_dir"], overrides)
 
 
+def config_from(params: dict) -> config_lib.Config:
+    """The config of distseg-train's parsed flags ``params``: a new run's (preset ->
+    --config -> flags) or a resumed run's own.
+
+    Raises:
+      ValueError: a flag the config refuses, naming it.
+    """
+    overrides = {path: params[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
+    overrides.update({"data.path": params["data_path"], "run_dir": params["run_dir"],
+                      "data.resize": params["resize"], "train.validate": params["validate"],
+                      "train.tensorboard": params["tensorboard"],
+                      "model.recompute": params["recompute"]})
+    overrides.update(model_overrides(params["model_name"], params["model_fn"],
+                                     params["model_args"], params["data_path"]))
+    overrides.update(batch_overrides(params["batch_size"], params["global_batch"]))
+    overrides.update(lr_overrides(params["lr"], params["lr_from"]))
+    return _train_config(params["resume"], params["preset"], params["config_file"], overrides)
+
+
+def parse_config(args: list[str]) -> config_lib.Config:
+    """The config distseg-train would train with for the command line ``args``, without
+    running it (what distseg-jobs checks a recipe with).
+
+    Raises:
+      ValueError: an unknown flag or a bad value, in distseg-train's words.
+    """
+    try:
+        with train.make_context("distseg-train", list(args)) as ctx:
+            return config_from(ctx.params)
+    except click.ClickException as e:
+        raise ValueError(e.format_message()) from None
+
+
 def _train_options(fn):
     for name, (_, kind, text) in reversed(list(TRAIN_FLAGS.items())):
         fn = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None, help=text)(fn)
@@ -241,15 +274,8 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if precision_trial:  # every rank parses the same flags: the same mode on each
         os.environ[precision_cache.TRIAL_ENV] = precision_trial
-    overrides = {path: flags[name] for name, (path, _, _) in TRAIN_FLAGS.items()}
-    overrides.update({"data.path": data_path, "run_dir": run_dir, "data.resize": resize,
-                      "train.validate": validate, "train.tensorboard": tensorboard,
-                      "model.recompute": recompute})
     try:
-        overrides.update(model_overrides(model_name, model_fn, model_args, data_path))
-        overrides.update(batch_overrides(flags["batch_size"], flags["global_batch"]))
-        overrides.update(lr_overrides(flags["lr"], flags["lr_from"]))
-        cfg = _train_config(resume, preset, config_file, overrides)
+        cfg = config_from(click.get_current_context().params)
     except ValueError as e:
         fail(str(e))
     from distseg.parallel import agreement

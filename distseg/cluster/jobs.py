@@ -554,19 +554,20 @@ def write_sweep(spec: JobSpec, node_counts: Sequence[int], out_dir: str = ".", *
     names = []
     for job in jobs:
         name = f"{job.job_name}.sbatch"
-        _write(os.path.join(out, name), render(job, command))
+        write_file(os.path.join(out, name), render(job, command))
         names.append(name)
     report_dir = os.path.join(os.path.abspath(spec.runs_dir), f"{spec.name}-report")
     run_dirs = tuple(j.run_dir for j in jobs)
     report = "report.sbatch"
-    _write(os.path.join(out, report), render_report(jobs[0], run_dirs, report_dir, report_args))
-    _write(os.path.join(out, "submit.sh"),
+    write_file(os.path.join(out, report), render_report(jobs[0], run_dirs, report_dir, report_args))
+    write_file(os.path.join(out, "submit.sh"),
            render_submit(names, report, spec.runs_dir, chain), executable=True)
     return Sweep(out_dir=out, scripts=tuple(names), report=report, submit="submit.sh",
                  run_dirs=run_dirs, report_dir=report_dir, jobs=tuple(jobs))
 
 
-def _write(path: str, text: str, executable: bool = False) -> None:
+def write_file(path: str, text: str, executable: bool = False) -> None:
+    """Writes a job file (``executable``: with the execute bits), refusing in one line."""
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

@@ -76,12 +76,21 @@ class CvPlan:
     runs: tuple[CvRun, ...]
     target_dice: float | None = None
     """The validation Dice (mean over foreground classes) that "hours to target" counts to."""
+    base_flags: tuple[str, ...] = ()
+    """``distseg-train`` flags every recipe starts from (a recipe's own flags follow and
+    win: the last of a repeated flag counts)."""
     schema: int = SCHEMA
     extra: dict = field(default_factory=dict)
     """What the writer adds for its own use (partition, time limit); readers ignore it."""
 
     def run_path(self, cv_dir: str, run: CvRun) -> str:
         return os.path.join(cv_dir, run.run_dir)
+
+    def train_args(self, cv_dir: str, run: CvRun) -> list[str]:
+        """The ``distseg-train`` arguments of ``run``: the one command line its Slurm job
+        and the local runner both start (the launcher and threads aside)."""
+        return ["--data", self.data, "--run-dir", self.run_path(cv_dir, run), *self.base_flags,
+                *self.recipe(run.recipe).flags, "--fold", str(run.fold)]
 
     def recipe(self, name: str) -> Recipe:
         for r in self.recipes:
@@ -104,7 +113,7 @@ def run_dir_of(recipe: str, nodes: int, ranks: int, fold: int) -> str:
 
 def make(data: str, k: int, folds: Sequence[int], recipes: Sequence[Recipe],
          nodes: Sequence[int], ranks_per_node: int, target_dice: float | None = None,
-         extra: dict | None = None) -> CvPlan:
+         base_flags: Sequence[str] = (), extra: dict | None = None) -> CvPlan:
     """The plan of every recipe x node count x fold, recipes first, then node counts,
     then folds (the order the local runner trains them in)."""
     runs = tuple(CvRun(r.name, f, n, n * ranks_per_node,
@@ -112,7 +121,7 @@ def make(data: str, k: int, folds: Sequence[int], recipes: Sequence[Recipe],
                  for r in recipes for n in nodes for f in folds)
     return CvPlan(os.path.abspath(data), int(k), tuple(int(f) for f in folds), tuple(recipes),
                   tuple(int(n) for n in nodes), int(ranks_per_node), runs, target_dice,
-                  extra=dict(extra or {}))
+                  tuple(base_flags), extra=dict(extra or {}))
 
 
 def is_cv_dir(path: str) -> bool:
@@ -153,6 +162,7 @@ def _parsed(path: str, raw) -> CvPlan:
         return CvPlan(str(raw["data"]), int(raw["k"]), tuple(int(f) for f in raw["folds"]),
                       recipes, tuple(int(n) for n in raw["nodes"]), int(raw["ranks_per_node"]),
                       runs, None if target is None else float(target),
+                      tuple(str(a) for a in raw.get("base_flags", ())),
                       extra=dict(raw.get("extra") or {}))
     except KeyError as e:
         raise InputError(f"{path}: field {e.args[0]} is missing") from None

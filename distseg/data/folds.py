@@ -272,7 +272,8 @@ class FileCases:
     names: tuple[str, ...]
     """``cases/name`` where the file has it (convert), else ``case_<id>``."""
     test: np.ndarray
-    """(M,) bool: in the file's ``test`` split."""
+    """(M,) bool: a test case: in no fold of the file's table, or, without a table, in
+    the file's ``test`` split."""
 
 
 def file_cases(path: str) -> FileCases:
@@ -292,6 +293,11 @@ def file_cases(path: str) -> FileCases:
             named = {int(c): (n.decode() if isinstance(n, bytes) else str(n))
                      for c, n in zip(f["cases/case_id"][:], f["cases/name"][:])}
     names = tuple(named.get(int(c), f"case_{int(c)}") for c in case_ids)
+    table = read_table(path)
+    if table is not None and np.array_equal(table.case_ids, case_ids):
+        # The file's split is one fold's, where a buffer is "test" too: a test case is
+        # one that no fold uses.
+        return FileCases(case_ids, names, (table.roles == TEST).all(axis=0))
     return FileCases(case_ids, names, split_of[rows] == TEST)
 
 

@@ -160,19 +160,46 @@ def convert(out: str, source_dir: str | None = None,
             fold: tuple[int, int] = DEFAULT_FOLD[2], ct_norm: str = CT_NORM) -> data.DatasetInfo:
     """Writes the distseg HDF5 file of LiTS case 117's slices to ``out``, each 16-slice
     slab a case, split by ``fold`` (folds, fold: ``fold_splits``), the CT normalised by
-    ``ct_norm`` (``normalised``)."""
+    ``ct_norm`` from that fold's training slabs (``normalised``)."""
     splits = fold_splits(*fold)
     img, lab = read_case(source_dir)
+    _write_slices(out, img, lab, splits, normalised(img, lab, splits, ct_norm),
+                  _described(*fold, splits))
+    return data.examine(out)
+
+
+def convert_folds(out: str, folds: int, source_dir: str | None = None,
+                  ct_norm: str = CT_NORM) -> data.DatasetInfo:
+    """Writes LiTS case 117's slices to ``out`` once for a whole cross-validation: the
+    fold table of ``folds`` contiguous folds (``fold_splits``: each fold's buffer slabs
+    unused while it validates), the file's own split fold 0's. Every slab trains in some
+    fold, so the CT is normalised by the foreground of all 8 (as nnU-Net's fingerprint
+    covers every case of its folds)."""
+    from distseg.data import folds as folds_lib
+    table = [fold_splits(folds, k) for k in range(folds)]
+    img, lab = read_case(source_dir)
+    _write_slices(out, img, lab, table[0], normalised(img, lab, ["train"] * SLABS, ct_norm),
+                  f"a fold table of {folds} contiguous folds (folds/), the file's split fold 0's")
+    roles = np.array([[h5format.SPLITS[r] for r in row] for row in table], dtype=np.uint8)
+    folds_lib.write_table(out, folds_lib.FoldTable(117 * 100 + np.arange(SLABS), roles,
+                                                   f"{folds} contiguous folds of 16-slice slabs, "
+                                                   "a buffer slab on each side of validation"))
+    return data.examine(out)
+
+
+def _write_slices(out: str, img: np.ndarray, lab: np.ndarray, splits: list[str], normed,
+                  described: str) -> None:
+    """The slice file of the case, slab ``s`` a case of split ``splits[s]``, its CT
+    ``normed`` (``normalised``'s values and ``Intensity``)."""
+    values, norm = normed
     slab = np.arange(img.shape[0]) // SLAB
     split = np.array([h5format.SPLITS[splits[int(s)]] for s in slab], dtype=np.uint8)
-    values, norm = normalised(img, lab, splits, ct_norm)
     attrs = _attrs(norm, 2, img.shape[-1])
     data.write_dataset(
         out, values[..., None], lab, 117 * 100 + slab, split,
         source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, lab_117.mrc); "
-               f"axial slabs of 16 slices as case ids, {_described(*fold, splits)}; {_how(norm)}",
+               f"axial slabs of 16 slices as case ids, {described}; {_how(norm)}",
         hu_window=attrs.pop("hu_window"), spacing=(np.nan, np.nan, np.nan), attrs=attrs)
-    return data.examine(out)
 
 
 def volume_parts(splits: list[str]) -> list[tuple[int, int, str]]:
