@@ -136,7 +136,11 @@ def job_of(base: jobs_lib.JobSpec, plan: cvplan.CvPlan, cv_dir: str, run: cvplan
     spec = dataclasses.replace(
         base, nodes=run.nodes, name=f"{run.recipe}-fold{run.fold}",
         run_dir=plan.run_path(cv_dir, run), train_args=tuple(args[4:]), train_config=cfg)
-    return jobs_lib.resolve(spec)
+    try:
+        return jobs_lib.resolve(spec)
+    except jobs_lib.JobError as e:
+        raise jobs_lib.JobError(f"--recipe {run.recipe} (fold {run.fold}, {run.nodes} node(s)): "
+                                f"{e}") from None
 
 
 def write_cv(base: jobs_lib.JobSpec, recipes: Sequence[cvplan.Recipe], nodes: Sequence[int],
