@@ -19,10 +19,12 @@ Logic only (no TensorFlow, no Horovod), as ``distseg.cluster.jobs``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -256,6 +258,29 @@ def set_aside(run_dir: str) -> str:
     return f"{run_dir}.attempt-{n}"
 
 
+#: Signals the runner passes on to the training it waits for: Ctrl-C, ``kill``, and the
+#: USR1 a batch system sends ahead of a time limit. Each stops the run after a
+#: checkpoint, and the runner stops after it.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def train(command: list[str]) -> int:
+    """Runs ``command`` and returns its exit code, passing every ``FORWARDED`` signal
+    this process receives on to it (the runner itself waits for the run to checkpoint
+    and stop, and reads its exit code)."""
+    proc = subprocess.Popen(command)
+
+    def forward(signum, frame):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+    before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 @dataclass
 class LocalOutcome:
     """What ``run_local`` did, run by run."""
@@ -295,7 +320,7 @@ def run_local(cv_dir: str, echo: Callable[[str], None] = print,
                  f"its logs moved to {set_aside(path)}")
         command = local_command(plan, cv_dir, run, state)
         echo(f"[{i}/{len(runs)}] {run.label}: {shlex.join(command)}")
-        code = subprocess.call(command)
+        code = train(command)
         if code == Interrupted.exit_code:
             raise Interrupted(f"{run.label} was interrupted; distseg-jobs cv-run {cv_dir} resumes it")
         (outcome.trained if code == 0 else outcome.failed).append(run.label)
