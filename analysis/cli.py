@@ -62,7 +62,8 @@ def report(run_dirs, target_loss, target_dice, dice_class, smooth, out_dir, fmt,
 
     RUN_DIRS are run directories (each with logs/rank-NNNNN.jsonl), e.g. runs at 1, 2
     and 4 nodes: distseg-report runs/np1 runs/np2 runs/np4 --target-loss -0.75
-    --target-loss -0.76 --out report/
+    --target-loss -0.76 --out report/. A directory with a cv.json (distseg-jobs cv)
+    stands for every run of its plan and adds the cross-validation tables.
     """
     from analysis.report import ReportOptions, main
     from distseg.core.errors import DistsegError, fail, output_dir

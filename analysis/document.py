@@ -78,11 +78,13 @@ class Tables:
 
 #: Tables a report holds only when the runs give them rows, name -> CSV file: kept out
 #: of ``Tables`` so that a report of runs without them writes what it always did.
-#: ``seed_groups``: ``analysis.seeds``; ``lr_find``: ``analysis.lrrange``; the others:
-#: ``analysis.noise``.
+#: ``seed_groups``: ``analysis.seeds``; ``lr_find``: ``analysis.lrrange``; ``cv_*``: a
+#: cross-validation's (``analysis.cvrender``); the others: ``analysis.noise``.
 OPTIONAL_CSV = {"seed_groups": "seed_groups.csv", "noise_scale": "noise_scale.csv",
                 "noise_scale_series": "noise_scale_series.csv",
-                "noise_prediction": "noise_prediction.csv", "lr_find": "lr_find.csv"}
+                "noise_prediction": "noise_prediction.csv", "lr_find": "lr_find.csv",
+                "cv_dice": "cv_dice.csv", "cv_paired": "cv_paired.csv",
+                "cv_hours": "cv_hours.csv", "cv_runs": "cv_runs.csv"}
 
 
 def csv_files() -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from analysis.coverage import run_fold
 from analysis.document import Note
 from analysis.logfile import dict_field
 from analysis.logs import RunData
@@ -71,7 +72,17 @@ def _describe(a: object, b: object) -> str:
 
 def config_mismatches(runs: Sequence[RunData]) -> list[Note]:
     """Warns when runs of different model, data, input shape or seed are compared
-    (``NOT_COMPARABLE``; info for the other differences)."""
+    (``NOT_COMPARABLE``; info for the other differences). The folds of a
+    cross-validation train different cases by design: runs are compared with the runs of
+    their own fold (config ``data.fold``; runs without one, with each other)."""
+    folds: dict[int, list[RunData]] = {}
+    for run in runs:
+        folds.setdefault(run_fold(run), []).append(run)
+    return [note for group in folds.values() for note in _mismatches(group)]
+
+
+def _mismatches(runs: Sequence[RunData]) -> list[Note]:
+    """``config_mismatches`` within one group of runs, each against the first."""
     if len(runs) < 2:
         return []
     notes = []

@@ -396,11 +396,13 @@ def _predicted(projection: Projection | None, row) -> str | None:
             f"the base{when} (model, not measured)")
 
 
-def answer_section(t: Tables, projection: Projection | None) -> Section | None:
-    """The report's first screen: per target the fastest measured run, its speedup and
-    what limits it, and the prediction at the largest node count asked; each run's lr.
-    Each line links to the section it sums up."""
-    items: list[tuple[str, str]] = []
+def answer_section(t: Tables, projection: Projection | None,
+                   lead: Sequence[tuple[str, str]] = ()) -> Section | None:
+    """The report's first screen: ``lead`` (a cross-validation's lines, with the section
+    each sums up), per target the fastest measured run, its speedup and what limits it,
+    and the prediction at the largest node count asked; each run's lr. Each line links
+    to the section it sums up."""
+    items: list[tuple[str, str]] = list(lead)
     eff = t.statistical_efficiency
     for _, g in (eff.groupby(["metric", "target"], sort=False) if len(eff) else ()):
         items.append((_fastest(g), "Time to target, decomposed"))
@@ -430,7 +432,9 @@ def notes_section(notes: Sequence[Note]) -> Section:
 def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
              projection: Projection | None = None, projection_error: str = "",
              unit: TimeUnit = HOURS,
-             extra: Mapping[str, pd.DataFrame] | None = None) -> tuple[Section, ...]:
+             extra: Mapping[str, pd.DataFrame] | None = None,
+             lead: Sequence[tuple[str, str]] = (),
+             cv: Sequence[Section] = ()) -> tuple[Section, ...]:
     """The report's sections in reading order.
 
     Args:
@@ -441,10 +445,14 @@ def sections(t: Tables, notes: Sequence[Note], smooth: int = 0,
       projection_error: why a projection that was asked for is missing.
       unit: the unit wall-clock times are shown in.
       extra: the optional tables (``document.OPTIONAL_CSV``) the runs gave rows.
+      lead: the first lines of "The answer" (a cross-validation's), each with the title
+        of the section it sums up.
+      cv: a cross-validation's sections (``analysis.cvrender.sections``), after the
+        warnings.
     """
     extra = extra or {}
-    parts = [answer_section(t, projection), runs_section(t, unit), warnings_section(notes),
-             time_per_epoch_section(t),
+    parts = [answer_section(t, projection, lead), runs_section(t, unit),
+             warnings_section(notes), *cv, time_per_epoch_section(t),
              scaling_section(t), *size_sections(t), link_section(t),
              hours_section(t, smooth, unit),
              seed_section(extra, unit), *efficiency_sections(t), *noise_sections(extra, t),

@@ -20,6 +20,7 @@ import pandas as pd
 from analysis import (
     checks,
     coverage,
+    cvrender,
     links,
     logs,
     lrrange,
@@ -148,6 +149,8 @@ class Report:
     """The tables of ``OPTIONAL_CSV`` the runs gave rows (``add_optional``)."""
     noise: noise.NoiseReport | None = None
     """The gradient noise scale, when a run measured one."""
+    cv: list[cvrender.CvReport] = field(default_factory=list)
+    """Each cross-validation given (a directory with a ``cv.json``)."""
 
     def summary_line(self) -> str:
         names = ", ".join(f"{r.label} ({r.ranks} rank{'s' if r.ranks != 1 else ''})"
@@ -166,7 +169,8 @@ class Report:
         """The report as ``render`` draws it (Markdown, HTML, JSON)."""
         sections = outline.sections(self.tables, self.notes, self.options.smooth,
                                     self.projection, self.projection_error, self.unit,
-                                    self.optional)
+                                    self.optional, cvrender.answer_items(self.cv, self.unit),
+                                    cvrender.sections(self.cv, self.optional, self.unit))
         # Before "Skipped and notes", always the last.
         sections = (*sections[:-1], *node_sections(self.projection, self.unit), sections[-1])
         return Document(
@@ -264,13 +268,43 @@ def add_optional(report: Report) -> None:
     t = report.tables
     groups, notes = seeds.seed_table(report.runs, t.hours_to_target)
     report.noise = noise.build(report.runs, t.hours_to_target, t.statistical_efficiency)
-    found = {"seed_groups": groups, "lr_find": lrrange.table(report.runs)}
+    found = {"seed_groups": groups, "lr_find": lrrange.table(report.runs),
+             **cvrender.frames(report.cv)}
     if report.noise is not None:
         found.update(noise_scale=report.noise.table, noise_scale_series=report.noise.series,
                      noise_prediction=report.noise.prediction)
         notes += report.noise.notes
     report.optional = {k: found[k] for k in OPTIONAL_CSV if k in found and len(found[k])}
     report.notes.extend(notes)
+
+
+def relabel(runs: Sequence[RunData], labels: dict[str, str]) -> None:
+    """Names the runs of a cross-validation as its plan does (``RECIPE-nN-fold-I``, by
+    run directory in ``labels``), in their notes too."""
+    for run in runs:
+        new = labels.get(run.path)
+        if not new or new == run.label:
+            continue
+        old, run.label = run.label, new
+        run.notes = [dataclasses.replace(n, where=new) if n.where == old else n
+                     for n in run.notes]
+        run.progress_notes = [dataclasses.replace(n, where=new) if n.where == old else n
+                              for n in run.progress_notes]
+
+
+def cross_validate(report: Report, inputs: cvrender.Inputs) -> None:
+    """Each cross-validation of ``inputs`` from the loaded runs: its folds, statistics
+    and answer (``analysis.cvrender``), to the target Dice of ``--target-dice``, else its
+    plan's ``target_dice``."""
+    by_label = {r.label: r for r in report.runs}
+    report.notes.extend(inputs.notes)
+    for given in inputs.cvs:
+        planned = given.plan.target_dice
+        targets = report.options.target_dice or (() if planned is None else (planned,))
+        cv_report, notes = cvrender.build(given, by_label, targets, report.options.dice_class,
+                                          wall_seconds, report.unit)
+        report.cv.append(cv_report)
+        report.notes.extend(notes)
 
 
 def _project(report: Report) -> None:
@@ -297,7 +331,8 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
           show_progress: bool | None = None, processes: int | None = None) -> Report:
     """Reads the runs and computes every table.
 
-    ``processes``: worker processes that read the logs (0: none; default: as many as
+    ``run_dirs``: run directories and cross-validation directories (with a ``cv.json``:
+    every run of the plan, ``analysis.cvrender.expand``). ``processes``: worker processes that read the logs (0: none; default: as many as
     pay, see ``analysis.workers.worker_count``).
 
     Raises:
@@ -306,8 +341,10 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
       ValueError: an option is out of range.
     """
     options = (options or ReportOptions()).validate()
-    runs = logs.load_runs(run_dirs, show_progress=show_progress, spec=options.curve_spec(),
-                          processes=processes)
+    inputs = cvrender.expand(run_dirs)
+    runs = logs.load_runs(inputs.run_dirs, show_progress=show_progress,
+                          spec=options.curve_spec(), processes=processes)
+    relabel(runs, inputs.labels)
     unit = report_unit(runs)
     targets = options.target_loss + options.target_dice
     notes = ([n for r in runs for n in r.notes + (r.progress_notes if targets else [])]
@@ -316,6 +353,7 @@ def build(run_dirs: Sequence[str], options: ReportOptions | None = None,
                                  options.dice_class, unit))
     report = Report(runs=runs, options=options, tables=compute_tables(runs, options, unit),
                     notes=notes + option_notes(runs, options), unit=unit)
+    cross_validate(report, inputs)
     add_optional(report)
     if options.project_nodes:
         _project(report)

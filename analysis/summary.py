@@ -121,8 +121,9 @@ def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
 
     One row per epoch record placed after a ``run`` record: ``rank``, ``segment``
     (local to the file), ``epoch``, ``t``, times, losses, samples, ``sample_digest``,
-    ``dice_CLASS`` and ``local_dice_CLASS``, and where logged the noise scale
-    (``noise_columns``) and the traced communication (``comm_columns``). The classes come in the order the file
+    ``dice_CLASS`` and ``local_dice_CLASS``, and where logged ``val_cases_local`` (the
+    record's {case: {class: Dice}}), the noise scale (``noise_columns``) and the traced
+    communication (``comm_columns``). The classes come in the order the file
     first names them; the count is of epoch records before any ``run`` record.
     """
     rows: list[dict] = []
@@ -143,6 +144,9 @@ def epoch_rows(log: RankLog) -> tuple[pd.DataFrame, list[str], int]:
                     if cls not in classes:
                         classes.append(cls)
                     row[prefix + cls] = number(v)
+        cases = dict_field(rec, "val_cases_local")
+        if cases is not None:  # each validation case's Dice, for the cross-validation
+            row["val_cases_local"] = cases
         row.update(noise_columns(rec))
         row.update(comm_columns(rec))
         rows.append(row)

@@ -2,8 +2,9 @@
 that training's validation and ``distseg-predict`` report, HD95 and surface Dice.
 
 Dice counts voxels: intersection, predicted and true voxels per class, counts that add
-up over batches, cases and ranks (``dice_counts`` in TensorFlow for the eval step,
-``volume_dice_counts`` in numpy for whole volumes), and ``dice_from_counts`` turns
+up over batches, cases and ranks (``sample_dice_counts`` per sample and ``dice_counts``
+per batch in TensorFlow, for the eval step; ``volume_dice_counts`` in numpy for whole
+volumes), and ``dice_from_counts`` turns
 them into Dice. The 95th-percentile Hausdorff distance (HD95) and the normalised
 surface Dice (NSD, the share of both surfaces within ``tolerance_mm`` of the other) come
 from DeepMind's ``surface-distance`` package (Nikolov et al. 2018, the reference NSD
@@ -16,7 +17,8 @@ Empty masks, where those functions have no answer (or raise under numpy 2):
   in a ``ClassScore`` every metric is NaN: nothing to score, left out of means);
 * absent from exactly one: Dice 0, NSD 0, HD95 infinite.
 
-Plain numpy and scipy (TensorFlow inside ``dice_counts`` alone); no Horovod.
+Plain numpy and scipy (TensorFlow inside ``sample_dice_counts`` and ``dice_counts``
+alone); no Horovod.
 """
 
 from __future__ import annotations
@@ -68,16 +70,25 @@ def dice(truth: np.ndarray, pred: np.ndarray) -> float | None:
     return dice_from_counts(counts)[0]
 
 
-def dice_counts(probs, masks, num_classes: int):
-    """Hard-Dice counts of a batch in TensorFlow (the eval step), shape (3, num_classes)
-    float64: intersection, predicted and true voxels per class. TensorFlow is imported
-    here alone, so the rest of this module loads without it."""
+def sample_dice_counts(probs, masks, num_classes: int):
+    """Hard-Dice counts of each sample of a batch in TensorFlow, shape (batch, 3,
+    num_classes) float64: per sample, intersection, predicted and true voxels per class
+    (what 2D validation adds up per case). TensorFlow is imported here alone, so the
+    rest of this module loads without it."""
     import tensorflow as tf
     pred = tf.one_hot(tf.argmax(probs, axis=-1), num_classes, dtype=tf.float64)
     true = tf.one_hot(tf.cast(masks, tf.int32), num_classes, dtype=tf.float64)
-    axes = list(range(len(probs.shape) - 1))
+    axes = list(range(1, len(probs.shape) - 1))
     return tf.stack([tf.reduce_sum(pred * true, axis=axes), tf.reduce_sum(pred, axis=axes),
-                     tf.reduce_sum(true, axis=axes)])
+                     tf.reduce_sum(true, axis=axes)], axis=1)
+
+
+def dice_counts(probs, masks, num_classes: int):
+    """Hard-Dice counts of a batch in TensorFlow, shape (3, num_classes) float64:
+    ``sample_dice_counts`` added up over the batch (whole counts in float64, so the sum
+    is exact in any order)."""
+    import tensorflow as tf
+    return tf.reduce_sum(sample_dice_counts(probs, masks, num_classes), axis=0)
 
 
 def check_volume(probs: np.ndarray, mask: np.ndarray, num_classes: int) -> None:

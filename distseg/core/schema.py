@@ -85,8 +85,9 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;
-    3D runs also val_cases_local {case id: {class: dice}} for the whole volumes this
-    rank validated (val_samples then count volumes).
+    val_cases_local {case id: {class: dice}}: the Dice of each validation case this
+    rank owns (3D: the whole volumes it validated, val_samples then counting volumes;
+    2D: every validation slice of the cases whose first slice is in its share).
 ``end``   once, at the end, whatever happened:
     status (``ok``, ``error`` or ``interrupted``), reason (one line), t, epochs_done.
 ``resume`` once per resumed launch, before its ``run`` record (``--resume``):

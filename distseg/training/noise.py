@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from distseg.core import goodput
 from distseg.core.errors import InputError
+from distseg.core.stats import t_quantile
 
 #: The moving averages' decay per ``NoiseScale.base`` samples (AdaptDL's smoothing).
 DECAY = 0.999
@@ -171,14 +172,6 @@ class Average:
             got = str(len(values))
         raise InputError(f"field training.{field_name}: expected a list of 3 or 7 numbers "
                          f"(a noise-scale average), got {got}")
-
-
-def t_quantile(z: float, dof: float) -> float:
-    """Student's t quantile at ``dof`` (>= 2) degrees of freedom of the normal quantile
-    ``z``, by Cornish-Fisher's expansion to three terms (for 1.6449: 2.885 at 2, where
-    the exact is 2.920; 1.812 at 10, exact)."""
-    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
 
 
 def interval_fields(average: Average) -> dict:

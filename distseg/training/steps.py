@@ -514,10 +514,20 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     return train_step
 
 
+class EvalResult(NamedTuple):
+    """What the eval step returns for one batch."""
+
+    sums: Any
+    """``losses.loss_sums`` of the batch: they add up over batches and ranks."""
+    counts: Any
+    """``metrics.sample_dice_counts``, (batch, 3, classes): each sample's hard-Dice
+    counts, added up per case by 2D validation and over the batch for the whole set."""
+
+
 def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
-    """Compiles ``eval_step(images, masks) -> (loss sums, Dice counts)`` (no
-    communication): ``losses.loss_sums`` and ``metrics.dice_counts`` of the batch, which
-    add up over batches and ranks into the loss and Dice of the whole validation set."""
+    """Compiles ``eval_step(images, masks) -> EvalResult`` (no communication): the
+    batch's loss sums and each sample's Dice counts, which add up over samples, batches
+    and ranks into the loss and Dice of the whole validation set (and of each case)."""
     import tensorflow as tf
 
     from distseg import losses, metrics
@@ -525,7 +535,8 @@ def make_eval_step(model, spatial_shape: Sequence[int], num_classes: int):
     @tf.function(input_signature=_input_spec(model, spatial_shape), autograph=False)
     def eval_step(images, masks):
         probs = model(images, training=False)
-        return losses.loss_sums(probs, masks, num_classes), metrics.dice_counts(probs, masks, num_classes)
+        return EvalResult(losses.loss_sums(probs, masks, num_classes),
+                          metrics.sample_dice_counts(probs, masks, num_classes))
 
     return eval_step
 

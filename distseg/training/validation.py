@@ -4,7 +4,8 @@ the packed scores gives the loss of the whole set and its hard Dice.
 Slices (2D) are scored in batches with the eval step; volumes (3D) whole, by the
 sliding-window inferer, each rank taking cases balanced by voxels. Both add up the same
 two things, the loss sums (``losses.sums_width``) and the hard-Dice counts
-(``metrics``), so the loss and Dice of the whole set are exact at any rank count.
+(``metrics``), so the loss and Dice of the whole set are exact at any rank count. Both
+also give the Dice of each validation case (``Scores.cases``), each case from one rank.
 
 No Horovod here: ``rank`` and ``size`` come in as ints, and the caller runs the
 allreduce of ``Scores.packed``.
@@ -33,7 +34,8 @@ class Scores:
     counts: np.ndarray
     """Hard-Dice counts (3, classes): intersection, predicted, true voxels."""
     cases: dict = field(default_factory=dict)
-    """3D: case id -> per-class Dice of that whole volume (this rank's cases)."""
+    """Case id -> per-class Dice of that whole case (3D: its volume; 2D: all its
+    validation slices), for the cases this rank owns: each case is owned by one rank."""
 
     @classmethod
     def empty(cls, num_classes: int) -> "Scores":
@@ -71,15 +73,63 @@ def score(cfg: config_lib.Config, feed: feeds.Feed, reader, eval_step: Callable,
 
 def score_slices(cfg: config_lib.Config, feed: feeds.SliceFeed, reader, eval_step: Callable,
                  rank: int, size: int) -> Scores:
-    """This rank's contiguous share of the validation slices."""
+    """This rank's contiguous share of the validation slices (``sharding.shard_eval``),
+    and the Dice of each case whose first validation slice is in that share: where such
+    a case runs on into the next ranks' shares, its slices there are scored here too,
+    for the case's Dice only (the totals count every slice once)."""
+    info = feed.info
+    batches = sharding.shard_eval(info.val_indices, rank, size, cfg.train.batch_size)
     out = Scores.empty(cfg.model.num_classes)
-    for ids in sharding.shard_eval(feed.info.val_indices, rank, size, cfg.train.batch_size):
-        images, masks = reader.read(ids)
-        sums, counts = eval_step(images, masks)
-        out.sums += np.asarray(sums, np.float64)
+    per_case: dict[int, np.ndarray] = {}
+    for ids in batches:
+        sums, counts = _evaluate(eval_step, reader, ids)
+        out.sums += sums
         out.samples += len(ids)
-        out.counts += np.asarray(counts)
+        out.counts += counts.sum(axis=0)
+        add_case_counts(per_case, info.case_ids[ids], counts)
+    shard = np.concatenate(batches) if batches else np.empty(0, np.int64)
+    owned = owned_cases(info.val_indices, info.case_ids, shard)
+    for ids in rest_of_cases(info.val_indices, info.case_ids, shard, owned,
+                             cfg.train.batch_size):
+        add_case_counts(per_case, info.case_ids[ids], _evaluate(eval_step, reader, ids)[1])
+    out.cases = {str(int(case)): metrics.dice_from_counts(per_case[int(case)])
+                 for case in owned}
     return out
+
+
+def _evaluate(eval_step: Callable, reader, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eval step on slices ``ids``: loss sums, and each slice's Dice counts."""
+    images, masks = reader.read(ids)
+    result = eval_step(images, masks)
+    return np.asarray(result.sums, np.float64), np.asarray(result.counts, np.float64)
+
+
+def add_case_counts(per_case: dict[int, np.ndarray], case_ids: np.ndarray,
+                    counts: np.ndarray) -> None:
+    """Adds each sample's Dice counts (samples, 3, classes) to its case's in
+    ``per_case`` (case id -> (3, classes))."""
+    case_ids = np.asarray(case_ids)
+    for case in np.unique(case_ids):
+        part = counts[case_ids == case].sum(axis=0)
+        per_case[int(case)] = per_case.get(int(case), 0) + part
+
+
+def owned_cases(val_ids: np.ndarray, case_ids: np.ndarray, shard: np.ndarray) -> np.ndarray:
+    """The cases whose first validation slice (in ``val_ids`` order) is in ``shard``:
+    the cases this rank logs, so every case is logged by one rank."""
+    cases = np.asarray(case_ids)[np.asarray(val_ids, np.int64)]
+    _, first = np.unique(cases, return_index=True)
+    starts = np.asarray(val_ids, np.int64)[first]
+    return np.sort(cases[first][np.isin(starts, shard)])
+
+
+def rest_of_cases(val_ids: np.ndarray, case_ids: np.ndarray, shard: np.ndarray,
+                  owned: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Batches of the validation slices of the ``owned`` cases outside ``shard`` (other
+    ranks score them for the totals; this rank needs them for the case's Dice)."""
+    val_ids = np.asarray(val_ids, np.int64)
+    rest = val_ids[np.isin(np.asarray(case_ids)[val_ids], owned) & ~np.isin(val_ids, shard)]
+    return [rest[i:i + batch_size] for i in range(0, len(rest), batch_size)]
 
 
 def score_volumes(cfg: config_lib.Config, feed: feeds.VolumeFeed, reader, predict: Callable,

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from distseg.core import link, rundir, schema
+from distseg.core import cvplan, link, rundir, schema
 
 CLASSES = ("background", "liver", "lesion")
 
@@ -99,6 +99,14 @@ class RunSpec:
     schema_version: int = schema.SCHEMA_VERSION
     """The log schema the records are written in: the run records' ``schema_version``, and
     the names of the fields schema 3 renamed (``names``)."""
+    fold: int | None = None
+    """config.json's ``data.fold`` (``None``: not written, as runs before folds)."""
+    spatial_dims: int | None = None
+    """config.json's ``model.spatial_dims`` (3 also names the run record's model
+    ``unet3d``); ``None``: not written."""
+    val_cases: Callable[[int, int], dict | None] | None = None
+    """``val_cases_local`` of rank r's epoch-e record, ``val_cases(epoch, rank)``:
+    {case id: {class: Dice}}; ``None`` (or returning ``None``): no such field."""
 
 
 def names(version: int) -> dict[str, str]:
@@ -134,12 +142,23 @@ def _per_rank(value, rank: int) -> float:
 
 
 def config(spec: RunSpec, run_dir: str) -> dict:
-    return {"data": {"path": spec.data_path, "resize": False, "prefetch": 2},
-            "model": {"image_size": spec.image_size, "depth": 2, "base_filters": 4,
-                      "dropout": 0.0, "norm": "batch", "num_classes": 3},
+    data = {"path": spec.data_path, "resize": False, "prefetch": 2}
+    model = {"image_size": spec.image_size, "depth": 2, "base_filters": 4,
+             "dropout": 0.0, "norm": "batch", "num_classes": 3}
+    if spec.fold is not None:
+        data["fold"] = spec.fold
+    if spec.spatial_dims is not None:
+        model["spatial_dims"] = spec.spatial_dims
+    return {"data": data, "model": model,
             "train": {"epochs": spec.epochs, "batch_size": spec.batch_size, "lr": 0.005,
                       "seed": spec.seed, "max_steps_per_epoch": 0, **spec.train_fields},
             "run_dir": run_dir}
+
+
+def case_fields(spec: RunSpec, epoch: int, rank: int) -> dict:
+    """An epoch record's ``val_cases_local`` (none without ``spec.val_cases``)."""
+    cases = spec.val_cases(epoch, rank) if spec.val_cases is not None else None
+    return {} if cases is None else {"val_cases_local": cases}
 
 
 def noise_record(spec: RunSpec, epoch: int) -> dict:
@@ -186,7 +205,8 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
         start = spec.start_time + 1000.0 * li
         hosts = list(launch.hosts or spec.hosts or ["node0"] * size)
         threads = {"intra_op": 1, "inter_op": 1, **(spec.threads(rank) if spec.threads else {})}
-        model = {"name": "unet2d", "image_size": spec.image_size, "depth": 2, "base_filters": 4,
+        model = {"name": "unet3d" if spec.spatial_dims == 3 else "unet2d",
+                 "image_size": spec.image_size, "depth": 2, "base_filters": 4,
                  **spec.extra_model_fields}
         if spec.params is not None:
             model["params"] = spec.params
@@ -247,6 +267,7 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                         "val_loss": -float(np.mean(list(dice.values()))),
                         "val_loss_local": 0.0, "val_dice": dice, "val_dice_local": dice_local,
                         "val_samples_local": 2, "weight_checksum": [1.0, 2.0],
+                        **case_fields(spec, epoch, rank),
                         **noise_fields(spec, "epoch", epoch), **spec.extra_epoch_fields})
         if not launch.killed_after:
             out.append({"type": "end", "rank": rank, "time": start + t, "status": launch.status,
@@ -271,6 +292,25 @@ def write_run(run_dir: str, spec: RunSpec | None = None, **changes) -> str:
                 else:
                     f.write(json.dumps(rec, separators=(",", ":")) + "\n")
     return run_dir
+
+
+def write_cv(cv_dir: str, recipes: Sequence[str], folds: Sequence[int], nodes: Sequence[int],
+             spec_of: Callable[[str, int, int], RunSpec | None], ranks_per_node: int = 1,
+             target_dice: float | None = None) -> cvplan.CvPlan:
+    """Writes a cross-validation: ``cv.json`` (``distseg.core.cvplan.make``) and the run
+    of each recipe, node count and fold that ``spec_of(recipe, nodes, fold)`` gives (its
+    ranks, hosts, ``data.fold`` and run id set here; ``None``: the run is missing)."""
+    plan = cvplan.make(os.path.join(cv_dir, "data.h5"), len(folds), folds,
+                       [cvplan.Recipe(r) for r in recipes], nodes, ranks_per_node, target_dice)
+    os.makedirs(cv_dir, exist_ok=True)
+    plan.write(cv_dir)
+    for run in plan.runs:
+        spec = spec_of(run.recipe, run.nodes, run.fold)
+        if spec is not None:
+            write_run(plan.run_path(cv_dir, run), spec, size=run.ranks, fold=run.fold,
+                      hosts=[f"node{r // ranks_per_node}" for r in range(run.ranks)],
+                      run_id=run.label)
+    return plan
 
 
 def run_record(rank: int, size: int, start_time: float = 1.7e9, run_id: str = "run0",
