@@ -420,7 +420,7 @@ def sections(reports: Sequence[CvReport], extra: Mapping[str, pd.DataFrame],
     """The CV's sections (none without a CV)."""
     if not reports:
         return []
-    hours, hour_cols = _hours_shown(extra["cv_hours"], unit)
+    hours, hour_cols = _hours_shown(extra.get("cv_hours", pd.DataFrame()), unit)
     out = [Section(DICE_TITLE, Role.TABLE, "Per recipe, node count and class, over the "
                    "folds that finished: final = the last epoch's validation Dice, best = the "
                    "epoch of the highest mean foreground Dice; mean, sd and 95 % interval "
@@ -428,22 +428,23 @@ def sections(reports: Sequence[CvReport], extra: Mapping[str, pd.DataFrame],
                    "oof: the out-of-fold Dice, each case's Dice from the fold that validated "
                    "it averaged over all cases (nnU-Net), or the mean of folds where a fold "
                    "logged no per-case Dice (oof_basis). All columns: cv_dice.csv.",
-                   frame=extra["cv_dice"], columns=DICE_COLS),
-           Section(PAIRED_TITLE, Role.TABLE, "Each recipe minus the best recipe (highest "
+                   frame=extra.get("cv_dice", pd.DataFrame()), columns=DICE_COLS)]
+    if len(extra.get("cv_paired", ())):  # a CV of one recipe has nothing to pair
+        out.append(Section(PAIRED_TITLE, Role.TABLE, "Each recipe minus the best recipe (highest "
                    "oof mean foreground Dice), fold by fold on the same fold and node count "
                    "(each fold's mean foreground Dice over its cases); nodes 'all': each "
                    "fold's differences averaged over the node counts. within_noise: the 95 % "
                    "interval covers 0. All columns: cv_paired.csv.",
-                   frame=extra["cv_paired"], columns=PAIRED_COLS),
-           Section(HOURS_TITLE, Role.TABLE, f"Wall-clock {unit.word} per recipe and node "
+                   frame=extra["cv_paired"], columns=PAIRED_COLS))
+    out.append(Section(HOURS_TITLE, Role.TABLE, f"Wall-clock {unit.word} per recipe and node "
                    "count: to the target Dice (mean over the folds that reached it; reached: "
                    "how many), per fold (mean), all folds added up (total) and the longest "
                    "fold (side_by_side: the CV's wall time with its folds run at once). "
-                   "All columns: cv_hours.csv (in hours).", frame=hours, columns=hour_cols)]
+                   "All columns: cv_hours.csv (in hours).", frame=hours, columns=hour_cols))
     dims = _dims_section(reports)
     if dims is not None:
         out.append(dims)
     out.append(Section(RUNS_TITLE, Role.TABLE, "One row per planned run: missing (no logs) "
                        "and unfinished runs are left out of the statistics. All columns: "
-                       "cv_runs.csv.", frame=extra["cv_runs"], columns=RUNS_COLS))
+                       "cv_runs.csv.", frame=extra.get("cv_runs", pd.DataFrame()), columns=RUNS_COLS))
     return out

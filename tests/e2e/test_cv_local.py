@@ -93,7 +93,10 @@ def test_a_cv_stopped_mid_fold_resumes_that_fold_and_loses_no_epoch(folded, tmp_
         assert _epochs(plan.run_path(str(out), run)) == [0, 1, 2, 3]
     ends = [r["status"] for r in log_records(first, 0) if r["type"] == "end"]
     assert ends == ["interrupted", "ok"]
-    assert os.path.exists(out / "report" / "report.json")
+    with open(out / "report" / "report.json") as f:
+        runs = json.load(f)["tables"]["cv_runs"]
+    assert sorted((r["fold"], r["status"], r["counted"]) for r in runs) == [
+        (0, "ok", True), (1, "ok", True)]
 
 
 def test_a_fold_that_fails_is_listed_and_the_next_one_trains(folded, tmp_path):

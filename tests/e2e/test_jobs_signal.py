@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import time
 
 import pytest
 
@@ -43,16 +42,19 @@ def test_usr1_before_the_limit_checkpoints_and_the_job_resumes(tiny, tmp_path):
 
     with background(["bash", str(script)], env=env) as proc:
         wait_for_log(run_dir, 1, '"global_step":20,', proc, 150)
-        start = time.monotonic()
         proc.send_signal(signal.SIGUSR1)  # what Slurm sends to the batch shell
+        # 60 s guards against a hang, on any machine; how soon it stops is in steps below.
         log, _ = finish(proc, 60, "the job did not stop within 60 s of USR1")
     assert proc.returncode == 130, log[-3000:]
-    assert time.monotonic() - start < 15
     assert "submit this script again to continue with --resume" in log
     ends = [_records(run_dir, r)[-1] for r in (0, 1)]
     assert [e["status"] for e in ends] == ["interrupted", "interrupted"], ends
     latest = json.load(open(rundir.latest_path(run_dir)))
     assert latest["epoch"] * 16 + latest["step"] >= 20
+    # It stopped at its checkpoint after the signal, far from the 40 epochs' end, and
+    # wrote no step past that checkpoint.
+    logged = [r["global_step"] for r in _records(run_dir, 0) if r["type"] == "step"]
+    assert max(logged) + 1 == latest["epoch"] * 16 + latest["step"] < 40 * 16 // 2
 
     # The requeued job: the same script continues the run from the checkpoint (stopped
     # again a few steps later; 40 epochs would take too long here).

@@ -21,6 +21,15 @@ from support import REPO, log_records
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "checkpoint-v2")
+#: A loss sums 8 slices x 32 x 32 pixels per class in float32 (unit roundoff 2**-24): a
+#: sum of n terms is within n * 2**-24 of itself in any order (8192 * 6e-8 = 5e-4), and
+#: each step after the first also carries the previous update's rounding: twice that.
+LOSS_REL = 2 * 8 * 32 * 32 * 2.0 ** -24
+#: The noise scale's averages subtract squared gradient norms of similar size (the big
+#: and the small batch's), which magnifies their rounding by the ratio of the norms to
+#: their difference; 1e-2 leaves room for a ratio of 10 over LOSS_REL. What the estimate
+#: decides (the batch, the lr) is checked exactly.
+NOISE_REL = 1e-2
 
 
 def _copy_fixture(tmp_path) -> str:
@@ -52,10 +61,16 @@ def test_a_schema_2_checkpoint_resumes_exactly(tmp_path):
         assert [(r["from_epoch"], r["from_step"]) for r in resumed] == [(2, 0)]
         steps = [r for r in records if r["type"] == "step" and r["epoch"] == 2]
         epoch = next(r for r in records if r["type"] == "epoch" and r["epoch"] == 2)
-        assert [s["loss"] for s in steps] == pytest.approx(want["step_losses"], rel=1e-6)
-        assert [s["lr"] for s in steps] == pytest.approx(want["lrs"], rel=1e-12)
-        assert epoch["weight_checksum"] == pytest.approx(want["weight_checksum"], rel=1e-6)
+        # What the checkpoint decides is exact: the per-rank batch, the step count and
+        # the lr of every step (plain float64 arithmetic on counts).
+        assert len(steps) == len(want["step_losses"])
+        assert [s["samples"] for s in steps] == [want["per_rank"]] * len(steps)
+        assert [s["lr"] for s in steps] == want["lrs"]
+        # What the CPU computes is not: the golden numbers come from another machine's
+        # float32 kernels. LOSS_REL bounds a float32 sum's rounding over its terms.
+        assert [s["loss"] for s in steps] == pytest.approx(want["step_losses"], rel=LOSS_REL)
+        assert epoch["weight_checksum"] == pytest.approx(want["weight_checksum"], rel=LOSS_REL)
         # The resumed launch logs schema 3 (tr_sigma); the fixture's log, schema 2 (trace).
         for key, old in (("b_simple", "b_simple"), ("g2", "g2"), ("tr_sigma", "trace"),
                          ("b_simple_raw", "b_simple_raw")):
-            assert epoch["noise_scale"][key] == pytest.approx(want["noise_scale"][old], rel=1e-5)
+            assert epoch["noise_scale"][key] == pytest.approx(want["noise_scale"][old], rel=NOISE_REL)

@@ -69,6 +69,8 @@ def test_cv_folds_as_jobs_one_killed_at_its_limit_resumes_and_counts_once(slurm,
         assert _epochs(plan.run_path(str(out), run)) == list(range(EPOCHS))
         assert json.load(open(rundir.config_path(plan.run_path(str(out), run))))["data"]["fold"] == run.fold
     with open(out / "report" / "report.json") as f:
-        cv = json.load(f)["cv"]
-    recipe = cv["recipes"][0]
-    assert recipe["recipe"] == "smoke" and recipe["folds"] == 2
+        tables = json.load(f)["tables"]
+    # The resumed fold is one run of the CV, counted once.
+    assert sorted((r["fold"], r["status"], r["counted"]) for r in tables["cv_runs"]) == [
+        (0, "ok", True), (1, "ok", True)]
+    assert [(r["recipe"], r["folds"]) for r in tables["cv_hours"]] == [("smoke", 2)]

@@ -234,3 +234,14 @@ def test_80_runs_of_4_recipes_5_folds_4_node_counts(tmp_path):
     assert items[1].startswith("cv: r3 reaches val Dice >= 0.6 soonest at 8 node(s): ")
     one = one_row(rep.optional["cv_dice"], recipe="r3", nodes=8, **{"class": "liver"})
     assert one["oof_basis"] == "per case (80 cases)"  # 8 ranks x 2 cases x 5 folds
+
+
+def test_a_cv_of_one_recipe_reports_without_pairs(tmp_path):
+    cv_dir = str(tmp_path / "cv")
+    write_cv(cv_dir, ["a"], (0, 1, 2), [1], lambda recipe, nodes, fold: spec(*recipe_a(fold), fold))
+    rep = build([cv_dir], ReportOptions(), processes=0)
+    assert "cv_paired" not in rep.optional
+    titles = [s.title for s in rep.document().sections]
+    assert cvrender.DICE_TITLE in titles and cvrender.PAIRED_TITLE not in titles
+    assert one_row(rep.optional["cv_dice"], recipe="a", **{"class": "liver"})["folds"] == 3
+    write(rep, str(tmp_path / "out"))
