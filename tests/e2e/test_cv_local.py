@@ -74,14 +74,22 @@ def test_each_fold_validates_its_own_cases_at_two_ranks(folded, tmp_path):
 
 def test_a_cv_stopped_mid_fold_resumes_that_fold_and_loses_no_epoch(folded, tmp_path):
     out = tmp_path / "cv"
-    plan = _plan(folded, out, 1, 4, "base=--preset smoke")
+    plan = _plan(folded, out, 1, 6, "base=--preset smoke --max-steps-per-epoch 4")
     first = plan.run_path(str(out), plan.runs[0])
     with background([f"{BIN}/distseg-jobs", "cv-run", str(out), "--no-report"],
                     env=command_env()) as proc:
-        # The first fold has checkpointed an epoch: stop the whole CV as Ctrl-C would.
+        # The first fold has trained an epoch: hold it (SIGSTOP), so the stop finds it
+        # training however fast it trains, and stop the CV as `kill` would: the runner
+        # passes SIGTERM on to the run, which checkpoints at its next step.
         wait_for_log(first, 0, '"type":"epoch"', proc, timeout=300)
-        wait_for(lambda: os.path.exists(rundir.latest_path(first)), 60, "a checkpoint", proc=proc)
-        os.killpg(proc.pid, signal.SIGINT)
+        pid = log_records(first, 0, running=True)[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            wait_for(lambda: _pending(pid) & (1 << (signal.SIGTERM - 1)), 30,
+                     "SIGTERM passed on to the run", proc=proc)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         output, _ = finish(proc, 120)
     assert proc.returncode == 130, output[-3000:]
     assert "interrupted; distseg-jobs cv-run" in output
@@ -90,13 +98,23 @@ def test_a_cv_stopped_mid_fold_resumes_that_fold_and_loses_no_epoch(folded, tmp_
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"{plan.runs[0].label}: " in res.stdout and "--resume" in res.stdout
     for run in plan.runs:
-        assert _epochs(plan.run_path(str(out), run)) == [0, 1, 2, 3]
+        assert _epochs(plan.run_path(str(out), run)) == list(range(6))
     ends = [r["status"] for r in log_records(first, 0) if r["type"] == "end"]
     assert ends == ["interrupted", "ok"]
     with open(out / "report" / "report.json") as f:
         runs = json.load(f)["tables"]["cv_runs"]
     assert sorted((r["fold"], r["status"], r["counted"]) for r in runs) == [
         (0, "ok", True), (1, "ok", True)]
+
+
+def _pending(pid: int) -> int:
+    """The signals waiting for process ``pid``."""
+    masks = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("SigPnd:", "ShdPnd:")):
+                masks |= int(line.split()[1], 16)
+    return masks
 
 
 def test_a_fold_that_fails_is_listed_and_the_next_one_trains(folded, tmp_path):
