@@ -87,6 +87,22 @@ def best_epoch(per_epoch: Mapping[int, Dice], classes: Sequence[str]) -> int | N
     return max(scored)[2] if scored else None
 
 
+def largest_fall(values: Sequence[float]) -> float:
+    """The largest fall of a run's validation Dice between two consecutive
+    validations in its second half (0: none): how far the last epochs swing, which a
+    final-epoch Dice alone hides (docs/studies/folds-2026-11-27.md)."""
+    half = [v for v in values[len(values) // 2:] if _finite(v)]
+    return max([0.0] + [a - b for a, b in zip(half, half[1:])])
+
+
+def falls(per_epoch: Mapping[int, Dice], classes: Sequence[str]) -> dict[str, float]:
+    """Per class (and ``FOREGROUND``) the ``largest_fall`` over the epochs in order."""
+    epochs = [per_epoch[e] for e in sorted(per_epoch)]
+    out = {c: largest_fall([d.get(c, math.nan) for d in epochs]) for c in classes}
+    out[FOREGROUND] = largest_fall([mean_foreground(d, classes) for d in epochs])
+    return out
+
+
 def case_means(cases: Mapping[str, Dice], classes: Sequence[str]) -> dict[str, float]:
     """Per class, the mean Dice over ``cases`` (a case without a Dice for a class, the
     class absent from its truth and prediction, is left out of that class), and the
@@ -121,6 +137,8 @@ class Fold:
     """Wall-clock hours of the run (its launches added up)."""
     to_target: Mapping[float, float] = field(default_factory=dict)
     """Target -> hours until the validation Dice first reached it (NaN: not reached)."""
+    fall: Dice = field(default_factory=dict)
+    """Per class the largest fall of the Dice in the second half (``falls``)."""
 
     def score(self, classes: Sequence[str]) -> float:
         """The fold's mean foreground Dice as the paired comparison takes it: over its

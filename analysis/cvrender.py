@@ -157,7 +157,8 @@ def fold_of(planned: cvplan.CvRun, label: str, run: RunData | None, hours: float
                    final_epoch=final, final=per_epoch.get(final, {}), best_epoch=best,
                    best=per_epoch.get(best, {}),
                    cases=_cases(run, final) if final is not None else None,
-                   hours=hours, to_target=dict(to_target)), notes
+                   hours=hours, to_target=dict(to_target),
+                   fall=cv.falls(per_epoch, run.classes)), notes
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,8 @@ def runs_frame(reports: Sequence[CvReport]) -> pd.DataFrame:
                    "best_epoch": f.best_epoch,
                    "final_mean_foreground": cv.mean_foreground(f.final, rep.classes),
                    "best_mean_foreground": cv.mean_foreground(f.best, rep.classes),
-                   "cases": len(f.cases) if f.cases else 0, "hours": f.hours}
+                   "cases": len(f.cases) if f.cases else 0, "hours": f.hours,
+                   "largest_fall": f.fall.get(cv.FOREGROUND, math.nan)}
             row.update({f"final_{c}": f.final.get(c, math.nan) for c in rep.classes})
             row.update({f"best_{c}": f.best.get(c, math.nan) for c in rep.classes})
             row.update({f"hours_to_{t:g}": f.to_target.get(t, math.nan) for t in rep.targets})
@@ -260,6 +262,8 @@ def dice_frame(reports: Sequence[CvReport]) -> pd.DataFrame:
                              **_interval_cols("final", g.final[c]),
                              "final_folds": _folds_text([pick(f.final) for f in g.folds]),
                              **_interval_cols("best", g.best[c]),
+                             "largest_fall": max([f.fall.get(c, 0.0) for f in g.folds],
+                                                 default=math.nan),
                              "best_folds": _folds_text([pick(f.best) for f in g.folds]),
                              "oof": g.oof.get(c, math.nan), "oof_basis": g.oof_basis})
     return pd.DataFrame(rows)
@@ -373,14 +377,14 @@ def answer_items(reports: Sequence[CvReport],
 
 DICE_COLS = ("cv", "recipe", "nodes", "spatial_dims", "class", "folds", "final_mean",
              "final_sd", "final_low", "final_high", "final_folds", "best_mean", "best_low",
-             "best_high", "oof", "oof_basis")
+             "best_high", "largest_fall", "oof", "oof_basis")
 PAIRED_COLS = ("cv", "nodes", "recipe", "best", "folds", "diff_mean", "diff_low",
                "diff_high", "within_noise", "differences")
 HOURS_COLS = ("cv", "recipe", "nodes", "spatial_dims", "folds", "planned", "target",
               "reached", "to_target_mean_h", "hours_per_fold", "hours_total",
               "hours_side_by_side")
 RUNS_COLS = ("cv", "run", "fold", "status", "counted", "final_epoch", "best_epoch",
-             "final_mean_foreground", "best_mean_foreground", "cases", "hours")
+             "final_mean_foreground", "best_mean_foreground", "largest_fall", "cases", "hours")
 
 
 #: The hours columns of ``cv_hours.csv`` as the documents name them (then in the
@@ -424,7 +428,9 @@ def sections(reports: Sequence[CvReport], extra: Mapping[str, pd.DataFrame],
     out = [Section(DICE_TITLE, Role.TABLE, "Per recipe, node count and class, over the "
                    "folds that finished: final = the last epoch's validation Dice, best = the "
                    "epoch of the highest mean foreground Dice; mean, sd and 95 % interval "
-                   "(Student t over folds, from 3 folds), each fold's value in fold order. "
+                   "(Student t over folds, from 3 folds), each fold's value in fold order; "
+                   "largest_fall: the largest fall between two consecutive validations in "
+                   "the second half of any fold's run (how much the last epochs swing). "
                    "oof: the out-of-fold Dice, each case's Dice from the fold that validated "
                    "it averaged over all cases (nnU-Net), or the mean of folds where a fold "
                    "logged no per-case Dice (oof_basis). All columns: cv_dice.csv.",

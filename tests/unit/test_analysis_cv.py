@@ -245,3 +245,15 @@ def test_a_cv_of_one_recipe_reports_without_pairs(tmp_path):
     assert cvrender.DICE_TITLE in titles and cvrender.PAIRED_TITLE not in titles
     assert one_row(rep.optional["cv_dice"], recipe="a", **{"class": "liver"})["folds"] == 3
     write(rep, str(tmp_path / "out"))
+
+
+def test_the_largest_fall_of_the_second_half():
+    assert cv.largest_fall([0.1, 0.9, 0.2, 0.5, 0.6, 0.4, 0.45, 0.3]) == pytest.approx(0.2)
+    assert cv.largest_fall([0.1, 0.2, 0.3, 0.4]) == 0.0
+    assert cv.largest_fall([0.5, None, 0.7, None, 0.6]) == pytest.approx(0.1)
+    falls = cv.falls({0: {"liver": 0.5, "lesion": 0.2}, 1: {"liver": 0.8, "lesion": 0.4},
+                      2: {"liver": 0.75, "lesion": 0.45}, 3: {"liver": 0.7, "lesion": 0.3}},
+                     ("background", "liver", "lesion"))
+    # The second half: epochs 2 and 3 (the fall from 0.8 to 0.75 is in the first).
+    assert falls["liver"] == pytest.approx(0.05) and falls["lesion"] == pytest.approx(0.15)
+    assert falls[cv.FOREGROUND] == pytest.approx(0.6 - 0.5)
