@@ -296,7 +296,8 @@ class Answer:
       runner_up: the next one, and ``versus`` its paired difference from ``best``
         over every node count (``None`` with one recipe).
       tied: best and runner-up cannot be told apart (the interval covers 0); then
-        ``recipe`` is the one of fewer hours per fold.
+        ``recipe`` is the runner-up where it was cheaper on every fold
+        (``cheaper_in_every_fold``), else the best.
       scores: recipe -> out-of-fold mean foreground Dice (over node counts).
       nodes: per target, the node count whose folds of ``recipe`` reach it soonest on
         mean (every counted fold reached it), ``None`` where none does.
@@ -319,6 +320,23 @@ def fastest_nodes(groups: Sequence[Group], recipe: str, target: float) -> int | 
     return min(done, key=lambda g: g.to_target[target].mean).nodes if done else None
 
 
+#: How much fewer hours a recipe must take, fold by fold, to be shipped instead of a
+#: better-scoring one it cannot be told apart from: a fold's hours vary with the
+#: machine's load by more than a few per cent, so a smaller margin would pick by noise.
+CHEAPER = 0.10
+
+
+def cheaper_in_every_fold(groups: Sequence[Group], recipe: str, than: str) -> bool:
+    """Whether ``recipe`` took at least ``CHEAPER`` fewer hours than ``than`` on every
+    fold and node count both ran (and they share at least one)."""
+    def hours(name):
+        return {(g.nodes, f.fold): f.hours for g in groups if g.recipe == name for f in g.folds
+                if math.isfinite(f.hours)}
+    mine, theirs = hours(recipe), hours(than)
+    shared = set(mine) & set(theirs)
+    return bool(shared) and all(mine[k] <= (1 - CHEAPER) * theirs[k] for k in shared)
+
+
 def decide(groups: Sequence[Group], classes: Sequence[str],
            targets: Sequence[float]) -> Answer:
     """The recipe to ship and, per target, its node count that reaches it soonest."""
@@ -330,9 +348,7 @@ def decide(groups: Sequence[Group], classes: Sequence[str],
     runner = ranked[1] if len(ranked) > 1 else None
     versus = paired(groups, runner, best, None, classes) if runner else None
     tied = bool(versus and versus.within_noise)
-    ship = best
-    if tied and recipe_hours(groups, runner) < recipe_hours(groups, best):
-        ship = runner
+    ship = runner if tied and cheaper_in_every_fold(groups, runner, best) else best
     return Answer(ship, best, runner, versus, tied, scores,
                   {t: fastest_nodes(groups, ship, t) for t in targets})
 

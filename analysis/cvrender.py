@@ -321,11 +321,14 @@ def _ship_line(rep: CvReport, unit: TimeUnit) -> str:
     diff = (f"paired difference {d.mean:+.4f} over {d.n} folds, 95 % interval "
             f"{_ci(d.low, d.high)}")
     if a.tied:
-        hours = {r: cv.recipe_hours(rep.groups, r) for r in (a.best, a.runner_up)}
+        hours = {r: unit.text(cv.recipe_hours(rep.groups, r) * 3600) for r in (a.best, a.runner_up)}
+        why = (f"as good within noise and at least {cv.CHEAPER:.0%} cheaper on every fold"
+               if a.recipe == a.runner_up else
+               f"the higher; {a.runner_up} was not {cv.CHEAPER:.0%} cheaper on every fold")
         return (f"{rep.name}: {a.best} ({a.scores[a.best]:.4f}) and {a.runner_up} "
                 f"({a.scores[a.runner_up]:.4f}) cannot be told apart ({diff}, covers 0): "
-                f"ship {a.recipe}, the cheaper ({unit.text(hours[a.recipe] * 3600)} a fold "
-                f"against {unit.text(max(hours.values()) * 3600)})")
+                f"ship {a.recipe}, {why} ({a.best} {hours[a.best]} a fold, {a.runner_up} "
+                f"{hours[a.runner_up]})")
     noise = "" if a.versus.within_noise is False else "; too few folds to tell them apart"
     return (f"{rep.name}: ship {a.recipe} ({score}; {a.runner_up} "
             f"{a.scores[a.runner_up]:.4f}, {diff}{noise})")

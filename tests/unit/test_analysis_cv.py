@@ -139,8 +139,22 @@ def test_recipes_that_cannot_be_told_apart_ship_the_cheaper(tmp_path):
     assert answer.versus.diff.low < 0 < answer.versus.diff.high
     line = rep.document().sections[0].items[0]
     assert "cannot be told apart" in line and line.endswith(
-        "ship a, the cheaper (24.0 s a fold against 48.0 s)")
+        "ship a, as good within noise and at least 10% cheaper on every fold "
+        "(c 48.0 s a fold, a 24.0 s)")
     assert "no target Dice" in rep.document().sections[0].items[1]
+
+
+def test_recipes_that_cannot_be_told_apart_and_cost_alike_ship_the_higher(tmp_path):
+    cv_dir = str(tmp_path / "cv")
+
+    def spec_of(recipe, nodes, fold):
+        liver, lesion = recipe_a(fold)
+        if recipe == "a":  # cheaper on every fold but one, by noise-like amounts
+            return spec(liver, lesion, fold, step_time=0.5 if fold else 1.0)
+        return spec(liver + (0.01 if fold % 2 else -0.01) + 0.004, lesion, fold, step_time=1.0)
+    write_cv(cv_dir, ["a", "c"], FOLDS, [1], spec_of)
+    answer = build([cv_dir], ReportOptions(), processes=0).cv[0].answer
+    assert (answer.best, answer.runner_up, answer.tied, answer.recipe) == ("c", "a", True, "c")
 
 
 def test_a_resumed_fold_counts_once_and_missing_or_unfinished_runs_are_reported(tmp_path):
