@@ -300,7 +300,8 @@ class Answer:
         (``cheaper_in_every_fold``), else the best.
       scores: recipe -> out-of-fold mean foreground Dice (over node counts).
       nodes: per target, the node count whose folds of ``recipe`` reach it soonest on
-        mean (every counted fold reached it), ``None`` where none does.
+        mean, among those where the most folds reached it (``fastest_nodes``); ``None``
+        where no fold did.
     """
 
     recipe: str | None
@@ -314,10 +315,14 @@ class Answer:
 
 def fastest_nodes(groups: Sequence[Group], recipe: str, target: float) -> int | None:
     """The node count of ``recipe`` whose folds reach ``target`` in the fewest mean
-    hours, among those where every counted fold reached it."""
-    done = [g for g in groups if g.recipe == recipe and g.folds
-            and g.to_target[target].n == len(g.folds)]
-    return min(done, key=lambda g: g.to_target[target].mean).nodes if done else None
+    hours, among those where the most folds reached it (all of them, where any node
+    count has that); ``None`` where no fold did."""
+    mine = [g for g in groups if g.recipe == recipe and g.to_target[target].n]
+    if not mine:
+        return None
+    most = max(g.to_target[target].n / len(g.folds) for g in mine)
+    done = [g for g in mine if g.to_target[target].n / len(g.folds) == most]
+    return min(done, key=lambda g: g.to_target[target].mean).nodes
 
 
 #: How much fewer hours a recipe must take, fold by fold, to be shipped instead of a

@@ -347,13 +347,15 @@ def _nodes_lines(rep: CvReport, unit: TimeUnit) -> list[str]:
     out = []
     for t, nodes in a.nodes.items():
         if nodes is None:
-            out.append(f"{rep.name}: no node count of {a.recipe} reached val Dice >= {t:g} "
-                       "in every fold")
+            out.append(f"{rep.name}: no fold of {a.recipe} reached val Dice >= {t:g}")
             continue
         g = next(g for g in rep.groups if (g.recipe, g.nodes) == (a.recipe, nodes))
+        reached = g.to_target[t].n
+        missed = [str(f.fold) for f in g.folds if not math.isfinite(f.to_target.get(t, math.nan))]
         out.append(f"{rep.name}: {a.recipe} reaches val Dice >= {t:g} soonest at {nodes} "
                    f"node(s): {unit.text(g.to_target[t].mean * 3600)} on mean over "
-                   f"{len(g.folds)} folds")
+                   f"{reached} of {len(g.folds)} folds"
+                   + (f" (fold {', '.join(missed)} never did)" if missed else ""))
     return out
 
 

@@ -116,7 +116,7 @@ def test_the_paired_difference_from_the_best_recipe_and_the_answer(clear):
     assert f"{mean:+.4f} over 5 folds" in answer.items[0]
     # Dice >= 0.69 at epoch 1 of every fold of a: 2 epochs of 8 one-second steps.
     assert answer.items[1] == ("cv: a reaches val Dice >= 0.69 soonest at 1 node(s): 16.0 s "
-                               "on mean over 5 folds")
+                               "on mean over 5 of 5 folds")
     assert answer.items[2] == ("cv: 10 of 10 runs counted, 240.0 s of training in all, "
                                "24.0 s with every run side by side")
     hours = one_row(clear.optional["cv_hours"], recipe="a", nodes=1)
@@ -271,3 +271,18 @@ def test_the_largest_fall_of_the_second_half():
     # The second half: epochs 2 and 3 (the fall from 0.8 to 0.75 is in the first).
     assert falls["liver"] == pytest.approx(0.05) and falls["lesion"] == pytest.approx(0.15)
     assert falls[cv.FOREGROUND] == pytest.approx(0.6 - 0.5)
+
+
+def test_a_target_some_folds_never_reach_names_them(tmp_path):
+    cv_dir = str(tmp_path / "cv")
+    # Mean foreground Dice 0.70 + 0.015 x fold at the final epoch: folds 0 and 1 stay
+    # below 0.725.
+    write_cv(cv_dir, ["a"], FOLDS, [1, 2], lambda recipe, nodes, fold: spec(*recipe_a(fold), fold),
+             target_dice=0.725)
+    rep = build([cv_dir], ReportOptions(), processes=0)
+    nodes = rep.cv[0].answer.nodes[0.725]
+    group = next(g for g in rep.cv[0].groups if g.nodes == nodes)
+    assert group.to_target[0.725].n == 3
+    assert group.to_target[0.725].mean == min(g.to_target[0.725].mean for g in rep.cv[0].groups)
+    lines = [line for line in rep.document().sections[0].items if "soonest" in line]
+    assert len(lines) == 1 and lines[0].endswith("over 3 of 5 folds (fold 0, 1 never did)")
