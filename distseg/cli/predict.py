@@ -16,8 +16,16 @@ from distseg.cli.data import parse_window
 
 @click.command(context_settings={"max_content_width": 100})
 @click.argument("inputs", nargs=-1, type=click.Path())
-@click.option("--checkpoint", "run_dir", required=True, type=click.Path(file_okay=False),
-              help="Training run directory (config.json, checkpoints/latest.json).")
+@click.option("--checkpoint", "run_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Training run directory (config.json, checkpoints/latest.json). Repeated: an "
+                   "ensemble, the mean of the runs' probabilities (docs/predict.md#fold-ensembles).")
+@click.option("--cv", default=None, type=click.Path(file_okay=False),
+              help="Instead of --checkpoint: the ensemble of the fold runs of a cross-validation "
+                   "directory (CV/cv.json) for one --recipe and --nodes.")
+@click.option("--recipe", default=None,
+              help="--cv: the recipe whose folds are averaged [default: the plan's only one].")
+@click.option("--nodes", default=None, type=click.IntRange(1),
+              help="--cv: the node count whose folds are averaged [default: the plan's only one].")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for <case>_seg.nii.gz, metrics.csv and overlays/ (required to predict).")
 @click.option("--export", "export_dir", default=None, type=click.Path(file_okay=False),
@@ -61,14 +69,18 @@ from distseg.cli.data import parse_window
               help="Normalised surface Dice tolerance.")
 @click.option("--overlays/--no-overlays", default=True, help="PNGs of the best, median and worst cases.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (rank 0).")
-def predict(inputs, run_dir, out, export_dir, decide, **options):
-    """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained 2D or 3D run.
+def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, **options):
+    """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained 2D or 3D run, or
+    an ensemble of runs.
 
     Each input is preprocessed as the training data was, predicted by sliding windows
     (one slice each for a 2D run, the training slab for a 3D one), and written as
     OUT/<case>_seg.nii.gz on the input's own grid and affine. Where labels exist, Dice,
     HD95 and normalised surface Dice per class go to OUT/metrics.csv and the terminal.
     Under `horovodrun -np N` the cases are split across ranks.
+
+    Several --checkpoint runs, or --cv CV_DIR's fold runs, predict as one ensemble:
+    the mean of their softmax probabilities (docs/predict.md#fold-ensembles).
 
     With --export DIR, nothing is predicted: the network is written for use without
     distseg (docs/predict.md#export). With --decide, the run's validation cases decide
@@ -78,17 +90,32 @@ def predict(inputs, run_dir, out, export_dir, decide, **options):
     """
     if export_dir and decide:
         raise click.UsageError("--export and --decide are separate steps; give one of them")
+    if bool(cv) == bool(run_dirs):
+        raise click.UsageError("give --checkpoint RUN (repeated for an ensemble) or --cv CV_DIR")
+    if not cv and (recipe or nodes):
+        raise click.UsageError("--recipe and --nodes choose the folds of --cv CV_DIR")
+    ensemble = bool(cv) or len(run_dirs) > 1
+    if decide and ensemble:
+        raise click.UsageError("--decide is per run: run it on each member; the ensemble "
+                               "decides on their validation cases pooled")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from distseg.inference import predict as predict_lib
     from distseg.parallel import agreement
-    opts = predict_lib.Options(run_dir=run_dir, inputs=tuple(inputs), out=out or "", **options)
-    if export_dir:
+    opts = predict_lib.Options(run_dir=run_dirs[0] if run_dirs else "", inputs=tuple(inputs),
+                               out=out or "", more_runs=tuple(run_dirs[1:]), cv=cv,
+                               recipe=recipe, nodes=nodes, **options)
+    if ensemble:
+        from distseg.inference import ensemble as ensemble_lib
+        export_fn, predict_fn = ensemble_lib.export, ensemble_lib.run
+    else:
         from distseg.inference import export
-        lines = agreement.run_command(export.run, opts, export_dir)
+        export_fn, predict_fn = export.run, predict_lib.run
+    if export_dir:
+        lines = agreement.run_command(export_fn, opts, export_dir)
     elif decide:
         from distseg.inference import decide as decide_lib
         lines = agreement.run_command(decide_lib.run, opts)
     else:
-        lines = agreement.run_command(predict_lib.run, opts).lines
+        lines = agreement.run_command(predict_fn, opts).lines
     if lines:
         click.echo("\n".join(lines))

@@ -55,7 +55,8 @@ def keras_norm_layers():
         unet.NORM_LAYERS.update(original)
 
 
-def inference_twin(model_cfg: config_lib.ModelConfig, input_shape, run_dir: str = ""):
+def inference_twin(model_cfg: config_lib.ModelConfig, input_shape, run_dir: str = "",
+                   name: str = "unet"):
     """The network of ``model_cfg`` for ``input_shape`` in float32. distseg's U-Net is
     built of Keras layers only: Keras' normalisation layers, no recomputation, and no
     BatchNorm ghost batches (a training-time rule: inference normalises with the moving
@@ -65,9 +66,19 @@ def inference_twin(model_cfg: config_lib.ModelConfig, input_shape, run_dir: str 
     plain = dataclasses.replace(model_cfg, recompute=False, precision="float32",
                                 bn_ghost_batch=0)
     if model_cfg.fn:
-        return models.build(plain, input_shape, run_dir=run_dir)
+        return models.build(plain, input_shape, run_dir=run_dir, name=name)
     with keras_norm_layers():
-        return models.build(plain, input_shape)
+        return models.build(plain, input_shape, name=name)
+
+
+def ensemble_model(twins):
+    """One plain Keras model of ``twins`` (inference twins of one input shape, each of a
+    distinct name): each sees the input, and the output is the mean of their softmax
+    probabilities, as ``ensemble.averaged`` averages them in ``distseg-predict``."""
+    import keras
+    image = keras.Input(shape=tuple(twins[0].input_shape[1:]), name="image", dtype="float32")
+    probs = keras.layers.Average(name="probs")([twin(image) for twin in twins])
+    return keras.Model(image, probs, name="ensemble")
 
 
 def copy_weights(source, twin) -> None:
@@ -179,24 +190,31 @@ def run(opts: predict.Options, out_dir: str) -> list[str]:
     model = predict.build_model(cfg, opts.run_dir, predict.input_shape(cfg, window), chosen)
     twin = inference_twin(cfg.model, predict.input_shape(cfg, window), opts.run_dir)
     copy_weights(model, twin)
-    overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
+    _, overlap = predict.inferer_settings(cfg, opts)
     info = convention(cfg, known, window, overlap, opts.run_dir, int(chosen.entry["epoch"]))
     info["checkpoint"] = chosen.record()
     info["postprocessing"] = decisions(opts.run_dir, known.class_names, chosen.stem)
+    lines = [*(f"warning: {w}" for w in chosen.warnings), f"checkpoint: {chosen.words}",
+             f"preprocessing: {known.prep.describe()}"]
+    return lines + write(out_dir, twin, info, cfg, opts.run_dir, _network_words(cfg.model))
+
+
+def write(out_dir: str, model, info: dict, cfg: config_lib.Config, run_dir: str,
+          words: str) -> list[str]:
+    """Writes ``model`` as ``DIR/model.keras`` and ``info`` as ``DIR/model.json`` (each
+    through a temporary file), and a ``--model-fn`` network's source beside them;
+    returns the lines that say so."""
     output_dir(out_dir, "--export")
     model_path = os.path.join(out_dir, MODEL_FILE)
     json_path = os.path.join(out_dir, CONVENTION_FILE)
-    _save(twin.save, model_path)
+    _save(model.save, model_path)
     _save(lambda path: _write_json(path, info), json_path)
-    lines = [*(f"warning: {w}" for w in chosen.warnings), f"checkpoint: {chosen.words}",
-             f"preprocessing: {known.prep.describe()}",
-             f"wrote {model_path} ({_network_words(cfg.model)}, input "
-             f"{tuple(twin.input_shape)}, float32; loads with keras.models.load_model) "
-             f"and {json_path} (its input convention)"]
+    lines = [f"wrote {model_path} ({words}, input {tuple(model.input_shape)}, float32; loads "
+             f"with keras.models.load_model) and {json_path} (its input convention)"]
     if cfg.model.fn:
         source = os.path.join(out_dir, rundir.MODEL_FN_FILE)
         from distseg.networks import userfn
-        shutil.copyfile(userfn.source_with_hash(cfg.model.fn, cfg.model.fn_sha256, opts.run_dir),
+        shutil.copyfile(userfn.source_with_hash(cfg.model.fn, cfg.model.fn_sha256, run_dir),
                         source)
         lines.append(f"wrote {source} (the model's source: a model with layers of its own "
                      "loads with keras.models.load_model(..., custom_objects=...) from it)")
@@ -207,7 +225,11 @@ def decisions(run_dir: str, class_names, stem: str) -> dict:
     """``model.json``'s ``postprocessing``: what ``distseg-predict`` would apply with
     this checkpoint by default (``postprocessing.json``'s decisions for it), so a user
     of the plain model can do the same."""
-    applied = postprocess.choose(run_dir, class_names, stem)
+    return decisions_of(postprocess.choose(run_dir, class_names, stem), class_names)
+
+
+def decisions_of(applied: postprocess.Applied, class_names) -> dict:
+    """``model.json``'s ``postprocessing`` from what predict applies."""
     return {"mirror": applied.mirror,
             "mirror_axes": "every combination of the spatial axes; outputs flipped back and averaged",
             "largest_component": [class_names[c] for c in applied.largest],

@@ -24,6 +24,7 @@ Plain numpy and scipy; no TensorFlow, no Horovod.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -258,3 +259,51 @@ def choose(run_dir: str, class_names: Sequence[str], stem: str, tta: str = "auto
     mirror = tta == "mirror"
     words = f"mirroring {'on (--tta mirror)' if mirror else 'off'}; largest component: none"
     return Applied(mirror, (), words + (f"; {why}" if why else ""), warnings)
+
+
+# ------------------------------------------------------------------ an ensemble
+
+
+def member_rows(run_dir: str, stem: str, classes: int) -> tuple[list[dict], str | None]:
+    """(every validation case's row, None) from ``RUN/postprocessing.json`` when it was
+    decided on checkpoint ``stem`` and keeps its per-case rows; else ([], why not)."""
+    path = rundir.postprocessing_path(run_dir)
+    try:
+        doc = read(run_dir)
+    except InputError as e:
+        return [], str(e)
+    if doc is None:
+        return [], f"{run_dir} has no decisions (run distseg-predict --checkpoint {run_dir} --decide)"
+    if doc["checkpoint"]["stem"] != stem:
+        return [], (f"{path} was decided on {doc['checkpoint']['stem']}, not {stem} "
+                    "(run --decide again)")
+    rows = list((doc.get("per_case") or {}).values())
+    if not rows or any(not isinstance(r, dict) or any(len(r.get(k) or ()) != classes - 1 for k in KINDS)
+                       for r in rows):
+        return [], f"{path}: per_case has no rows of {', '.join(KINDS)} per class (run --decide again)"
+    return rows, None
+
+
+def choose_pooled(members: Sequence[tuple[str, str]], class_names: Sequence[str],
+                  tta: str = "auto", postprocess: str = "auto") -> Applied:
+    """What an ensemble of ``members`` ((run directory, checkpoint stem) each) applies:
+    ``decide`` on every member's validation rows pooled. Each member's ``--decide``
+    scored its own validation cases, so for the folds of one cross-validation the pool
+    is the out-of-fold prediction of every case, on which nnU-Net decides its
+    post-processing for the ensemble of its folds. ``--tta`` and ``--postprocess``
+    override as for one run. A member without usable rows for its checkpoint makes
+    ``auto`` apply nothing, and the words say which and why."""
+    rows, why = [], None
+    for run_dir, stem in members:
+        found, why = member_rows(run_dir, stem, len(class_names))
+        if why:
+            break
+        rows += found
+    if why is None:
+        applied = _from_file(decide(rows, class_names), class_names, tta, postprocess)
+        return dataclasses.replace(applied, words=(
+            f"{applied.words}; decided on the {len(rows)} validation case(s) of the "
+            f"{len(members)} member(s), pooled"))
+    mirror = tta == "mirror"
+    words = f"mirroring {'on (--tta mirror)' if mirror else 'off'}; largest component: none"
+    return Applied(mirror, (), f"{words}; no decisions for the ensemble: {why}")

@@ -43,7 +43,7 @@ from distseg import metrics, sliding
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import InputError, output_dir
-from distseg.data import h5format, volumes
+from distseg.data import folds, h5format, volumes
 from distseg.data import slices as data
 from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity, forward_channels
@@ -93,6 +93,21 @@ class Options:
     postprocess: str = "auto"
     """Largest-component post-processing: ``auto`` for the classes
     ``postprocessing.json`` says it helps, ``none`` for none."""
+    more_runs: tuple[str, ...] = ()
+    """The other runs of an ensemble, averaged with ``run_dir`` (``--checkpoint``
+    repeated; ``inference.ensemble``)."""
+    cv: str | None = None
+    """A cross-validation directory (``CV/cv.json``) whose fold runs make the ensemble
+    (``--cv``); ``run_dir`` and ``more_runs`` are then read from its plan."""
+    recipe: str | None = None
+    """``--cv``: the recipe whose folds are averaged (needed when the plan has several)."""
+    nodes: int | None = None
+    """``--cv``: the node count whose folds are averaged (needed when the plan has several)."""
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """Every run predicted with: one, or the members of an ensemble."""
+        return (self.run_dir, *self.more_runs)
 
 
 @dataclass(frozen=True)
@@ -151,6 +166,9 @@ class Network:
     post: postprocess.Applied = postprocess.Applied()
     """Test-time mirroring (already in ``predict``) and the classes whose largest
     component alone is kept (``predict_scan``)."""
+    about: tuple[str, ...] = ()
+    """Lines that say what ``predict`` is when not one checkpoint (an ensemble's
+    members, each with its checkpoint)."""
 
     def describe(self) -> str:
         what = "slices" if self.window[0] == 1 else "windows"
@@ -163,7 +181,7 @@ class Network:
                                             + self.post.warnings)]
         if self.chosen is not None:
             lines.append(f"checkpoint: {self.chosen.words}")
-        return lines + [f"applied: {self.post.words}"]
+        return lines + list(self.about) + [f"applied: {self.post.words}"]
 
 
 @dataclass
@@ -311,6 +329,21 @@ def predictor(net, spatial_dims: int) -> Callable[[np.ndarray], np.ndarray]:
     return sliding.slicewise(predict) if spatial_dims == 2 else predict
 
 
+def inferer_settings(cfg: config_lib.Config, opts: Options) -> tuple[int, float]:
+    """(windows per batch, overlap) of the sliding-window inferer: the flags', else
+    ``SLICE_BATCH`` slices (2D) or the run's training batch of slabs (3D), and the run's
+    validation overlap.
+
+    Raises:
+      InputError: an overlap outside [0, 1).
+    """
+    batch = opts.batch_size or (SLICE_BATCH if cfg.model.spatial_dims == 2 else cfg.train.batch_size)
+    overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
+    if not 0.0 <= overlap < 1.0:
+        raise InputError(f"--overlap {overlap}: expected 0 <= overlap < 1")
+    return batch, overlap
+
+
 def network(cfg: config_lib.Config, opts: Options, data_path: str | None) -> Network:
     """The run's checkpoint (``opts.which``: the best, else the newest) as the
     sliding-window inferer runs it, with test-time mirroring where the run's
@@ -318,10 +351,7 @@ def network(cfg: config_lib.Config, opts: Options, data_path: str | None) -> Net
     window = model_window(cfg, data_path, opts.run_dir)
     chosen = choose_checkpoint(opts.run_dir, opts.which)
     net = build_model(cfg, opts.run_dir, input_shape(cfg, window), chosen)
-    batch = opts.batch_size or (SLICE_BATCH if cfg.model.spatial_dims == 2 else cfg.train.batch_size)
-    overlap = cfg.data.val_overlap if opts.overlap is None else opts.overlap
-    if not 0.0 <= overlap < 1.0:
-        raise InputError(f"--overlap {overlap}: expected 0 <= overlap < 1")
+    batch, overlap = inferer_settings(cfg, opts)
     names = list(cfg.model.class_names) or h5format.default_class_names(cfg.model.num_classes)
     post = postprocess.choose(opts.run_dir, names, chosen.stem, opts.tta, opts.postprocess)
     fn = predictor(net, cfg.model.spatial_dims)
@@ -403,7 +433,7 @@ def training_data(cfg: config_lib.Config, opts: Options) -> TrainingData:
             described = json.loads(attrs["preprocessing"])
         elif all(math.isfinite(v) for v in attrs.get("hu_window", [math.nan])):
             described = {"intensity": "window", "window": attrs["hu_window"]}
-        table = _case_table(path)
+        table = _case_table(path, cfg.data.fold)
     intensities, by_flags = _intensities(described, channels, opts)
     if by_flags:
         where = "flags"
@@ -447,13 +477,24 @@ def _intensities(described: dict | None, channels: int, opts: Options) -> tuple[
     return tuple(out), changed
 
 
-def _case_table(path: str) -> dict | None:
+def _case_table(path: str, fold: int = -1) -> dict | None:
+    """Case name -> split of a file written by ``distseg-data convert``: the file's own
+    split, or, for a run trained with ``--fold I``, fold I's roles (``data.folds``), so
+    ``--subset val`` is the cases that run validated."""
     import h5py
     with h5py.File(path, "r", locking=False) as f:
         if "cases" not in f:
             return None
         names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["cases/name"][:]]
-        return dict(zip(names, (int(s) for s in f["cases/split"][:])))
+        splits = [int(s) for s in f["cases/split"][:]]
+        ids = f["cases/case_id"][:] if fold >= 0 and "case_id" in f["cases"] else None
+    if ids is not None:
+        table = folds.read_table(path)
+        if table is None or fold >= table.k:
+            raise InputError(f"{path}: holds no fold {fold} (its fold table has "
+                             f"{table.k if table else 0}), which the run was trained on")
+        splits = [int(s) for s in folds.roles_of(table, fold, ids, path)]
+    return dict(zip(names, splits))
 
 
 def _channels_of(scan: Scan, img, shape: tuple) -> int:
@@ -622,14 +663,23 @@ def make_out_dir(opts: Options) -> None:
 
 def start(opts: Options):
     """Every check before the first prediction, agreed by all ranks: the run's config,
-    the training data, the scans (and their voxel counts), the network."""
+    the training data, then ``started``."""
     from distseg.parallel import agreement
     cfg = agreement.agree(run_config, opts.run_dir)
     known = agreement.agree(training_data, cfg, opts)
+    return started(opts, cfg, known, lambda: network(cfg, opts, known.path))
+
+
+def started(opts: Options, cfg: config_lib.Config, known: "TrainingData",
+            make_network: Callable[[], Network]):
+    """The checks after the run's (or an ensemble's) config and training data, agreed by
+    all ranks: the scans (and their voxel counts), the output folder, the network
+    ``make_network`` builds. Returns what ``run`` predicts with."""
+    from distseg.parallel import agreement
     scans = agreement.agree(collect_scans, opts.inputs, known.cases, opts.subset, opts.labels)
     sizes = agreement.agree(lambda: [check_scan(s, known.prep, opts.run_dir) for s in scans])
     agreement.agree(make_out_dir, opts)
-    net = agreement.agree(network, cfg, opts, known.path)
+    net = agreement.agree(make_network)
     return cfg, known, scans, sizes, net
 
 
@@ -658,8 +708,9 @@ def predict_mine(scans: list[Scan], prep: Preprocessing, net: Network, cfg, opts
     return results, failure
 
 
-def run(opts: Options) -> Outcome:
+def run(opts: Options, start: Callable = start) -> Outcome:
     """Predicts every input on every rank's share of the scans; see the module docstring.
+    ``start``: the checks and the network (``inference.ensemble.start`` for several runs).
 
     Raises:
       RunError / InputError: one line, the same on every rank (exit 2 for bad input).

@@ -62,7 +62,7 @@ def test_convert_takes_the_statistics_from_the_training_cases_and_records_them(t
     _pairs(tmp_path / "src", [100, 100, 100, 500])
     out = tmp_path / "fg.h5"
     args = ["convert", str(tmp_path / "src"), str(out), "--size", "16", "--no-progress",
-            "--folds", "4", "--fold", "3", "--ct-norm", "foreground"]
+            "--val-fraction", "0.25", "--seed", "2", "--ct-norm", "foreground"]
     result = CliRunner().invoke(data_cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     with h5py.File(out) as f:
@@ -78,6 +78,20 @@ def test_convert_takes_the_statistics_from_the_training_cases_and_records_them(t
     assert window.exit_code == 0
     with h5py.File(out) as f:
         assert json.loads(f.attrs["preprocessing"])["intensity"] == "window"
+
+
+def test_with_folds_the_statistics_cover_every_fold_s_cases(tmp_path):
+    """One file serves every fold (docs/cross-validation.md): the statistics come from
+    every case in a fold, as nnU-Net's fingerprint covers its whole training set."""
+    _pairs(tmp_path / "src", [100, 100, 100, 500])
+    out = tmp_path / "fg.h5"
+    result = CliRunner().invoke(data_cli, [
+        "convert", str(tmp_path / "src"), str(out), "--size", "16", "--no-progress",
+        "--folds", "4", "--fold", "3", "--ct-norm", "foreground"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    with h5py.File(out) as f:
+        prep = json.loads(f.attrs["preprocessing"])
+    assert 100 <= prep["clip"][0] < prep["mean"] < prep["clip"][1] and prep["clip"][1] >= 495
 
 
 def test_lits_sample_normalises_by_its_training_slabs_foreground(tmp_path):
