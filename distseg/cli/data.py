@@ -188,7 +188,12 @@ def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
               help="Also write the folds as nnU-Net v2's splits_final.json.")
 @click.option("--fold", "base_fold", default=0, show_default=True, type=click.IntRange(0),
               help="The fold the file's own split takes (what a run without --fold trains).")
-def folds(path, k, seed, like_nnunet, patients, patient_pattern, splits_in, splits_out, base_fold):
+@click.option("--test", "test", default="", metavar="CASE,CASE,...",
+              help="Hold these cases (names as in the file's cases/name) out of every fold: "
+                   "a test set no fold trains or validates on (the file's own test cases "
+                   "always are).")
+def folds(path, k, seed, like_nnunet, patients, patient_pattern, splits_in, splits_out, base_fold,
+          test):
     """Give a data file K cross-validation folds by case (or read them from
     splits_final.json), kept in the file: `distseg-train --fold I` then validates fold I
     and trains the others; the file's test cases stay out of every fold. Without
@@ -197,8 +202,9 @@ def folds(path, k, seed, like_nnunet, patients, patient_pattern, splits_in, spli
     """
     from distseg.data import foldtool
     try:
-        lines = foldtool.run(path, foldtool.Request(k, seed, like_nnunet, patients, patient_pattern,
-                                                  splits_in, splits_out, base_fold))
+        lines = foldtool.run(path, foldtool.Request(
+            k, seed, like_nnunet, patients, patient_pattern, splits_in, splits_out, base_fold,
+            tuple(t.strip() for t in test.split(",") if t.strip())))
     except DistsegError as e:
         fail(str(e), e.exit_code)
     click.echo("\n".join(lines))

@@ -7,6 +7,7 @@ pattern or splits file changes nothing (``folds.write_table`` writes last).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,8 @@ class Request:
     splits_in: str | None
     splits_out: str | None
     base_fold: int
+    test: tuple[str, ...] = ()
+    """Case names held out of every fold (the file's test cases besides its own)."""
 
 
 def _check(req: Request) -> None:
@@ -40,6 +43,8 @@ def _check(req: Request) -> None:
     if req.k is None and (req.like_nnunet or req.patients or req.patient_pattern):
         raise InputError("--like-nnunet, --patients and --patient-pattern shape a draw: "
                          "give --folds K")
+    if req.test and req.k is None and not req.splits_in:
+        raise InputError("--test holds cases out of new folds: give --folds K or --splits-in FILE")
 
 
 def _patients(req: Request, names) -> list[str] | None:
@@ -48,6 +53,24 @@ def _patients(req: Request, names) -> list[str] | None:
     if req.patient_pattern:
         return folds.patients_from_pattern(req.patient_pattern, names)
     return None
+
+
+def with_test(path: str, req: Request, cases: folds.FileCases) -> folds.FileCases:
+    """``cases`` with ``req.test``'s cases held out too.
+
+    Raises:
+      InputError: a name the file does not hold.
+    """
+    if not req.test:
+        return cases
+    index = {n: m for m, n in enumerate(cases.names)}
+    test = cases.test.copy()
+    for name in req.test:
+        if name not in index:
+            raise InputError(f"--test {name}: {path} holds no such case (its cases are e.g. "
+                             f"{cases.names[0]!r})")
+        test[index[name]] = True
+    return dataclasses.replace(cases, test=test)
 
 
 def drawn(path: str, req: Request, cases: folds.FileCases) -> folds.FoldTable:
@@ -71,7 +94,7 @@ def run(path: str, req: Request) -> list[str]:
         (one line naming the file or flag; the data file untouched).
     """
     _check(req)
-    cases = folds.file_cases(path)
+    cases = with_test(path, req, folds.file_cases(path))
     if req.splits_in:
         table = folds.read_splits_final(req.splits_in, cases.names, cases.case_ids, cases.test)
     elif req.k is not None:

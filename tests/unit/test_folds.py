@@ -197,3 +197,24 @@ def test_convert_folds_patients_and_splits_final_on_mixed_spacings(tmp_path):
     again = tmp_path / "again.json"
     assert _cli("folds", out, "--splits-in", splits, "--splits-out", again).exit_code == 0
     assert splits.read_bytes() == again.read_bytes()
+
+
+def test_test_cases_stay_out_of_every_fold_and_the_file_s_split(slices, tmp_path):
+    out = _cli("folds", slices, "--folds", "3", "--test", "case_2,case_7")
+    assert out.exit_code == 0, out.output
+    table = folds.read_table(slices)
+    cases = folds.file_cases(slices)
+    held = [cases.names.index(n) for n in ("case_2", "case_7")]
+    assert (table.roles[:, held] == folds.TEST).all()
+    assert sorted((table.roles == folds.VAL).sum(axis=0).tolist()) == [0, 0] + [1] * 8
+    assert cases.test[held].all() and cases.test.sum() == 2
+    info = slice_data.examine(slices)
+    assert set(info.case_ids[info.splits == folds.TEST].tolist()) == set(cases.case_ids[held].tolist())
+    # A splits file may not name them; an unknown name is refused, the file untouched.
+    splits = tmp_path / "s.json"
+    folds.write_splits_final(str(splits), table, cases.names)
+    assert "case_2" not in splits.read_text()
+    before = _digest(slices)
+    out = _cli("folds", slices, "--folds", "3", "--test", "case_99")
+    assert out.exit_code == 2 and "--test case_99: " in out.output and "holds no such case" in out.output
+    assert _digest(slices) == before
