@@ -546,8 +546,8 @@ def liver3d() -> Config:
         # One slab per rank per step (a global batch that grows with the ranks): a fixed
         # global batch of 2 slabs made 1 and 2 ranks alike but ended lower and swung as
         # 2 ranks do (the study). precise_bn 16: the statistics of 16 steps, from the
-        # epochs before where an epoch is shorter (LiTS 117: 3 steps at 1 rank, 1 at 2,
-        # whose 2 slabs' statistics made 2 ranks' validation swing; the study's
+        # epochs before where an epoch is shorter (LiTS 117's epochs are a few steps,
+        # whose few slabs' statistics made 2 ranks' validation swing; the study's
         # "liver3d at 2 ranks: what swings").
         train=dataclasses.replace(base.train, batch_size=1, lr=1e-3, epochs=90, global_batch=0,
                                   global_batch_grows=False, loss="dice_ce", precise_bn=16))

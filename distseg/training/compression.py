@@ -18,8 +18,8 @@ else ``TIMED_STEPS`` steps timed here after the one that traces it, the state pu
 The step timed is the step the run keeps where exact float32 stays, so nothing is
 traced twice; where fp16 is taken its step is traced once more, and a timed
 forward and backward pass of its own would have cost a trace in every run (and eager
-passes, which need none, ran 2-2.4x slower than the traced step: they would have
-misjudged the compute).
+passes, which need none, run much slower than the traced step: they would misjudge the
+compute; docs/performance.md#gradient-compression).
 
 Every rank takes the same decision: the link probe's medians are every rank's slowest
 already, the step seconds are the slowest rank's (``precision.slowest_rank``), and

@@ -38,8 +38,8 @@ preconditioned one is the noise of the update Adam actually makes; it drives the
 (``gain``, AdaScale) and the batch policy, and B_simple = tr(Sigma) / |G|^2 of both is
 logged.
 
-The norms, and on one rank the halves, cost time (about 8 % of the demo's bfloat16 step:
-docs/performance.md#the-step-against-its-peers), so they are taken every ``k``-th step
+The norms, and on one rank the halves, cost time (measured in
+docs/studies/noise-every-2026-11-28.md), so they are taken every ``k``-th step
 (``Cadence``, ``--noise-every``): under ``auto`` the run times both kinds of step and
 takes the smallest ``k`` that keeps their extra time within ``COST_SHARE`` of training.
 The step is traced once for both kinds (``steps.make_train_step``'s ``noise_mode``).

@@ -139,3 +139,45 @@ def test_a_ticket_number_is_found(tmp_path, monkeypatch):
     assert ticket_numbers() == ["README.md:1: Issue #11", "docs/studies/lr-2026-11-26.md:3: issue 39",
                                 "docs/studies/lr-2026-11-26.md:4: issues 21",
                                 "distseg/training/stopping.py:1: issue 22"]
+
+
+#: A docs/ path named in code or a job script: ``docs/PAGE.md`` or
+#: ``docs/studies/STUDY.md``, with an optional ``#anchor``.
+CODE_LINK = re.compile(r"\bdocs/((?:studies/)?[A-Za-z0-9_.-]+\.md)(#[a-z0-9-]+)?")
+#: Where the code that names docs lives.
+CODE_GLOBS = ("distseg/**/*.py", "analysis/**/*.py", "benchmarks/**/*.py", "jobs/*.in",
+              "jobs/*.sh", "jobs/*.sbatch", "scripts/*.sh", "Makefile")
+
+
+def broken_code_links(root: str = REPO) -> list[str]:
+    """Every ``docs/...`` path named in the code (docstrings, comments, help texts) whose
+    file is missing, or whose ``#anchor`` is no heading of it."""
+    bad = []
+    files = sorted({p for g in CODE_GLOBS for p in glob.glob(os.path.join(root, g), recursive=True)})
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for m in CODE_LINK.finditer(text):
+            target = os.path.join(root, "docs", m.group(1))
+            where = f"{os.path.relpath(path, root)}: docs/{m.group(1)}{m.group(2) or ''}"
+            if not os.path.isfile(target):
+                bad.append(f"{where} (no such file)")
+            elif m.group(2) and m.group(2)[1:] not in heading_anchors(target):
+                bad.append(f"{where} (no such heading)")
+    return bad
+
+
+def test_every_docs_path_named_in_code_resolves():
+    assert broken_code_links() == []
+
+
+def test_a_docs_path_that_went_is_found(tmp_path):
+    (tmp_path / "docs" / "studies").mkdir(parents=True)
+    (tmp_path / "docs" / "page.md").write_text("# A page\n\n## Its part\n")
+    (tmp_path / "distseg").mkdir()
+    (tmp_path / "distseg" / "mod.py").write_text(
+        '"""See docs/page.md#its-part, docs/page.md#gone and docs/studies/old-2026.md."""\n')
+    assert broken_code_links(str(tmp_path)) == [
+        "distseg/mod.py: docs/page.md#gone (no such heading)",
+        "distseg/mod.py: docs/studies/old-2026.md (no such file)"]
+
