@@ -21,6 +21,18 @@ class EpochBatch:
     epoch: int
     ids: np.ndarray
 
+def read_as_training(reader, ids: np.ndarray, epoch: int, transform: Callable | None = None):
+    """``(images, masks)`` of ``ids`` as training reads them in ``epoch``: the reader's
+    draws of that epoch (foreground slices or slabs, ``feeds``/``volumes``), then the
+    augmentation ``transform`` of that epoch. The one way a batch is read for training:
+    the prefetcher, precise BatchNorm's images and the lr range test all call it, so
+    none of them sees other batches than the steps train on."""
+    images, masks = reader.read(ids, epoch)
+    if transform is not None:
+        images, masks = transform(ids, epoch, images, masks)
+    return images, masks
+
+
 class Prefetcher:
     """Reads batches in a background thread and times how long the consumer waits.
 
@@ -56,9 +68,7 @@ class Prefetcher:
                     return
                 if isinstance(item, EpochBatch):
                     ids = item.ids
-                    images, masks = reader.read(ids, item.epoch)
-                    if transform is not None:
-                        images, masks = transform(ids, item.epoch, images, masks)
+                    images, masks = read_as_training(reader, ids, item.epoch, transform)
                 else:
                     ids = item
                     images, masks = reader.read(ids)

@@ -29,7 +29,7 @@ from distseg.core import config as config_lib
 from distseg.core import lr, rundir
 from distseg.core.errors import Interrupted, RunError
 from distseg.core.stopflag import StopFlag
-from distseg.data import feeds
+from distseg.data import feeds, prefetch
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
@@ -114,9 +114,7 @@ def training_images(s: Session, epoch: int, steps_: int) -> list:
     for e in range(epoch, -1, -1):
         for ids in s.plan.batches(s.feed.train_ids, s.ctx.rank, s.ctx.size, e,
                                   s.cfg.train.seed)[:steps_ - len(out)]:
-            images, masks = s.reader.read(ids, e)
-            if s.batches.transform is not None:
-                images, masks = s.batches.transform(ids, e, images, masks)
+            images, _ = prefetch.read_as_training(s.reader, ids, e, s.batches.transform)
             out.append(images)
         if len(out) >= steps_:
             break

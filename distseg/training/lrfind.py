@@ -28,7 +28,7 @@ import numpy as np
 from distseg.core import config as config_lib
 from distseg.core import lr
 from distseg.core.errors import EXIT_BAD_INPUT, RunError
-from distseg.data import feeds
+from distseg.data import feeds, prefetch
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.training import factory, steps
@@ -180,9 +180,8 @@ def diverged(s: list[float]) -> bool:
 def _read(reader, ids, k: int, plan: EpochPlan, transform, cfg, feed):
     """Step ``k``'s batch and the failure that stopped its read (then a blank one)."""
     try:
-        images, masks = reader.read(ids)
-        if transform is not None:
-            images, masks = transform(ids, FIND_EPOCH + k // plan.steps, images, masks)
+        images, masks = prefetch.read_as_training(reader, ids, FIND_EPOCH + k // plan.steps,
+                                                  transform)
         return images, masks, None
     except Exception as e:  # noqa: BLE001 - shared in the step's allreduce
         _, images, masks = factory.stand_in(cfg, feed.input_shape, len(ids))

@@ -79,3 +79,25 @@ def test_validation_reads_are_never_replaced(sparse):
     val = slices.examine(sparse).val_indices
     with feed.open_reader() as reader:
         assert _read_ids(reader, val) == val.tolist()
+
+
+def test_the_lr_range_test_reads_foreground_at_the_configured_share(sparse):
+    """The range test reads its batches as training does (``prefetch.read_as_training``):
+    with the same share of slices made to hold foreground, not the plain slices."""
+    from distseg.training import lrfind
+    from distseg.training.plan import EpochPlan
+
+    feed = _feed(sparse, 1 / 3)
+    cfg = config_lib.smoke()
+    plan = EpochPlan.of(cfg.train, len(feed.train_ids), 1)
+    ids = np.asarray(feed.train_ids)
+    with feed.open_reader() as reader:
+        images, masks, failure = lrfind._read(reader, ids, 0, plan, None, cfg, feed)
+    assert failure is None
+    got = images[:, 0, 0, 0].astype(int)
+    replaced = got != ids
+    plain = ~np.isin(ids, [10, 11, 12])
+    n, f = int(plain.sum()), 1 / 3
+    assert abs(replaced[plain].sum() - n * f) < 4 * np.sqrt(n * f * (1 - f))
+    # Every replaced slice holds foreground, as training's do.
+    assert (masks[replaced].reshape(int(replaced.sum()), -1).max(axis=1) > 0).all()
