@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from distseg.cli.data import data as data_cli
 from distseg.core import schema
 from distseg.core.errors import InputError
-from distseg.data import h5format, lits, prefetch, sharding, synth, volumes
+from distseg.data import folds, h5format, lits, prefetch, sharding, synth, volumes
 from distseg.data import slices as data
 
 SLAB = (8, 16, 16)
@@ -340,9 +340,20 @@ def test_lits_sample_writes_the_fold_asked_for_in_2d_and_3d(tmp_path):
     assert sorted(set(info.val_indices.tolist())) == list(range(32, 64))
     train = set(info.train_indices.tolist())
     assert train == set(range(0, 16)) | set(range(80, 128))
-    res = runner.invoke(data_cli, ["lits-sample", "--out", str(tmp_path / "x.h5"), "--folds", "4"])
-    assert res.exit_code == 2 and "--folds and --fold go together" in res.output
-    assert not os.path.exists(tmp_path / "x.h5")
+    # --fold needs --folds; a 3D file of every fold cannot be cut (its cases are each
+    # fold's own runs of slabs): both refused, nothing written.
+    for args in (["--fold", "1"], ["--ndim", "3", "--folds", "4"]):
+        res = runner.invoke(data_cli, ["lits-sample", "--out", str(tmp_path / "x.h5"), *args])
+        assert res.exit_code == 2 and ("--fold needs --folds" in res.output
+                                       or "needs --fold I" in res.output), res.output
+        assert not os.path.exists(tmp_path / "x.h5")
+    # 2D --folds alone: one file of every fold, its table fold by fold as fold_splits cuts.
+    every = str(tmp_path / "every.h5")
+    assert runner.invoke(data_cli, ["lits-sample", "--out", every, "--folds", "4"]).exit_code == 0
+    table = folds.read_table(every)
+    roles = {code: name for name, code in h5format.SPLITS.items()}
+    assert [[roles[r] for r in row] for row in table.roles.tolist()] == [
+        lits.fold_splits(4, k) for k in range(4)]
 
 
 def test_cli_synth_info_and_lits_sample_in_3d(tmp_path):
