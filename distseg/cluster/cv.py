@@ -264,15 +264,16 @@ def set_aside(run_dir: str) -> str:
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-def train(command: list[str]) -> int:
+def train(command: list[str], echo: Callable[[str], None] = print) -> int:
     """Runs ``command`` and returns its exit code, passing every ``FORWARDED`` signal
-    this process receives on to it (the runner itself waits for the run to checkpoint
-    and stop, and reads its exit code)."""
+    this process receives on to it, and saying so (the runner itself waits for the run
+    to checkpoint and stop, and reads its exit code)."""
     proc = subprocess.Popen(command)
 
     def forward(signum, frame):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
+            echo(f"{signal.Signals(signum).name} passed on to the run: it checkpoints and stops")
     before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         return proc.wait()
@@ -320,7 +321,7 @@ def run_local(cv_dir: str, echo: Callable[[str], None] = print,
                  f"its logs moved to {set_aside(path)}")
         command = local_command(plan, cv_dir, run, state)
         echo(f"[{i}/{len(runs)}] {run.label}: {shlex.join(command)}")
-        code = train(command)
+        code = train(command, echo)
         if code == Interrupted.exit_code:
             raise Interrupted(f"{run.label} was interrupted; distseg-jobs cv-run {cv_dir} resumes it")
         (outcome.trained if code == 0 else outcome.failed).append(run.label)
