@@ -401,9 +401,11 @@ def answer_section(t: Tables, projection: Projection | None,
     """The report's first screen: ``lead`` (a cross-validation's lines, with the section
     each sums up), per target the fastest measured run, its speedup and what limits it,
     and the prediction at the largest node count asked; each run's lr. Each line links
-    to the section it sums up."""
+    to the section it sums up. With a cross-validation's lines the fastest run is left
+    out: its runs differ in fold and recipe, and the CV's lines say which node count
+    reaches the target soonest."""
     items: list[tuple[str, str]] = list(lead)
-    eff = t.statistical_efficiency
+    eff = t.statistical_efficiency if not lead else t.statistical_efficiency.iloc[0:0]
     for _, g in (eff.groupby(["metric", "target"], sort=False) if len(eff) else ()):
         items.append((_fastest(g), "Time to target, decomposed"))
         predicted = _predicted(projection, g.iloc[0])
