@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 from distseg.core import rundir, schema
@@ -285,6 +286,29 @@ except ImportError:
 else:
     raise SystemExit("the blocker does not work")
 """
+
+
+#: Loads an exported model where distseg cannot be imported and predicts a batch.
+LOAD_WITHOUT_DISTSEG = import_blocker("distseg") + r"""
+import keras
+import numpy as np
+
+model = keras.models.load_model(sys.argv[1])
+np.save(sys.argv[3], model.predict_on_batch(np.load(sys.argv[2])))
+print("LAYERS=" + ",".join(sorted({type(l).__module__.split(".")[0] for l in model.layers})))
+"""
+
+
+def predict_exported(export_dir, x, timeout: float):
+    """``distseg-predict --export``'s ``model.keras`` in ``export_dir`` loaded and run on
+    ``x`` in a process where distseg cannot be imported: (that process, its output)."""
+    np.save(os.path.join(export_dir, "x.npy"), x)
+    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_DISTSEG,
+                             os.path.join(export_dir, "model.keras"),
+                             os.path.join(export_dir, "x.npy"), os.path.join(export_dir, "y.npy")],
+                            capture_output=True, text=True, timeout=timeout, env=command_env())
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    return loaded, np.load(os.path.join(export_dir, "y.npy"))
 
 
 def one_line_error(out, *words):

@@ -25,7 +25,7 @@ from distseg.inference import predict
 from distseg.inference import scans as scans_lib
 
 from proc_group import horovodrun_cmd, run_group
-from support import BIN, command_env, import_blocker
+from support import BIN, command_env, predict_exported
 from support import log_records as records
 
 TIMEOUT = 240
@@ -360,21 +360,8 @@ def test_a_volume_file_for_a_2d_run_is_one_line(trained, trained3d):
 
 # ---------------------------------------------------------------- export
 
-#: Loads the exported model where distseg cannot be imported and predicts a batch.
-LOAD_WITHOUT_DISTSEG = import_blocker("distseg") + r"""
-import keras
-import numpy as np
-
-model = keras.models.load_model(sys.argv[1])
-np.save(sys.argv[3], model.predict_on_batch(np.load(sys.argv[2])))
-print("LAYERS=" + ",".join(sorted({type(l).__module__.split(".")[0] for l in model.layers})))
-"""
-
-
 @pytest.mark.parametrize("which", ["trained", "trained3d"])
 def test_the_exported_model_loads_without_distseg_and_predicts_the_same(which, request):
-    import subprocess
-    import sys
     run = request.getfixturevalue(which)
     export_dir = run["root"] / "export"
     res = predict_cmd("--checkpoint", run["run"], "--export", export_dir)
@@ -393,16 +380,10 @@ def test_the_exported_model_loads_without_distseg_and_predicts_the_same(which, r
     assert convention["output"]["shape"] == [None] + spatial + [3]
     assert "softmax probabilities" in convention["output"]["meaning"]
     x = np.random.default_rng(0).random([3] + spatial + [1], dtype=np.float32)
-    np.save(export_dir / "x.npy", x)
-    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_DISTSEG,
-                             str(export_dir / "model.keras"), str(export_dir / "x.npy"),
-                             str(export_dir / "y.npy")],
-                            capture_output=True, text=True, timeout=TIMEOUT, env=command_env())
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    loaded, theirs = predict_exported(export_dir, x, TIMEOUT)
     assert "LAYERS=keras\n" in loaded.stdout
     from distseg.core import config as config_lib
     cfg = config_lib.resolve("liver2d", file=str(os.path.join(run["run"], "config.json")))
     ours = predict.build_model(cfg, run["run"], tuple(spatial))(x, training=False).numpy()
-    theirs = np.load(export_dir / "y.npy")
     assert theirs.shape == ours.shape == tuple([3] + spatial + [3])
     np.testing.assert_allclose(theirs, ours, atol=2e-6)

@@ -14,8 +14,6 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import nibabel as nib
 import numpy as np
@@ -28,7 +26,7 @@ from distseg.data.convert.intensity import forward_channels
 from distseg.inference import ensemble, postprocess, predict
 
 from proc_group import horovodrun_cmd, run_group
-from support import BIN, command_env, import_blocker
+from support import BIN, command_env, predict_exported
 
 TIMEOUT = 240
 SPACING = (0.7, 0.9, 3.0)
@@ -212,16 +210,6 @@ def test_a_member_of_another_preprocessing_is_one_line_exit_2(cv):
     assert not os.path.exists(root / "refused")
 
 
-#: Loads the exported model where distseg cannot be imported and predicts a batch.
-LOAD_WITHOUT_DISTSEG = import_blocker("distseg") + r"""
-import keras
-import numpy as np
-
-model = keras.models.load_model(sys.argv[1])
-np.save(sys.argv[3], model.predict_on_batch(np.load(sys.argv[2])))
-"""
-
-
 def test_the_exported_ensemble_gives_the_ensembles_probabilities(cv):
     export_dir = cv["root"] / "export"
     res = predict_cmd("--cv", cv["cv"], "--export", export_dir)
@@ -234,16 +222,11 @@ def test_the_exported_ensemble_gives_the_ensembles_probabilities(cv):
     assert [m["run"] for m in convention["members"]] == [os.path.abspath(r) for r in cv["runs"]]
     assert "pooled" in convention["postprocessing"]["why"]
     x = np.random.default_rng(0).random((4, 32, 32, 1), dtype=np.float32)
-    np.save(export_dir / "x.npy", x)
-    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_DISTSEG,
-                             str(export_dir / "model.keras"), str(export_dir / "x.npy"),
-                             str(export_dir / "y.npy")],
-                            capture_output=True, text=True, timeout=TIMEOUT, env=command_env())
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    _, theirs = predict_exported(export_dir, x, TIMEOUT)
     opts = ensemble.resolved(_options(cv=cv["cv"], tta="none"))
     net = ensemble.network(ensemble.members_of(opts), opts)
     ours = net.predict(x[:, None])[:, 0]
-    np.testing.assert_allclose(np.load(export_dir / "y.npy"), ours, atol=1e-5)
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
 
 
 def test_the_plans_flags_choose_the_folds(cv):
