@@ -137,7 +137,8 @@ def job_of(base: jobs_lib.JobSpec, plan: cvplan.CvPlan, cv_dir: str, run: cvplan
         raise jobs_lib.JobError(f"--recipe {run.recipe}: {e}") from None
     spec = dataclasses.replace(
         base, nodes=run.nodes, name=f"{run.recipe}-fold{run.fold}",
-        run_dir=plan.run_path(cv_dir, run), train_args=tuple(args[4:]), train_config=cfg)
+        run_dir=plan.run_path(cv_dir, run), train_args=tuple(plan.run_flags(run)),
+        train_config=cfg)
     try:
         return jobs_lib.resolve(spec)
     except jobs_lib.JobError as e:

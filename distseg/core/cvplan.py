@@ -86,11 +86,16 @@ class CvPlan:
     def run_path(self, cv_dir: str, run: CvRun) -> str:
         return os.path.join(cv_dir, run.run_dir)
 
+    def run_flags(self, run: CvRun) -> list[str]:
+        """The training flags of ``run`` (what a job script passes after its own
+        ``--data`` and ``--run-dir``): the base flags, the recipe's, its ``--fold``."""
+        return [*self.base_flags, *self.recipe(run.recipe).flags, "--fold", str(run.fold)]
+
     def train_args(self, cv_dir: str, run: CvRun) -> list[str]:
         """The ``distseg-train`` arguments of ``run``: the one command line its Slurm job
         and the local runner both start (the launcher and threads aside)."""
-        return ["--data", self.data, "--run-dir", self.run_path(cv_dir, run), *self.base_flags,
-                *self.recipe(run.recipe).flags, "--fold", str(run.fold)]
+        return ["--data", self.data, "--run-dir", self.run_path(cv_dir, run),
+                *self.run_flags(run)]
 
     def recipe(self, name: str) -> Recipe:
         for r in self.recipes:
