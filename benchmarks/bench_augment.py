@@ -15,6 +15,9 @@ Results go to ``bench/results/augment-<date>-<time>.json``.
 
     python benchmarks/bench_augment.py --data data/liver117.h5
     python benchmarks/bench_augment.py --rounds 1 --epochs 2 --steps 3 --skip 3d   # a quick check
+
+``--preset`` and ``--kinds`` (which must hold ``none``, the baseline) shrink it further,
+for its test on tiny data.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def rounds(a, workload: str, args: list[str], workdir: str) -> list[dict]:
     so a drift in the machine's load hits every kind alike)."""
     rows = []
     for rnd in range(a.rounds):
-        for kind in (KINDS if rnd % 2 == 0 else KINDS[::-1]):
+        for kind in (a.kinds if rnd % 2 == 0 else a.kinds[::-1]):
             name = f"{workload}-r{rnd}-{kind}"
             run = train([*args, "--config", launch.augment_config(kind, workdir)], a.core, workdir, name)
             row = {"workload": workload, "round": rnd, "augment": kind, **summary(run)}
@@ -82,19 +85,21 @@ def rounds(a, workload: str, args: list[str], workdir: str) -> list[dict]:
 
 
 def table(rows: list[dict]) -> dict:
-    """Per kind: medians over the rounds and the ratio of the step to ``none``'s."""
+    """Per kind run: medians over the rounds and the ratio of the step to ``none``'s."""
+    kinds = [k for k in KINDS if any(r["augment"] == k for r in rows)]
     med = {kind: {k: statistics.median(r[k] for r in rows if r["augment"] == kind)
                   for k in ("median_step_s", "median_data_wait_s", "samples_per_step")}
-           for kind in KINDS}
+           for kind in kinds}
     base = med["none"]["median_step_s"]
     return {kind: {**m, "step_ratio_vs_none": m["median_step_s"] / base,
                    "added_share_of_step": (m["median_step_s"] - base) / base}
             for kind, m in med.items()}
 
 
-def augmenter_alone(path: str, preset: str, core: int, samples: int, workdir: str) -> dict:
-    """Milliseconds per sample of each kind on ``samples`` real training samples of
-    ``path`` read as the run reads them, this process pinned to ``core``."""
+def augmenter_alone(path: str, preset: str, core: int, samples: int, workdir: str,
+                    kinds=KINDS[1:]) -> dict:
+    """Milliseconds per sample of each of ``kinds`` on ``samples`` real training samples
+    of ``path`` read as the run reads them, this process pinned to ``core``."""
     cfg = config_lib.resolve(preset, overrides={"data.path": path, "run_dir": workdir})
     _, feed = feeds.open_feed(cfg, 1, check_labels=False)
     ids = np.asarray(feed.train_ids)[:samples]
@@ -104,7 +109,7 @@ def augmenter_alone(path: str, preset: str, core: int, samples: int, workdir: st
         with feed.open_reader() as reader:
             images, masks = reader.read(ids, 0)
             out = {}
-            for kind in KINDS[1:]:
+            for kind in kinds:
                 aug = augment.Augmenter(kind, 0, cfg.model.spatial_dims)
                 times = []
                 for epoch in range(5):
@@ -134,7 +139,8 @@ def workload(a, name: str, preset: str, data: str, workdir: str) -> dict:
         args += ["--max-steps-per-epoch", str(a.steps)]
     runs = rounds(a, name, args, workdir)
     summary_ = table(runs)
-    alone = augmenter_alone(data, preset, a.core, a.samples, workdir)
+    alone = augmenter_alone(data, preset, a.core, a.samples, workdir,
+                            [k for k in a.kinds if k != "none"])
     return {"runs": runs, "table": summary_, "augmenter": budget(alone, summary_)}
 
 
@@ -145,7 +151,7 @@ def print_table(result: dict) -> None:
         if name not in result:
             continue
         t, alone = result[name]["table"], result[name]["augmenter"]
-        for kind in KINDS:
+        for kind in t:
             a = alone.get(kind, {})
             cost = f"{a['ms_per_sample']:14.2f} {a['share_of_step']:8.1%}" if a else f"{'-':>14} {'-':>8}"
             print(f"{name:10} {kind:8} {t[kind]['median_step_s']:8.3f} "
@@ -156,6 +162,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=os.path.join(REPO, "data", "liver117.h5"),
                    help="2D slices (distseg-data lits-sample)")
+    p.add_argument("--preset", default="demo", help="the 2D workload's preset")
     p.add_argument("--data3d", default="", help="3D volumes (default: lits-sample --ndim 3, made here)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4, help="per run; the first is not timed")
@@ -167,14 +174,19 @@ def main(argv=None) -> None:
     p.add_argument("--precision", default="float32", choices=config_lib.PRECISIONS,
                    help="one precision for every run (auto's trial would differ between runs)")
     p.add_argument("--skip", default="", help="leave out: 2d, 3d")
+    p.add_argument("--kinds", default=",".join(KINDS), help="data.augment kinds, none among them")
     a = add_results_dir(p).parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
+    given = [k for k in a.kinds.split(",") if k]
+    if "none" not in given or not set(given) <= set(KINDS):
+        p.error(f"--kinds {a.kinds}: expected none (the baseline) and any of {', '.join(KINDS[1:])}")
+    a.kinds = tuple(k for k in KINDS if k in given)
     result = {**launch.invocation(), "budget_share": BUDGET, "core": a.core,
               "load_average_start": machine.load_average(),
               "machine": machine.describe(REPO, {"intra_op": 1, "inter_op": 1})}
     with tempfile.TemporaryDirectory(prefix="bench-augment-") as workdir:
         if "2d" not in skip:
-            result["2d"] = workload(a, "2d", "demo", a.data, workdir)
+            result["2d"] = workload(a, "2d", a.preset, a.data, workdir)
         if "3d" not in skip:
             three = argparse.Namespace(**{**vars(a), "epochs": a.epochs3d, "steps": a.steps3d})
             volumes = a.data3d or launch.lits_sample(os.path.join(workdir, "liver117-3d.h5"), 3)

@@ -42,47 +42,59 @@ def train_command(args, run_dir, ranks=1, options=()):
                                  horovodrun_options=options)
 
 
-def run_variant(name, args, workdir):
-    env = launch.command_env()
+def variant_plan(name: str, args, run_dir: str) -> tuple[list[list[str]], dict, list[str], int]:
+    """What the variant ``name`` runs: (its commands, started together; the settings it
+    adds to ``launch.command_env``; the run directories they write; ranks per run)."""
+    env = {}
     if name.endswith("+nopin"):  # any variant without distseg's core pinning
         env["DISTSEG_PIN"] = "0"
         name = name[: -len("+nopin")]
+    if name == "1proc":
+        return [train_command(args, run_dir)], env, [run_dir], 1
+    if name == "indep":
+        dirs = [run_dir + "-a", run_dir + "-b"]
+        return [train_command(args, d) for d in dirs], env, dirs, 1
+    if name == "hvd-default":
+        env.update(DISTSEG_HOROVOD_DEFAULTS="0", DISTSEG_PIN="0")
+        return [train_command(args, run_dir, ranks=2)], env, [run_dir], 2
+    if name in ("mpi", "gloo"):
+        return [train_command(args, run_dir, ranks=2, options=[f"--{name}"])], env, [run_dir], 2
+    raise ValueError(f"--variants: {name!r} is not one of {', '.join(VARIANTS)} (optionally +nopin)")
+
+
+#: The variants, in their default order.
+VARIANTS = ("1proc", "indep", "hvd-default", "mpi", "gloo")
+
+
+def run_variant(name, args, workdir):
+    """Runs the variant ``name``; its global samples/s (two independent processes: the
+    sum of theirs)."""
     run_dir = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
     os.rmdir(run_dir)
-    if name == "1proc":
-        procs = [train_command(args, run_dir)]
-    elif name == "indep":
-        procs = [train_command(args, run_dir + "-a"), train_command(args, run_dir + "-b")]
-    elif name == "hvd-default":
-        env.update(DISTSEG_HOROVOD_DEFAULTS="0", DISTSEG_PIN="0")
-        procs = [train_command(args, run_dir, ranks=2)]
-    elif name == "mpi":
-        procs = [train_command(args, run_dir, ranks=2, options=["--mpi"])]
-    elif name == "gloo":
-        procs = [train_command(args, run_dir, ranks=2, options=["--gloo"])]
-    else:
-        raise ValueError(name)
+    procs, extra, dirs, ranks = variant_plan(name, args, run_dir)
+    env = launch.command_env(**extra)
     running = [subprocess.Popen(p, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for p in procs]
     for p in running:
         out, _ = p.communicate(timeout=1200)
         if p.returncode:
             raise SystemExit(f"{name} failed:\n{out[-3000:]}")
-    if name == "indep":
-        return run_throughput(run_dir + "-a", 1) + run_throughput(run_dir + "-b", 1)
-    return run_throughput(run_dir, 1 if name == "1proc" else 2)
+    return sum(run_throughput(d, ranks) for d in dirs)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/liver117.h5")
     p.add_argument("--preset", default="demo")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--variants", default="1proc,indep,hvd-default,mpi,gloo")
-    args = add_precision(p).parse_args()
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    args = add_precision(p).parse_args(argv)
     names = args.variants.split(",")
+    for name in names:
+        if name.removesuffix("+nopin") not in VARIANTS:
+            p.error(f"--variants: {name!r} is not one of {', '.join(VARIANTS)} (optionally +nopin)")
     results: dict[str, list[float]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="bench-hvd-") as workdir:
         for i in range(args.repeat):

@@ -13,10 +13,12 @@
 3. Dice after a short run, float32 vs bfloat16: a seeded synthetic 3D task generated
    here (32^3 volumes: a noisy ellipsoid "organ" holding a smaller sphere "lesion"),
    the same U-Net trained from the same initial weights on the same 200 batches of 2
-   under each precision (Dice + cross-entropy loss, Adam 1e-3), hard Dice of the two
-   foreground classes on 6 held-out volumes, for two seeds (a short run's Dice moves
-   with the seed by more than 0.02, so one pair would compare noise). Goal: the mean
-   foreground Dice within 0.02.
+   under each precision, built and stepped as ``distseg-train`` builds and steps the
+   liver3d preset (``benchlib.model_variants.model_and_optimizer`` and
+   ``factory.train_step``: its optimizer, Adam at 1e-3, and its Dice + cross-entropy
+   loss), hard Dice of the two foreground classes on 6 held-out volumes, for two seeds
+   (a short run's Dice moves with the seed by more than 0.02, so one pair would compare
+   noise). Goal: the mean foreground Dice within 0.02.
 
 Prints one table, goal beside measured, and writes ``bench/results/memory-<date>.json``.
 
@@ -46,7 +48,7 @@ from distseg.networks import memory  # noqa: E402
 from distseg.networks import spec as spec_lib  # noqa: E402
 from distseg.training import memprobe  # noqa: E402
 
-from benchlib.args import add_results_dir, set_threads  # noqa: E402
+from benchlib.args import add_results_dir, preset_config, set_threads  # noqa: E402
 
 MODES = {"plain": {}, "recompute": {"recompute": True}, "bfloat16": {"precision": "bfloat16"},
          "bfloat16+recompute": {"recompute": True, "precision": "bfloat16"}}
@@ -124,57 +126,54 @@ def phantom(n: int, size: int, seed: int):
     return images[..., None], masks
 
 
-def dice_ce_step(model, optimizer):
-    """A train step on Dice plus cross-entropy (``--loss dice_ce``): the cross-entropy
-    term makes the small lesion class learn within a short run."""
-    import tensorflow as tf
-
-    from distseg import losses
-
-    @tf.function
-    def step(images, masks):
-        with tf.GradientTape() as tape:
-            loss = losses.segmentation_loss(model(images, training=True), masks, 3, "dice_ce")
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return step
+def dice_config(precision: str, depth: int = 4, base_filters: int = 16):
+    """The liver3d preset's config (its optimizer, lr and Dice + cross-entropy loss, whose
+    cross-entropy term makes the small lesion class learn within a short run) with the
+    U-Net of ``depth`` poolings and ``base_filters`` filters in ``precision``."""
+    import dataclasses
+    cfg = preset_config("liver3d", precision=precision)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, depth=depth,
+                                                              base_filters=base_filters))
 
 
-def train_and_score(precision: str, data, steps: int, batch: int, seed: int = 0) -> dict:
-    """Trains the 3D U-Net (16 base filters, depth 4) under ``precision`` and returns the
-    hard Dice per foreground class on the held-out volumes."""
-    import keras
+def train_and_score(cfg, data, steps: int, batch: int, seed: int = 0) -> dict:
+    """Trains ``cfg``'s 3D U-Net, built and stepped as ``distseg-train`` builds and steps
+    it, on ``steps`` seeded batches of ``data``'s training volumes and returns the hard
+    Dice per foreground class on its held-out volumes."""
     import tensorflow as tf
 
     from distseg import metrics
-    from distseg.networks import unet as model_lib
+    from distseg.training import factory
+
+    from benchlib import model_variants
     (train_x, train_y), (val_x, val_y) = data
-    keras.utils.set_random_seed(seed)
-    model = model_lib.build_unet(input_shape=train_x.shape[1:4], spatial_dims=3, depth=4,
-                                 base_filters=16, precision=precision)
-    step = dice_ce_step(model, keras.optimizers.Adam(1e-3))
+    shape = train_x.shape[1:4]
+    model, optimizer = model_variants.model_and_optimizer(cfg, shape, seed)
+    step = factory.train_step(cfg, (model, optimizer), shape, ranks=1, batch=batch)
+    flags = np.zeros(2, np.float32)
     order = np.random.default_rng(seed).integers(0, len(train_x), size=(steps, batch))
     started = time.perf_counter()
     for ids in order:
-        step(train_x[ids], train_y[ids])
+        float(step(train_x[ids], train_y[ids], flags).loss)
     seconds = time.perf_counter() - started
     counts = sum(metrics.dice_counts(model(val_x[i:i + 1], training=False), tf.constant(val_y[i:i + 1]), 3).numpy()
                  for i in range(len(val_x)))
     dice = metrics.dice_from_counts(counts)
-    return {"precision": precision, "dice_organ": dice[1], "dice_lesion": dice[2],
+    return {"precision": cfg.model.precision, "dice_organ": dice[1], "dice_lesion": dice[2],
             "dice_mean": (dice[1] + dice[2]) / 2, "train_seconds": seconds}
 
 
-def dice_check(steps: int, batch: int, seeds=(0, 1)) -> dict:
+def dice_check(steps: int, batch: int, seeds=(0, 1), data=None, **model) -> dict:
     """Each precision trained from each seed (same initial weights and batches for both
-    precisions of a seed): Dice per run and the mean over seeds."""
-    set_threads(1)
-    data = (phantom(24, 32, seed=1), phantom(6, 32, seed=2))
+    precisions of a seed) on ``data`` (default: 24 training and 6 held-out phantoms of
+    32^3), the U-Net of ``dice_config`` (``model``: its depth and filters): Dice per
+    run and the mean over seeds."""
+    data = data or (phantom(24, 32, seed=1), phantom(6, 32, seed=2))
     runs = []
     for seed in seeds:
         for precision in ("float32", "bfloat16"):
-            runs.append({"seed": seed, **train_and_score(precision, data, steps, batch, seed)})
+            cfg = dice_config(precision, **model)
+            runs.append({"seed": seed, **train_and_score(cfg, data, steps, batch, seed)})
             r = runs[-1]
             print(f"  seed {seed} {precision}: organ Dice {r['dice_organ']:.3f}, lesion "
                   f"{r['dice_lesion']:.3f} ({r['train_seconds']:.0f} s)", flush=True)
@@ -229,11 +228,24 @@ def machine() -> dict:
             "intra_op_threads": 1}
 
 
-def main() -> int:
+def write_results(results_dir: str, started: float, rows, **parts) -> str:
+    """``bench/results/memory-<date>.json``: the table's rows, the machine and every
+    measured ``parts`` (accuracy, options, runs, dice); returns its path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"memory-{stamp}.json")
+    with open(path, "w") as f:
+        json.dump({"date": stamp, "machine": machine(), "wall_seconds": time.time() - started,
+                   "rows": [{"measure": m, "goal": g, "measured": v, "met": ok} for m, g, v, ok in rows],
+                   **parts}, f, indent=2)
+    return path
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one round, short Dice run")
     ap.add_argument("--rounds", type=int, default=2, help="round-robin rounds of the options")
-    args = add_results_dir(ap).parse_args()
+    args = add_results_dir(ap).parse_args(argv)
     sizes, size, rounds = ([32, 48, 64], 64, 1) if args.quick else ([32, 64, 96], 96, args.rounds)
     started = time.time()
     print("1. estimate vs measured (float32, batch 2)", flush=True)
@@ -242,16 +254,12 @@ def main() -> int:
     runs = options_round_robin(size, 2, 5, rounds)
     opts = ratios(runs)
     print("3. Dice after a short run, float32 vs bfloat16", flush=True)
+    set_threads(1)
     dice = dice_check(40 if args.quick else 200, 2)
     rows = table(acc, opts, size, dice)
     print_table(rows)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    os.makedirs(args.results_dir, exist_ok=True)
-    path = os.path.join(args.results_dir, f"memory-{stamp}.json")
-    with open(path, "w") as f:
-        json.dump({"date": stamp, "machine": machine(), "wall_seconds": time.time() - started,
-                   "rows": [{"measure": m, "goal": g, "measured": v, "met": ok} for m, g, v, ok in rows],
-                   "accuracy": acc, "options": opts, "runs": runs, "dice": dice}, f, indent=2)
+    path = write_results(args.results_dir, started, rows, accuracy=acc, options=opts, runs=runs,
+                         dice=dice)
     print(f"\nwrote {path} ({time.time() - started:.0f} s)")
     return 0
 

@@ -113,9 +113,10 @@ def split_exactness(a, workdir: str) -> dict:
 
 
 def liver2d_steps(a, workdir: str) -> dict:
+    """The median step of ``--preset2d`` (liver2d) under ``auto`` and ``float32``."""
     out = {}
     for variant in ("auto", "float32"):
-        args = ["--preset", "liver2d", "--data", a.data, "--resize", "--epochs", "1",
+        args = ["--preset", a.preset2d, "--data", a.data, "--resize", "--epochs", "1",
                 "--max-steps-per-epoch", str(a.liver2d_steps), "--no-validate",
                 "--precision", variant]
         s = summary(train(args, 1, workdir, f"liver2d-{variant}"), 1)
@@ -144,6 +145,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=8, help="demo epochs (make demo's 8)")
     p.add_argument("--liver2d-steps", type=int, default=5)
+    p.add_argument("--preset2d", default="liver2d",
+                   help="the preset of the liver2d step comparison (a smaller one for a quick check)")
     p.add_argument("--epochs3d", type=int, default=30)
     p.add_argument("--skip", default="", help="leave out: demo, split, liver2d, liver3d")
     a = add_results_dir(p).parse_args(argv)

@@ -36,12 +36,12 @@ the step before them); ``--skip strong_scaling`` leaves them out.
 
 ``--ab NAME,...`` adds distseg runs with local copies of some pieces changed
 (``benchlib.train_variant``; changes in ``MODIFIERS``), e.g. ``distseg-1+kerasbn`` or
-``distseg-2+slices+checksum+cycle1``, each with its ratio to plain distseg and to the
+``distseg-2+nocheck+checksum+cycle1``, each with its ratio to plain distseg and to the
 peer in the same run. ``--trainers`` and ``--skip`` leave parts out for a quick A/B.
 
     python benchmarks/bench_table.py --data data/liver117.h5
     python benchmarks/bench_table.py --trainers distseg-1,distseg-2 --skip precision,pipeline,bandwidth \
-        --ab distseg-2+fancy,distseg-2+cycle1
+        --ab distseg-2+nocheck,distseg-2+cycle1
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ MODIFIERS = {
     "kerasbn": (["--model", "kerasbn"], {}, []),
     "kerasgn": (["--model", "kerasgn"], {}, []),
     "bf16": ([], {}, ["--precision", "bfloat16"]),
-    "fancy": (["--reader", "fancy"], {}, []),
     "checksum": (["--checksum", "compiled"], {}, []),
     "nocheck": (["--step", "nocheck"], {}, []),
     "sumcheck": (["--step", "sumcheck"], {}, []),
@@ -143,7 +142,7 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
     add_results_dir(p)
-    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+fancy")
+    p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+nocheck")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
     p.add_argument("--skip", default="",

@@ -197,21 +197,15 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=int, default=6144, help="samples at most (the horizon)")
     p.add_argument("--warmup", type=float, default=0.25, help="passes of lr warm-up")
     p.add_argument("--target", type=float, default=study.TARGET)
+    p.add_argument("--data", default=None,
+                   help="slices of 64x64 (default: the study's phantom64, made the first time)")
     p.add_argument("--workdir", default=None)
     return add_results_dir(p).parse_args(argv)
 
 
-def main(argv=None) -> None:
-    a = parse_args(argv)
-    workdir = a.workdir or tempfile.mkdtemp(prefix="lr-phantom-")
-    os.makedirs(workdir, exist_ok=True)
-    data = study.dataset_path(study.SCALES["small"]["data"])
-    n_train = study.train_samples(data)
-    autos = [{"lr": "auto", "schedule": s} for s in SCHEDULES]
-    choosing = run_all(a, [(arm, s) for s in a.choose_seeds for arm in autos], workdir, data, n_train)
-    chosen = min(SCHEDULES, key=lambda s: median_samples(choosing, f"auto-{s}", a.choose_seeds))
-    rows = sweep(a, workdir, data, n_train)
-    rows += run_all(a, [(arm, s) for s in a.seeds for arm in autos], workdir, data, n_train)
+def report(a, choosing: list[dict], rows: list[dict], chosen: str) -> str:
+    """Prints the schedule's choice and the goal rows; writes the results file
+    (``lr-phantom-b<B>-<date>-<time>.json``) and returns its path."""
     goals = goal_rows(a, rows, chosen)
     print_rows(choosing, [], chosen, a.choose_seeds)
     print_rows(rows, goals, chosen, a.seeds)
@@ -220,6 +214,21 @@ def main(argv=None) -> None:
                                 "chosen_schedule": chosen, "choosing": choosing, "runs": rows,
                                 "goals": goals}, a.results_dir, f"lr-phantom-b{a.global_batch}")
     print(f"\nwritten: {path}")
+    return path
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    workdir = a.workdir or tempfile.mkdtemp(prefix="lr-phantom-")
+    os.makedirs(workdir, exist_ok=True)
+    data = a.data or study.dataset_path(study.SCALES["small"]["data"])
+    n_train = study.train_samples(data)
+    autos = [{"lr": "auto", "schedule": s} for s in SCHEDULES]
+    choosing = run_all(a, [(arm, s) for s in a.choose_seeds for arm in autos], workdir, data, n_train)
+    chosen = min(SCHEDULES, key=lambda s: median_samples(choosing, f"auto-{s}", a.choose_seeds))
+    rows = sweep(a, workdir, data, n_train)
+    rows += run_all(a, [(arm, s) for s in a.seeds for arm in autos], workdir, data, n_train)
+    report(a, choosing, rows, chosen)
 
 
 if __name__ == "__main__":

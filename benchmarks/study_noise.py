@@ -39,16 +39,21 @@ ONE_RANK = {"halves": "distseg", "consecutive": "consecutive"}
 REFERENCE = "ranks"
 
 
-def train(a, arm: str, seed: int, core: int | None, workdir: str) -> str:
-    """One run of ``arm`` at ``seed``; its run folder."""
+def command(a, arm: str, seed: int, core: int | None, workdir: str) -> tuple[list[str], str]:
+    """(the command line, the run folder) of ``arm`` at ``seed``: the reference on 2
+    ranks, a one-rank arm with its step variant pinned to ``core``."""
     run_dir = os.path.join(workdir, f"{arm}-s{seed}")
     flags = ["--preset", a.preset, "--data", a.data, "--epochs", str(a.epochs),
              "--seed", str(seed), "--no-tensorboard"]
     if arm == REFERENCE:
-        cmd = launch.train_command(flags, run_dir, ranks=2, threads=1)
-    else:
-        cmd = launch.train_command(flags, run_dir, threads=1, core=core,
-                                   variant=["--step", ONE_RANK[arm]])
+        return launch.train_command(flags, run_dir, ranks=2, threads=1), run_dir
+    return launch.train_command(flags, run_dir, threads=1, core=core,
+                                variant=["--step", ONE_RANK[arm]]), run_dir
+
+
+def train(a, arm: str, seed: int, core: int | None, workdir: str) -> str:
+    """One run of ``arm`` at ``seed``; its run folder."""
+    cmd, run_dir = command(a, arm, seed, core, workdir)
     launch.run_train(cmd, run_dir, timeout=6 * 3600)
     return run_dir
 
@@ -107,18 +112,32 @@ def parse_args(argv=None):
     return add_results_dir(p).parse_args(argv)
 
 
-def main(argv=None) -> None:
-    a = parse_args(argv)
-    workdir = a.workdir or tempfile.mkdtemp(prefix="noise-study-")
-    rows = [run_seed(a, seed, workdir) for seed in a.seeds]
+def median_ratio(rows: list[dict], arm: str) -> float | None:
+    """The median of ``arm``'s ratios over the seeds that have one (a seed whose
+    estimates never both existed after the first epoch has none); None if no seed has."""
+    ratios = [r[f"{arm}_ratio"] for r in rows if r[f"{arm}_ratio"] is not None]
+    return statistics.median(ratios) if ratios else None
+
+
+def report(a, rows: list[dict]) -> str:
+    """Prints the seeds' rows and the median ratio over them; writes the results file
+    (``noise-study-<date>-<time>.json``) and returns its path."""
     print_rows(rows)
     commit = machine.revision(REPO, short=True)
-    summary = {arm: statistics.median(r[f"{arm}_ratio"] for r in rows) for arm in ONE_RANK}
-    print("\nmedian over seeds: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items()))
+    summary = {arm: median_ratio(rows, arm) for arm in ONE_RANK}
+    print("\nmedian over seeds: " + ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -"
+                                             for k, v in summary.items()))
     path = launch.write_result({"study": "noise", "commit": commit, "args": vars(a),
                                 "seeds": rows, "median_ratio": summary}, a.results_dir,
                                 "noise-study")
     print(f"written: {path}")
+    return path
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    workdir = a.workdir or tempfile.mkdtemp(prefix="noise-study-")
+    report(a, [run_seed(a, seed, workdir) for seed in a.seeds])
 
 
 if __name__ == "__main__":

@@ -333,3 +333,29 @@ def write_config(run_dir, config: dict) -> str:
 def records(run_dir: str, kind: str, rank: int = 0) -> list[dict]:
     """The records of type ``kind`` (``step``, ``epoch``, ``run``...) in a rank's log."""
     return [r for r in log_records(run_dir, rank) if r["type"] == kind]
+
+
+#: The benchmark scripts, and the folder ``benchlib``'s tools run from.
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+
+
+def run_benchmark(*argv: str, timeout: float = 300, cwd: str | None = None, check: bool = True,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
+    """A benchmark as its user runs it: ``python ARGV`` (``benchmarks/SCRIPT.py ...``, or
+    ``-m benchlib.TOOL ...``) from ``benchmarks/`` unless ``cwd``, in ``command_env``
+    with ``env`` set, its process group killed after ``timeout`` s; with ``check``, the
+    test fails unless it exits 0."""
+    from proc_group import run_group
+    out = run_group([sys.executable, *argv], env=command_env(**(env or {})), cwd=cwd or BENCHMARKS,
+                    timeout=timeout)
+    if check:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+def benchmark_results(folder, stem: str) -> dict:
+    """The one results file, ``STEM-<date>-<time>.json``, that a benchmark wrote to ``folder``."""
+    import glob
+    (path,) = glob.glob(os.path.join(str(folder), f"{stem}-*.json"))
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -9,5 +9,7 @@ machine description (``machine``), and the table itself (``table``).
 What every benchmark and study shares lives here too, one copy each: the command line
 of a ``distseg-train`` run, its environment, the data files made with distseg's tools
 and the results file (``launch``), the shared flags, ``--results-dir`` among them
-(``args``), the commit (``machine.revision``) and what a run's logs say (``runlogs``).
+(``args``), the commit (``machine.revision``), what a run's logs say (``runlogs``), and
+the model and optimizer a benchmark trains, built by the run's own factory
+(``model_variants.model_and_optimizer``), so a config's optimizer reaches it.
 """

@@ -1,9 +1,10 @@
 """The command-line options that every benchmark piece shares: the workload of
 ``make bench`` (the demo preset on LiTS case 117, batch 8 per rank, one intra-op
 thread) unless told otherwise, the precision a timed network computes in
-(``add_precision``) and the folder results go to (``add_results_dir``); and what they
-ask for, applied: the thread pools of ``--threads`` (``set_threads``), and the preset's
-config with the classes of its data file and a precision a network can be built in
+(``add_precision``), a training config file over the preset (``add_config``) and the
+folder results go to (``add_results_dir``); and what they ask for, applied: the
+thread pools of ``--threads`` (``set_threads``), and the preset's config with the
+classes of its data file and a precision a network can be built in
 (``preset_config``)."""
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def add_precision(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="float32",
                    help="what the network computes in (not auto: only a distseg-train run's "
                         "start decides that)")
+    return p
+
+
+def add_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--config FILE``: a training config file over ``--preset``, read as
+    ``distseg-train --config`` reads it, so its optimizer, weight decay and clipping
+    reach the optimizer a tool builds (``model_variants.model_and_optimizer``)."""
+    p.add_argument("--config", default=None,
+                   help="a config file over the preset (as distseg-train --config)")
     return p
 
 

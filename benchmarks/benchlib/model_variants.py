@@ -15,6 +15,11 @@ Variants (``VARIANTS``): ``keras`` (distseg's model as it is; the name is histor
 ``kerasbn`` (Keras' BatchNormalization), ``kerasgn`` (Keras' GroupNormalization). The
 U-Net keeps its one definition in distseg: a variant only swaps entries of
 ``distseg.networks.unet.NORM_LAYERS`` while the model is built.
+
+``model_and_optimizer`` is how every benchmark that trains builds what it trains: the
+run's own factory (``distseg.training.factory``) with a variant's layers swapped in, so
+the optimizer is the config's (``train.optimizer``, weight decay, clipping), as in the
+run it stands for.
 """
 
 from __future__ import annotations
@@ -47,11 +52,25 @@ def swapped_norms(**replacements):
         model_lib.NORM_LAYERS.update(original)
 
 
-def build(model_cfg, input_shape=None, *, variant: str = "keras"):
-    """distseg's U-Net for ``model_cfg`` as the model variant ``variant``."""
-    if variant == "keras":
-        return distseg_from_config(model_cfg, input_shape)
-    if variant not in KERAS_NORMS:
+def swapped(variant: str):
+    """While open, distseg builds its U-Net as the model variant ``variant``."""
+    if variant != "keras" and variant not in KERAS_NORMS:
         raise ValueError(f"model variant must be one of {VARIANTS}, got {variant!r}")
-    with swapped_norms(**KERAS_NORMS[variant]):
-        return distseg_from_config(model_cfg, input_shape)
+    return swapped_norms(**KERAS_NORMS.get(variant, {}))
+
+
+def model_and_optimizer(cfg, input_shape, seed: int, *, variant: str = "keras"):
+    """(model, optimizer) of the run config ``cfg`` as ``distseg-train`` builds them
+    (``factory.model_and_optimizer``: the optimizer of ``train.optimizer`` at
+    ``train.lr``, built with its slots), the model as the variant ``variant``."""
+    from distseg.training import factory
+    with swapped(variant):
+        return factory.model_and_optimizer(cfg, input_shape, seed)
+
+
+def build(model_cfg, input_shape=None, name: str = "unet", *, variant: str = "keras"):
+    """distseg's U-Net for ``model_cfg`` as the model variant ``variant``; the
+    arguments of ``distseg.networks.unet.from_config``, which ``benchlib.train_variant``
+    puts this in place of."""
+    with swapped(variant):
+        return distseg_from_config(model_cfg, input_shape, name=name)

@@ -1,8 +1,9 @@
 """bf16 against fp32: train-step time of the same U-Net in different precisions.
 
-Builds one model per mode in one process and compiles the same bare train step for
-each (forward, backward, Adam: ``benchlib.step_variants.make_bare_train_step``), then
-times them round-robin on the same batches. Modes:
+Builds one model per mode in one process, with the config's optimizer as the run
+builds it, and compiles the same bare train step for each (forward, backward, the
+optimizer's update: ``benchlib.step_variants.make_bare_train_step``), then times them
+round-robin on the same batches. Modes:
 
 * ``float32``: distseg's model as ``make demo`` trains it;
 * ``bfloat16``: distseg's ``model.precision = "bfloat16"`` (Keras ``mixed_bfloat16``
@@ -35,7 +36,7 @@ import os
 import statistics
 import time
 
-from benchlib.args import set_threads, workload_parser
+from benchlib.args import add_config, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,23 +45,29 @@ MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
          "keras_mixed": ("float32", "mixed_bfloat16")}
 
 
-def build_mode_step(cfg, mode: str):
-    """(model, step) of the config's U-Net in ``mode`` (``NAME`` or ``NAME:VARIANT``)."""
+def build_mode(cfg, mode: str):
+    """(model, optimizer) of the config's U-Net in ``mode`` (``NAME`` or
+    ``NAME:VARIANT``), built as the run builds them (``model_variants.model_and_optimizer``:
+    the config's optimizer, weight decay and clipping)."""
     import keras
 
     from benchlib import model_variants
-    from benchlib.step_variants import make_bare_train_step
     name, _, variant = mode.partition(":")
     precision, policy = MODES[name]
-    model_cfg = dataclasses.replace(cfg.model, precision=precision)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
     keras.mixed_precision.set_global_policy(policy or "float32")
     try:
-        keras.utils.set_random_seed(cfg.train.seed)
-        model = model_variants.build(model_cfg, variant=variant or "keras")
-        optimizer = keras.optimizers.Adam(cfg.train.lr)
-        optimizer.build(model.trainable_variables)
+        return model_variants.model_and_optimizer(cfg, (cfg.model.image_size,) * 2, cfg.train.seed,
+                                                  variant=variant or "keras")
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def build_mode_step(cfg, mode: str):
+    """(model, step) of the config's U-Net in ``mode`` (``build_mode``) with the bare
+    train step (forward, backward, the optimizer's update)."""
+    from benchlib.step_variants import make_bare_train_step
+    model, optimizer = build_mode(cfg, mode)
     shape = (cfg.model.image_size,) * 2
     return model, make_bare_train_step(model, optimizer, shape, cfg.model.num_classes,
                                        cfg.train.loss)
@@ -119,7 +126,7 @@ def run(args) -> dict:
     from distseg.data import feeds, sharding
     from distseg.data import slices as data
     overrides = {"data.path": args.data, "run_dir": "-", **({"model.norm": args.norm} if args.norm else {})}
-    cfg = config_lib.resolve(args.preset, overrides=overrides)
+    cfg = config_lib.resolve(args.preset, args.config, overrides=overrides)
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     info = data.examine(args.data)
     modes = args.modes.split(",")
@@ -161,7 +168,7 @@ def main(argv=None):
     p.add_argument("--dice-epochs", type=int, default=0)
     p.add_argument("--dice-modes", default="", help="modes to train for Dice (default: all)")
     p.add_argument("--dice-seeds", default="0", help="seeds (init and data order) to train each with")
-    print(json.dumps(run(p.parse_args(argv))), flush=True)
+    print(json.dumps(run(add_config(p).parse_args(argv))), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-from benchlib.args import add_precision, set_threads, workload_parser
+from benchlib.args import add_config, add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -29,17 +29,14 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     p.add_argument("--variants", default="distseg,nocheck,sumcheck,bare,keras")
     p.add_argument("--json", default=None, help="also write the results here (rank 0)")
-    p.add_argument("--config", default=None, help="a config file over the preset (as "
-                   "distseg-train --config), e.g. bench_stateff's small model")
-    return add_precision(p).parse_args(argv)
+    return add_config(add_precision(p)).parse_args(argv)
 
 
-def keras_step(model, num_classes: int, loss: str, lr: float):
-    """Keras' own compiled train step on ``model`` (``train_on_batch``), as a callable
-    with the variants' arguments."""
-    import keras
+def keras_step(model, optimizer, num_classes: int, loss: str):
+    """Keras' own compiled train step on ``model`` with ``optimizer``
+    (``train_on_batch``), as a callable with the variants' arguments."""
     from peers.keras_fit import keras_loss
-    model.compile(optimizer=keras.optimizers.Adam(lr), loss=keras_loss(num_classes, loss))
+    model.compile(optimizer=optimizer, loss=keras_loss(num_classes, loss))
 
     def step(images, masks, flags):
         return model.train_on_batch(images, masks[..., None])
@@ -49,9 +46,9 @@ def keras_step(model, num_classes: int, loss: str, lr: float):
 def build(args, ctx):
     """(batches, steps by name, flags) on this rank. A name is a step variant of
     ``benchlib.step_variants`` (or ``keras``), optionally ``+MODEL`` for a model variant
-    of ``benchlib.model_variants``; each model variant is built once, with its own
-    optimizer, and its steps share it."""
-    import keras
+    of ``benchlib.model_variants``; each model variant is built once with its own
+    optimizer, as the run builds them (``model_variants.model_and_optimizer``: the
+    config's optimizer, weight decay and clipping), and its steps share it."""
     import numpy as np
 
     from distseg.core import config as config_lib
@@ -74,17 +71,13 @@ def build(args, ctx):
     built, fns = {}, {}
     for name in names:
         step, _, variant = name.partition("+")
-        if step == "keras":
-            keras.utils.set_random_seed(0)
-            fns[name] = keras_step(model_variants.build(cfg.model, variant=variant or "keras"),
-                                   cfg.model.num_classes, cfg.train.loss, cfg.train.lr)
+        if step == "keras":  # a model of its own: Keras' compile takes it over
+            fns[name] = keras_step(*model_variants.model_and_optimizer(
+                cfg, shape, 0, variant=variant or "keras"), cfg.model.num_classes, cfg.train.loss)
             continue
         if variant not in built:
-            keras.utils.set_random_seed(0)
-            model = model_variants.build(cfg.model, variant=variant or "keras")
-            optimizer = keras.optimizers.Adam(cfg.train.lr)
-            optimizer.build(model.trainable_variables)
-            built[variant] = model, optimizer
+            built[variant] = model_variants.model_and_optimizer(cfg, shape, 0,
+                                                                variant=variant or "keras")
         # As the loop builds it: the ranks sharing the loss, traced for the fixed batch.
         fns[name] = VARIANTS[step](*built[variant], shape, cfg.model.num_classes, cfg.train.loss,
                                    ranks=ctx.size, batch=args.batch_size)

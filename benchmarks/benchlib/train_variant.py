@@ -3,7 +3,6 @@
 ``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
 ``distseg.training.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
 ``benchlib.model_variants`` (``kerasbn``, ``kerasgn``: Keras' own normalisation layers);
-``--reader fancy`` reads batches as distseg did before 2026-11-25 (``benchlib.read_variants``);
 ``--checksum compiled`` computes the per-epoch weight checksum as one
 ``tf.function`` (``step_variants.compiled_weight_checksum``). Everything else (sharding, the
 allreduce, logging, checkpoints) is distseg's own code, so the per-rank logs are timed
@@ -21,22 +20,16 @@ import functools
 import sys
 
 
-def install(step: str = "distseg", model: str = "keras", reader: str = "distseg",
-            checksum: str = "distseg") -> None:
+def install(step: str = "distseg", model: str = "keras", checksum: str = "distseg") -> None:
     """Swaps the chosen pieces into distseg for the rest of this process."""
-    from distseg.data import slices as data
     from distseg.networks import unet as model_lib
     from distseg.training import steps
 
-    from benchlib import model_variants, read_variants, step_variants
+    from benchlib import model_variants, step_variants
     if step not in step_variants.VARIANTS:
         raise SystemExit(f"--step must be one of {', '.join(step_variants.VARIANTS)}")
     if model not in model_variants.VARIANTS:
         raise SystemExit(f"--model must be one of {', '.join(model_variants.VARIANTS)}")
-    if reader not in read_variants.VARIANTS:
-        raise SystemExit(f"--reader must be one of {', '.join(read_variants.VARIANTS)}")
-    if read_variants.VARIANTS[reader]:
-        data.SliceReader.read = read_variants.VARIANTS[reader]
     if checksum == "compiled":
         steps.weight_checksum = step_variants.compiled_weight_checksum
     if step != "distseg":
@@ -72,10 +65,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step", default="distseg")
     p.add_argument("--model", default="keras")
-    p.add_argument("--reader", default="distseg")
     p.add_argument("--checksum", default="distseg", choices=["distseg", "compiled"])
     args = p.parse_args(ours)
-    install(args.step, args.model, args.reader, args.checksum)
+    install(args.step, args.model, args.checksum)
     from distseg.cli.train import train
     sys.argv = ["distseg-train", *rest]
     sys.exit(train())

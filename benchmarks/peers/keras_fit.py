@@ -1,8 +1,10 @@
 """Peer: the same U-Net trained with Keras ``model.fit`` in one process.
 
-What a Keras user would write for distseg's one-rank run: the model from
-``distseg.networks.unet.from_config``, distseg's segmentation loss as a ``keras.losses.Loss``,
-Adam at the preset's learning rate, the training slices in memory as numpy arrays,
+What a Keras user would write for distseg's one-rank run: the model and optimizer as
+``distseg-train`` builds them from the preset (and ``--config``: Adam at the preset's
+learning rate unless the config names another optimizer, weight decay or clipping;
+``benchlib.model_variants.model_and_optimizer``), distseg's segmentation loss as a
+``keras.losses.Loss``, the training slices in memory as numpy arrays,
 ``fit`` with shuffling and the same batch size, thread counts and precision
 (``--precision``: ``make bench`` gives the one its distseg run chose). Prints one JSON line:
 samples/s over the epochs after the first (the first traces the step), and each
@@ -18,14 +20,13 @@ import os
 import sys
 import time
 
-from benchlib.args import add_precision, set_threads, workload_parser
+from benchlib.args import add_config, add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402 - after the log level; importing runs no TensorFlow op
 
-from distseg import losses
-from distseg.networks import unet as model_lib  # noqa: E402
+from distseg import losses  # noqa: E402
 
 
 class SegmentationLoss(keras.losses.Loss):
@@ -76,16 +77,17 @@ def run(args) -> dict:
     set_threads(args.threads)
     from distseg.core import config as config_lib
     from distseg.data import feeds
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-",
-                                                     "model.precision": args.precision})
+
+    from benchlib import model_variants
+    cfg = config_lib.resolve(args.preset, args.config,
+                             overrides={"data.path": args.data, "run_dir": "-",
+                                        "model.precision": args.precision})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
     if args.policy:
         keras.mixed_precision.set_global_policy(args.policy)
-    keras.utils.set_random_seed(cfg.train.seed)
     images, masks = train_arrays(args.data, cfg.model.image_size)
-    model = model_lib.from_config(cfg.model)
-    model.compile(optimizer=keras.optimizers.Adam(cfg.train.lr),
-                  loss=keras_loss(cfg.model.num_classes, cfg.train.loss))
+    model, optimizer = model_variants.model_and_optimizer(cfg, (cfg.model.image_size,) * 2, cfg.train.seed)
+    model.compile(optimizer=optimizer, loss=keras_loss(cfg.model.num_classes, cfg.train.loss))
     timer = EpochTimer()
     model.fit(images, masks, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=0, callbacks=[timer])
@@ -98,7 +100,7 @@ def run(args) -> dict:
 def main(argv=None):
     p = workload_parser(__doc__, epochs=4)
     p.add_argument("--policy", default=None, help="Keras dtype policy, e.g. mixed_bfloat16")
-    args = add_precision(p).parse_args(argv)
+    args = add_config(add_precision(p)).parse_args(argv)
     if args.epochs < 2:
         sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
     print(json.dumps(run(args)), flush=True)

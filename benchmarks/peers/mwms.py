@@ -6,9 +6,11 @@ custom training loop: each worker takes distseg's own shards of every epoch
 the training slices held in memory, and runs the usual MWMS step: forward and
 backward in ``strategy.run``, the loss divided by the number of replicas, and the
 Keras optimizer, which all-reduces the gradients (TensorFlow's collective ops, one
-packed all-reduce) before applying them. The same model (``distseg.networks.unet``), loss,
-learning rate scaling (linear), thread counts and precision (``--precision``: ``make
-bench`` gives the one its distseg run chose) as distseg.
+packed all-reduce) before applying them. The same model and optimizer (as
+``distseg-train`` builds them from the preset and ``--config``:
+``benchlib.model_variants.model_and_optimizer``), loss, learning rate scaling (the
+config's batch plan), thread counts and precision (``--precision``: ``make bench``
+gives the one its distseg run chose) as distseg.
 
 ``launch`` starts the workers and combines their results; a worker prints one JSON
 line with its epochs' seconds.
@@ -19,6 +21,7 @@ line with its epochs' seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from benchlib.args import add_precision, set_threads, workload_parser
+from benchlib.args import add_config, add_precision, set_threads, workload_parser
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -81,30 +84,30 @@ def worker(args) -> dict:
     """One MWMS worker (``TF_CONFIG`` set): trains and returns its epochs' seconds."""
     import tensorflow as tf
     set_threads(args.threads)
-    import keras
-
     from distseg.core import batchplan
     from distseg.core import config as config_lib
     from distseg.data import feeds, sharding
     from distseg.data import slices as data
-    from distseg.networks import unet as model_lib
     from distseg.training import steps
+
+    from benchlib import model_variants
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     size = strategy.num_replicas_in_sync
     # Per-worker batches, as make bench runs distseg (--batch-size: no fixed global batch).
-    cfg = config_lib.resolve(args.preset, overrides={"data.path": args.data, "run_dir": "-",
-                                                     "train.global_batch": 0,
-                                                     "model.precision": args.precision})
+    cfg = config_lib.resolve(args.preset, args.config,
+                             overrides={"data.path": args.data, "run_dir": "-",
+                                        "train.global_batch": 0, "model.precision": args.precision})
     cfg = feeds.with_classes(cfg)  # the data file decides the class count
-    keras.utils.set_random_seed(cfg.train.seed)
+    # The lr of this many workers, as distseg's batch plan scales it.
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, lr=cfg.train.lr * batchplan.batch_plan(cfg.train, size).lr_factor))
     info = data.examine(args.data)
     with data.SliceReader(args.data, cfg.model.image_size) as reader:
         images, masks = reader.read(info.train_indices)
     row = {int(i): k for k, i in enumerate(info.train_indices)}
     with strategy.scope():
-        model = model_lib.from_config(cfg.model)
-        optimizer = keras.optimizers.Adam(cfg.train.lr * batchplan.batch_plan(cfg.train, size).lr_factor)
+        model, optimizer = model_variants.model_and_optimizer(cfg, (cfg.model.image_size,) * 2, cfg.train.seed)
         step = MwmsStep(strategy, model, optimizer, cfg.model.num_classes, cfg.train.loss).step
     seconds, samples = [], []
     for epoch in range(args.epochs):
@@ -142,7 +145,7 @@ def launch(args) -> dict:
     cmd = [sys.executable, "-m", "peers.mwms", "--worker", "--data", args.data,
            "--preset", args.preset, "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--threads", str(args.threads),
-           "--precision", args.precision]
+           "--precision", args.precision, *(["--config", args.config] if args.config else [])]
     procs = [subprocess.Popen(cmd, env=dict(os.environ, TF_CONFIG=tf_config(ports, i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(args.workers)]
@@ -168,7 +171,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (0: all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = add_precision(p).parse_args(argv)
+    args = add_config(add_precision(p)).parse_args(argv)
     if args.epochs < 2:
         sys.exit("error: --epochs must be >= 2 (the first epoch is not timed)")
     print(json.dumps(worker(args) if args.worker else launch(args)), flush=True)

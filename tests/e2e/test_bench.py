@@ -2,7 +2,7 @@
 table to mean anything: the FLOP counter against hand counts, the table printer
 (goal beside measured), the reader of the statistical-efficiency results, and the
 local copies whose speed the benchmark compares with distseg's own (Keras' own
-normalisation layers, the slice-by-slice reader, the compiled weight checksum)."""
+normalisation layers, the compiled weight checksum)."""
 
 from __future__ import annotations
 
@@ -140,17 +140,6 @@ def test_an_unreadable_stateff_file_is_named(tmp_path):
 
 
 # --- the local copies the benchmark times against distseg's own --------------------
-
-
-def test_the_former_fancy_selection_reader_returns_what_distseg_reads(tiny):
-    from distseg.data import slices as data
-
-    from benchlib.read_variants import read_by_fancy_selection
-    with data.SliceReader(tiny, 32) as reader:
-        for ids in ([5, 3, 3, 90], list(range(8)), [127, 0]):
-            want, got = reader.read(ids), read_by_fancy_selection(reader, ids)
-            for w, g in zip(want, got):
-                assert w.dtype == g.dtype and w.shape == g.shape and np.array_equal(w, g)
 
 
 @pytest.mark.parametrize("norm,variant,suffix", [("batch", "kerasbn", "_bn"), ("group", "kerasgn", "_gn")])

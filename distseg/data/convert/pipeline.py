@@ -46,7 +46,7 @@ from distseg.data.convert.intensity import (
 from distseg.data.convert.sources import Case, Source, VolumeError
 from distseg.data.convert.writer import COMPRESSIONS, SliceWriter, VolumeCaseWriter
 
-#: Chosen by benchmarks/bench_convert.py (docs/data.md#choosing-the-compression).
+#: Chosen on file size, conversion time and reading rate (docs/data.md#choosing-the-compression).
 DEFAULT_COMPRESSION = "lzf"
 ON_ERROR = ("stop", "skip")
 #: In-plane size of converted slices unless --size says otherwise.

@@ -40,7 +40,8 @@ from distseg.core.partial import PartialFile
 from distseg.data import h5format, volumes
 from distseg.data.convert.geometry import Geometry
 
-#: Filters benchmarked in benchmarks/bench_convert.py (numbers in docs/data.md).
+#: Filters compared in docs/studies/convert-and-compression-2026-11-23.md (the choice:
+#: docs/data.md#choosing-the-compression).
 COMPRESSIONS = {
     "none": {},
     "lzf": {"compression": "lzf"},
