@@ -3,13 +3,15 @@ average of the mean foreground validation Dice (weight ``EMA_WEIGHT`` on the old
 the first epoch's Dice as its start), which one lucky epoch of a noisy validation set
 cannot win alone.
 
-``BestDice`` is one of the loop's parts (``observers``): it reads each ``epoch``
-record's ``val_dice`` (the same on every rank: it comes from validation's allreduce),
-updates the EMA, and marks a new best when the EMA beats the best so far at an epoch
-whose checkpoint is due (``checkpoint.is_due``). Its ``state()`` rides in that
-checkpoint (``checkpoint.Position.best``): a marked state makes ``checkpoint.write``
-point ``RUN/checkpoints/best.json`` at the checkpoint and keep it through rotation, and
-``--resume`` continues the EMA from it exactly.
+``BestDice`` chooses the checkpoint to keep, so it is a part that changes what a run
+leaves, not an observer (``modelparts.ModelPart``, the last of ``modelparts.ORDER``):
+before the epoch's checkpoint it reads the ``epoch`` record's ``val_dice`` (the same on
+every rank: it comes from validation's allreduce), updates the EMA, and marks a new best
+when the EMA beats the best so far at an epoch whose checkpoint is due
+(``checkpoint.is_due``). Its ``state()`` rides in that checkpoint (the manifest's
+``parts``, ``modelparts.saved``): a marked state makes ``checkpoint.write`` point
+``RUN/checkpoints/best.json`` at the checkpoint and keep it through rotation, and
+``--resume`` continues the EMA from it exactly (``restore``).
 
 Decision: only epochs whose checkpoint is due compete. With ``--checkpoint-every 1``
 (the default) that is every epoch, as in nnU-Net; with N > 1 the best is the best of
@@ -25,8 +27,8 @@ from __future__ import annotations
 
 import math
 
-from distseg.training import checkpoint
-from distseg.training.observers import Console, Observer
+from distseg.training import checkpoint, modelparts
+from distseg.training.observers import Console
 
 #: nnU-Net's weight on the old value of the moving average.
 EMA_WEIGHT = 0.9
@@ -45,7 +47,7 @@ def ema_update(old: float | None, value: float, weight: float = EMA_WEIGHT) -> f
     return value if old is None else weight * old + (1.0 - weight) * value
 
 
-class BestDice(Observer):
+class BestDice(modelparts.ModelPart):
     """The EMA of the mean foreground validation Dice, and the best checkpoint by it.
 
     Args:
@@ -55,6 +57,8 @@ class BestDice(Observer):
       kept: a checkpoint's ``state()`` to continue (None: a new run, or a checkpoint
         written before the EMA was kept).
     """
+
+    key = modelparts.BEST
 
     def __init__(self, epochs: int, every: int, console: Console | None = None,
                  kept: dict | None = None):
@@ -68,15 +72,15 @@ class BestDice(Observer):
         self.restore(kept)
 
     @classmethod
-    def open(cls, train_cfg, resumed, console: Console | None = None) -> "BestDice":
-        """The part of a launch: continuing a resumed checkpoint's state."""
-        kept = resumed.position.best if resumed is not None else None
-        return cls(train_cfg.epochs, train_cfg.checkpoint_every, console, kept)
+    def open(cls, train_cfg, console: Console | None = None) -> "BestDice":
+        """The part of a launch; a resumed checkpoint's state comes back through
+        ``restore``."""
+        return cls(train_cfg.epochs, train_cfg.checkpoint_every, console)
 
     def on_epoch_start(self, epoch: int, steps: int) -> None:
         self.mark = False  # a checkpoint inside this epoch is no candidate
 
-    def on_epoch_end(self, record: dict) -> None:
+    def before_checkpoint(self, record: dict) -> None:
         dice = mean_foreground(record.get("val_dice") or {})
         if dice is None:
             return
@@ -93,19 +97,13 @@ class BestDice(Observer):
                                  f"foreground Dice {self.ema:.4f} (this epoch {dice:.4f})")
 
     def state(self) -> dict:
-        """What a checkpoint keeps (``checkpoint.Position.best``)."""
+        """What a checkpoint keeps (its manifest's ``parts``)."""
         return {"ema": self.ema, "weight": self.weight, "best": self.best, "mark": self.mark}
 
-    def restore(self, kept: dict | None) -> None:
+    def restore(self, state: dict | None, arrays: dict | None = None) -> None:
         """Continues ``state()`` as a checkpoint kept it."""
-        if not kept:
+        if not state:
             return
-        self.ema = kept.get("ema")
-        self.best = kept.get("best")
+        self.ema = state.get("ema")
+        self.best = state.get("best")
         self.mark = False
-
-
-def kept(observers) -> dict | None:
-    """The state a checkpoint keeps of the run's ``BestDice`` (None: it has none)."""
-    part = next((o for o in observers if isinstance(o, BestDice)), None)
-    return None if part is None else part.state()

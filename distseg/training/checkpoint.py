@@ -25,10 +25,10 @@ checksums and falls back to an older checkpoint when the newest is damaged. The 
 ``keep`` checkpoints are kept, and the one ``best.json`` names besides them.
 
 ``best.json`` is written with the checkpoint it names, after ``latest.json``, when the
-checkpoint's position says it is the new best (``Position.best``, the ``best.BestDice``
-part's state). ``best`` reads it back for ``distseg-predict``: a run without one (from
-before it was kept, or trained without validation) has no best, and a damaged one, or
-one naming a damaged checkpoint, is a warning and no best.
+checkpoint's position says it is the new best (the ``best.BestDice`` part's state in
+``Position.parts``). ``best`` reads it back for ``distseg-predict``: a run without one
+(from before it was kept, or trained without validation) has no best, and a damaged
+one, or one naming a damaged checkpoint, is a warning and no best.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 
@@ -48,7 +49,15 @@ from distseg.core.errors import InputError, WriteError
 from distseg.core.partial import PartialFile
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import noise
+from distseg.training import modelparts, noise
+
+#: A rank's arrays in the state file (``_state_arrays``).
+RANK_ARRAY = re.compile(r"rank\d+_")
+#: The trainable weights training goes on from, kept in the state file by a model part
+#: that had swapped others into the model (and so into the weights file) when the
+#: checkpoint was written: the average of the weights (``weightema``). ``load`` puts
+#: them back when training goes on; prediction reads the weights file.
+TRAINING_WEIGHTS = "live_weight_"
 
 
 def sha256(path: str) -> str:
@@ -95,14 +104,18 @@ class Position:
     averages, the lr's clocks and the batch policy, so ``--resume`` continues them where
     they were (None in checkpoints from before it was kept: the averages start afresh).
     Manifests written before the state had its name hold it as ``scaling``."""
-    best: dict | None = None
-    """The best-checkpoint part's state (``best.BestDice.state()``: the EMA of the
-    validation Dice, the best so far), so ``--resume`` continues the EMA exactly. When
-    its ``mark`` is set, this checkpoint is the new best and ``write`` points
-    ``best.json`` at it. None: no such part (older checkpoints, tests)."""
+    parts: dict | None = None
+    """Each part's ``state()`` by its key (``modelparts.saved``: the parts that change
+    the model), so ``--resume`` continues them exactly; their arrays are in the state
+    file. When the best checkpoint's (``best.BestDice``) has its ``mark`` set, this
+    checkpoint is the new best and ``write`` points ``best.json`` at it. None: no part
+    kept a state (tests). Manifests written before the parts had one hook hold the best
+    checkpoint's state as ``best``."""
 
 
 def _state_arrays(optimizer, ranks: list[RankState], extra: dict | None = None) -> dict:
+    """The state file's arrays: the optimizer's (``opt_``), ``extra`` (the parts', named
+    by them) and every rank's (``rank{r}_``)."""
     arrays = {f"opt_{i}": v.numpy() for i, v in enumerate(optimizer.variables)}
     arrays.update(extra or {})
     for r, state in enumerate(ranks):
@@ -169,9 +182,9 @@ def _save_failed(ckdir: str, position: Position, what: str, error: OSError) -> W
 def save(ctx, run_dir: str, position: Position, model, optimizer, mine: RankState,
          keep: int, extra: dict | None = None) -> None:
     """Collective: rank 0 writes a checkpoint holding every rank's ``RankState`` (this
-    rank's: ``mine``) and ``extra`` arrays (the same on every rank). One it cannot write
-    (a full disk: ``write`` raises ``WriteError``) stops every rank with rank 0's line
-    and exit 1."""
+    rank's: ``mine``) and ``extra`` arrays (the parts', ``modelparts.saved``; the same
+    on every rank). One it cannot write (a full disk: ``write`` raises ``WriteError``)
+    stops every rank with rank 0's line and exit 1."""
     everyone = dist.allgather_object(mine)
     if ctx.is_root():
         agreement.agree(write, run_dir, position, model, optimizer, everyone, keep, extra)
@@ -183,8 +196,8 @@ def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankSt
           keep: int, extra: dict | None = None) -> str:
     """Rank 0 only: writes a checkpoint at ``position``, points ``latest.json`` at it
     and removes all but the last ``keep``. ``ranks`` holds every rank's ``RankState``
-    (gathered); ``extra``: more named arrays for the state file (``weightema``).
-    Returns the stem's path.
+    (gathered); ``extra``: the parts' named arrays for the state file
+    (``modelparts.saved``). Returns the stem's path.
 
     A file that cannot be written (a full disk) raises ``WriteError`` (exit 1) naming
     the directory and the file; what was written of a checkpoint without its manifest
@@ -217,9 +230,10 @@ def write(run_dir: str, position: Position, model, optimizer, ranks: list[RankSt
         partial.write_json(os.path.join(ckdir, rundir.LATEST_CHECKPOINT),
                           {"manifest": rundir.manifest_name(name), "epoch": position.epoch,
                            "step": position.step})
-        if position.best and position.best.get("mark") and not position.step:
+        best = (position.parts or {}).get(modelparts.BEST)
+        if best and best.get("mark") and not position.step:
             what = rundir.BEST_CHECKPOINT
-            write_best(ckdir, name, position)
+            write_best(ckdir, name, position.epoch, best)
         what = "removing older checkpoints"
         rotate(ckdir, keep, protect=best_stem(ckdir))
     except OSError as e:
@@ -250,14 +264,15 @@ def rotate(ckdir: str, keep: int, protect: str | None = None) -> list[str]:
     return removed
 
 
-def write_best(ckdir: str, name: str, position: Position) -> None:
-    """``best.json``: checkpoint ``name`` is the new best; its epochs, the EMA of the
-    mean foreground validation Dice and the epoch's raw Dice (``position.best``)."""
-    best = position.best["best"]
+def write_best(ckdir: str, name: str, epoch: int, part: dict) -> None:
+    """``best.json``: checkpoint ``name``, after ``epoch`` epochs, is the new best; the
+    EMA of the mean foreground validation Dice and the epoch's raw Dice (``part``: the
+    best checkpoint's ``state()``)."""
+    best = part["best"]
     partial.write_json(os.path.join(ckdir, rundir.BEST_CHECKPOINT), {
-        "stem": name, "manifest": rundir.manifest_name(name), "epoch": position.epoch,
+        "stem": name, "manifest": rundir.manifest_name(name), "epoch": epoch,
         "ema_dice": best["ema"], "dice": best["dice"], "val_dice": best.get("val_dice", {}),
-        "ema_weight": position.best.get("weight")})
+        "ema_weight": part.get("weight")})
 
 
 def best_stem(ckdir: str) -> str | None:
@@ -316,6 +331,8 @@ def manifest_entry(ckdir: str, manifest_name: str, verify: bool) -> dict:
             m = json.load(f)
         files = {k: os.path.join(ckdir, v["name"]) for k, v in m["files"].items()}
         m.setdefault("training", m.get("scaling"))  # a manifest from before the rename
+        if "parts" not in m and m.get("best"):  # from before the parts had one hook
+            m["parts"] = {modelparts.BEST: m["best"]}
         position = Position(**{k: m[k] for k in Position.__dataclass_fields__ if k in m})
         noise.NoiseScale.averages_of((position.training or {}).get("noise"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -347,8 +364,10 @@ def latest(run_dir: str) -> dict | None:
 
 
 def load(entry: dict, model, optimizer=None) -> int:
-    """Restores the weights (and, given an optimizer built for the same model, its
-    state) of checkpoint ``entry`` (from ``find``); returns its finished epochs."""
+    """Restores the weights of checkpoint ``entry`` (from ``find``) and, given an
+    optimizer built for the same model (training goes on), its state and the weights
+    training goes on from where the state file keeps them beside the weights file
+    (``TRAINING_WEIGHTS``); returns its finished epochs."""
     try:
         model.load_weights(entry["weights"])
     except (OSError, ValueError) as e:
@@ -359,6 +378,9 @@ def load(entry: dict, model, optimizer=None) -> int:
         _assign(entry["state"], optimizer.variables,
                 [arrays[f"opt_{i}"] for i in range(sum(k.startswith("opt_") for k in arrays))],
                 "optimizer")
+        training = numbered(arrays, TRAINING_WEIGHTS)
+        if training:
+            _assign(entry["state"], model.trainable_variables, training, "trainable")
     return int(entry["epoch"])
 
 
@@ -375,6 +397,13 @@ def numbered(arrays: dict, prefix: str) -> list[np.ndarray]:
     (empty where there are none)."""
     n = sum(k.startswith(prefix) for k in arrays)
     return [arrays[f"{prefix}{i}"] for i in range(n)]
+
+
+def part_arrays(arrays: dict) -> dict:
+    """The parts' arrays of ``read_state``'s arrays: neither the optimizer's, a rank's
+    (``_state_arrays``) nor the weights training goes on from (``load``'s)."""
+    return {k: v for k, v in arrays.items() if not k.startswith(("opt_", TRAINING_WEIGHTS))
+            and not RANK_ARRAY.match(k)}
 
 
 def rank_states(arrays: dict, size: int) -> list[RankState]:
@@ -398,12 +427,6 @@ def _assign(where: str, variables, arrays, what: str) -> None:
                              f"the checkpoint {a.shape}")
     for v, a in zip(variables, arrays):
         v.assign(a)
-
-
-def assign_trainable(where: str, variables, arrays) -> None:
-    """Restores the trainable weights from arrays of the state file (the live weights
-    beside a weights file holding their average, ``weightema``)."""
-    _assign(where, variables, arrays, "trainable")
 
 
 def assign_local(where: str, variables, arrays) -> None:

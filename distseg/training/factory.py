@@ -1,7 +1,6 @@
 """What a run trains with, built from its config in one place: the model and its
 optimizer (``build_state``), the train step of a batch size (``train_step``,
-``TrainSteps``), the evaluation and forward steps (and precise BatchNorm's
-training-mode forward pass), the batch transform
+``TrainSteps``), the evaluation and forward steps, the batch transform
 (``transform``) and the blank batch a rank steps with when its read failed
 (``stand_in``).
 
@@ -103,13 +102,6 @@ def eval_step(cfg: config_lib.Config, model, input_shape: Sequence[int]):
 def predict_step(model, input_shape: Sequence[int]):
     """The forward pass of ``model`` (``steps.make_predict_step``)."""
     return steps.make_predict_step(model, input_shape)
-
-
-def statistics_forward(model, input_shape: Sequence[int]):
-    """The training-mode forward pass that moves BatchNorm's statistics
-    (``precisebn.make_forward``)."""
-    from distseg.training import precisebn
-    return precisebn.make_forward(model, input_shape)
 
 
 def transform(cfg: config_lib.Config):

@@ -5,31 +5,30 @@ initialise and pin; scale the learning rate by the number of ranks with a warm-u
 average gradients with one grouped allreduce per step; broadcast rank 0's initial
 state; checkpoint and print on rank 0 only; every rank logs its own measurements.
 
-The loop conducts; its observers keep their own state. ``run`` reads like its outline:
+The loop conducts; its parts keep their own state. ``run`` reads like its outline:
 start-up (``startup``), ``open_session``, then per epoch ``train_epoch`` ->
 ``validate`` -> the ``epoch`` record (``records``) -> the observers (``observers``) ->
-the batch policy's switch -> ``close_epoch``. What changes with progress (the lr, the
-batch, the noise scale) is ``Session.training`` (``state.TrainingState``); the batches
-come from the epoch plan (``plan``); the model and its steps from ``factory``. Every piece that can fail on one rank alone goes
-through ``agreement.agree`` (or rides in a step's allreduce), so all ranks stop
-together with the same message.
+the batch policy's switch -> ``close_epoch``. The parts that change the model are
+called at the moments ``modelparts`` names, in its ``ORDER``. What changes with
+progress is ``Session.training`` (``state.TrainingState``); the batches come from the
+epoch plan (``plan``); the model and its steps from ``factory``. Every piece that can
+fail on one rank alone goes through ``agreement.agree`` (or rides in a step's
+allreduce), so all ranks stop together with the same message.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from typing import Any
 
 import numpy as np
 
 from distseg.core import config as config_lib
-from distseg.core import lr, rundir
-from distseg.core.errors import Interrupted, RunError
+from distseg.core.errors import Interrupted
 from distseg.core.stopflag import StopFlag
-from distseg.data import feeds, prefetch
+from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
@@ -38,6 +37,7 @@ from distseg.training import board as board_lib
 from distseg.training import (
     checkpoint,
     factory,
+    modelparts,
     noise,
     precisebn,
     records,
@@ -50,85 +50,36 @@ from distseg.training import (
 )
 from distseg.training import elastic as elastic_lib
 from distseg.training.observers import Console, Timeline
-from distseg.training.plan import PlannedBatches, origin_step
+from distseg.training.plan import PlannedBatches
 from distseg.training.runlog import RunLog
-from distseg.training.session import EpochResult, Failure, Session
+from distseg.training.session import EpochResult, Session
 from distseg.training.state import TrainingState
 
 # --- the session: what the epochs of one launch share ------------------------------
 
 
-def training_state(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
-                   resumed: resume.Resumed | None, origin: tuple[int, int]) -> tuple[TrainingState, int]:
-    """The training state this launch begins with, and its global step: a resumed
-    launch continues what its checkpoint kept."""
-    kept = resumed.position.training if resumed else None
-    training = TrainingState.initial(cfg.train, len(feed.train_ids), ctx.size, kept)
-    global_step = origin_step(resumed.position.global_step if resumed else 0, training.plan, origin)
-    training.restore(kept, global_step)
-    if training.note:
-        resumed.warnings.append(training.note)
-    return training, global_step
+def open_parts(s: Session) -> tuple:
+    """The parts that change the model (``modelparts``): the average of the weights,
+    precise BatchNorm, the best checkpoint's choice; in ``modelparts.ORDER``, each
+    continuing what a resumed checkpoint kept of it."""
+    t = s.cfg.train
+    parts = modelparts.ordered(
+        weightema.WeightAverage.open(t, s.model),
+        precisebn.PreciseBatchNorm.open(t, s.model, s.feed.input_shape, s.batches.images,
+                                        dist.allreduce_many, s.ctx.size),
+        best_lib.BestDice.open(t, s.console))
+    agreement.agree(modelparts.restore, parts, s.resumed.parts if s.resumed else None)
+    return parts
 
 
 def open_observers(s: Session, resources: contextlib.ExitStack) -> tuple:
-    """The observers, in the order every rank calls them: the average of the weights
-    (the model takes it before precise BatchNorm and validation), precise BatchNorm (its
-    epoch's end is a collective, before validation), the timeline (it stops Horovod's timeline
-    after a step), TensorBoard (its epoch end is a collective), the console, the best
-    checkpoint's EMA (``best``; its line follows the epoch's)."""
+    """The observers, in the order every rank calls them: the timeline (it stops
+    Horovod's timeline after a step), TensorBoard (its epoch end is a collective), the
+    console."""
     board = board_lib.open_board(s.cfg.run_dir, s.ctx, s.global_step, s.start_time,
                                  s.cfg.train.tensorboard, resources)
     timeline = Timeline(s.cfg.run_dir, s.ctx, s.origin[0])
-    best = best_lib.BestDice.open(s.cfg.train, s.resumed, s.console)
-    return tuple(p for p in (weight_average(s), precise_batchnorm(s), timeline, board,
-                             s.console, best) if p is not None)
-
-
-def weight_average(s: Session) -> weightema.WeightAverage | None:
-    """The average of the weights under ``train.weight_ema`` (None: off), continuing a
-    resumed checkpoint's."""
-    if not s.cfg.train.weight_ema:
-        return None
-    kept = s.resumed.weight_average if s.resumed else None
-    return agreement.agree(weightema.WeightAverage, s.model, s.cfg.train.weight_ema, kept)
-
-
-def precise_batchnorm(s: Session) -> precisebn.PreciseBatchNorm | None:
-    """The precise-BatchNorm part under ``train.precise_bn`` (None: off, or no
-    BatchNorm in the model)."""
-    steps_ = s.cfg.train.precise_bn
-    if not steps_ or not precisebn.batchnorm_layers(s.model):
-        return None
-    forward = factory.statistics_forward(s.model, s.feed.input_shape)
-    return precisebn.PreciseBatchNorm(s.model, forward, functools.partial(training_images, s),
-                                      steps_, dist.allreduce_many, s.ctx.size)
-
-
-def training_images(s: Session, epoch: int, steps_: int) -> list:
-    """This rank's images of ``steps_`` steps under the plan in force, read and augmented
-    as training read them: the first of ``epoch``, and where it has fewer steps, those
-    of the epochs before it, newest first (an epoch of one step would otherwise give
-    BatchNorm statistics of one batch)."""
-    out = []
-    for e in range(epoch, -1, -1):
-        for ids in s.plan.batches(s.feed.train_ids, s.ctx.rank, s.ctx.size, e,
-                                  s.cfg.train.seed)[:steps_ - len(out)]:
-            images, _ = prefetch.read_as_training(s.reader, ids, e, s.batches.transform)
-            out.append(images)
-        if len(out) >= steps_:
-            break
-    return out
-
-
-def watch_collectives(s: Session, resources: contextlib.ExitStack) -> None:
-    """Ends this rank when it waits in a collective past ``train.hang_timeout``."""
-    report = stopping.HangReport(s.log, rundir.log_paths(s.cfg.run_dir, s.ctx.size), s.ctx.rank,
-                                 s.t0, epochs_done=functools.partial(getattr, s, "epochs_done"))
-    s.watch = stopping.HangWatch(s.cfg.train.hang_timeout, report)
-    resources.callback(s.watch.close)
-    dist.watch_collectives(s.watch)
-    resources.callback(dist.watch_collectives, None)
+    return tuple(o for o in (timeline, board, s.console) if o is not None)
 
 
 def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed,
@@ -139,7 +90,8 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
     cfg, resumed = prepared.cfg, prepared.resumed
     model, optimizer, synced = prepared.state
     origin = (resumed.position.epoch, resumed.position.step) if resumed else (0, 0)
-    training, global_step = training_state(cfg, ctx, feed, resumed, origin)
+    training, global_step = TrainingState.for_launch(cfg.train, len(feed.train_ids), ctx.size,
+                                                     resumed, origin)
     reader = resources.enter_context(agreement.agree(feed.open_reader))
     log = resources.enter_context(agreement.agree(RunLog, cfg.run_dir, ctx.rank))
     # Measured by start-up, before the compression was decided; an elastic run's here.
@@ -164,8 +116,10 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
         resumed=resumed, origin=origin, global_step=global_step, epochs_done=origin[0], link=measured,
         precision=prepared.precision, lr_find=prepared.lr_find, compression=prepared.compression)
     use_plan(s, origin)
+    s.parts = open_parts(s)
     s.observers = open_observers(s, resources)
-    watch_collectives(s, resources)
+    s.watch = stopping.watch_collectives(log, cfg.run_dir, ctx, t0, functools.partial(
+        getattr, s, "epochs_done"), t.hang_timeout, resources)
     return s
 
 
@@ -176,7 +130,6 @@ def use_plan(s: Session, origin: tuple[int, int]) -> None:
     s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
     s.training.noise.gradients_per_rank = s.train_step.gradients_per_rank
     s.fresh = True
-    s.noise_mode = None
 
 
 # --- one step -----------------------------------------------------------------------
@@ -193,24 +146,6 @@ def _next_batch(s: Session, result: EpochResult):
         return factory.stand_in(s.cfg, s.feed.input_shape, s.plan.batch.per_rank)
 
 
-def _set_lr(s: Session) -> float:
-    before = s.training.lr_now
-    now = s.training.lr(s.global_step)
-    if now != before:  # changes during the warm-up, and every step with the gain rule
-        lr.assign(s.optimizer, now)
-    return now
-
-
-def _noise_mode(s: Session) -> int:
-    """What this step does for the noise scale (``noise.Cadence``), told to the train
-    step where it changes."""
-    mode = s.training.cadence.mode(s.global_step)
-    if mode != s.noise_mode:
-        s.train_step.noise_mode.assign(mode)
-        s.noise_mode = mode
-    return mode
-
-
 def _step(s: Session, result: EpochResult, step: int, images, masks) -> steps.StepResult:
     """The train step, watched; this rank's failure and stop request ride in its
     allreduce. The first step of a launch, or at a new batch, also traces it."""
@@ -221,27 +156,16 @@ def _step(s: Session, result: EpochResult, step: int, images, masks) -> steps.St
     return out
 
 
-def _check_nonfinite(s: Session, result: EpochResult, step: int, loss: float) -> None:
-    """Some rank's loss or gradient was not finite, so no rank applied this step's
-    update: stop every rank (the same message), or count the skipped step."""
-    if s.cfg.train.on_nonfinite == "skip":
-        result.skipped += 1
-        return
-    what = f"training loss is {loss}" if not math.isfinite(loss) else "a gradient is not finite"
-    raise RunError(f"{what} at epoch {result.epoch} step {step}; lower --lr, check the data, "
-                   "or pass --on-nonfinite skip")
-
-
 def log_step(s: Session, result: EpochResult, fields: dict) -> None:
-    """The ``step`` record, then the observers see it. A failed write is shared in the next
-    step's allreduce, or at the epoch's end."""
+    """The ``step`` record, then the parts and the observers see it. A failed write is
+    shared in the next step's allreduce, or at the epoch's end."""
     try:
         record = s.log.write("step", **fields)
     except OSError as e:
         result.failure = result.failure or agreement.failure_of(e)
         record = {"type": "step", **fields}
-    for observer in s.observers:
-        observer.on_step(record)
+    for each in (*s.parts, *s.observers):
+        each.on_step(record)
 
 
 def run_step(s: Session, result: EpochResult, step: int) -> bool:
@@ -250,7 +174,9 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     step_start = time.perf_counter()
     ids, images, masks = _next_batch(s, result)
     data_wait = time.perf_counter() - step_start
-    step_lr, mode = _set_lr(s), _noise_mode(s)
+    step_lr = s.training.set_lr(s.optimizer, s.global_step)
+    mode = s.training.cadence.mode(s.global_step)
+    steps.tell_noise_mode(s.train_step, mode)
     first, out = s.fresh, _step(s, result, step, images, masks)
     s.fresh = False
     failed, stop, nonfinite = steps.Flags.of(out.flags)
@@ -271,7 +197,7 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
     result.losses_local.append(loss_local)
     s.global_step += 1
     if nonfinite:  # decided from the allreduced flag: the same on every rank
-        _check_nonfinite(s, result, step, loss)
+        result.nonfinite(step, loss, s.cfg.train.on_nonfinite)
     if s.global_step == 1:  # BatchNorm statistics are still local here
         steps.check_weights("after the first step",
                             s.model.trainable_variables + s.optimizer.variables)
@@ -281,29 +207,19 @@ def run_step(s: Session, result: EpochResult, step: int) -> bool:
 # --- one epoch ----------------------------------------------------------------------
 
 
-def _carry_over(s: Session, epoch: int, result: EpochResult) -> None:
-    """A launch resumed inside ``epoch`` starts from what its checkpoint had seen."""
-    carried = s.resumed.carried if s.resumed else None
-    if carried is None or epoch != s.origin[0] or not s.origin[1]:
-        return
-    result.seen.append(np.asarray(carried.seen, np.int64))
-    result.losses.extend(carried.losses)
-    result.losses_local.extend(carried.losses_local)
-    result.elapsed_before = s.resumed.position.train_time
-
-
 def checkpoint_now(s: Session, result: EpochResult, step: int) -> None:
     """Collective: a checkpoint ``step`` steps into ``result.epoch`` (0: at its end,
     after the BatchNorm averaging), holding every rank's partial epoch."""
+    kept = modelparts.saved(s.parts)
     position = checkpoint.Position(
         epoch=result.epoch + (0 if step else 1), step=step, global_step=s.global_step,
         size=s.ctx.size, train_time=result.elapsed_before + time.perf_counter() - result.start,
-        training=s.training.state(), best=best_lib.kept(s.observers))
+        training=s.training.state(), parts=kept.states)
     seen, losses, local = ((result.seen, result.losses, result.losses_local) if step
                            else ([], [], []))
     mine = resume.rank_state(s.model, seen, losses, local)
     checkpoint.save(s.ctx, s.cfg.run_dir, position, s.model, s.optimizer, mine,
-                    s.cfg.train.keep_checkpoints, weightema.checkpoint_arrays(s.observers))
+                    s.cfg.train.keep_checkpoints, kept.arrays)
 
 
 def _stop_inside_epoch(s: Session, result: EpochResult, step: int):
@@ -321,29 +237,21 @@ def train_epoch(s: Session, epoch: int) -> EpochResult:
         # checkpoint would count rank 0's checkpoint writing (they wait for it in their
         # first allreduce) as training time, and one process would not.
         dist.barrier()
-    result = EpochResult(epoch=epoch, start=time.perf_counter())
-    _carry_over(s, epoch, result)
+    result = EpochResult.begin(epoch, s.resumed, s.origin)
     first = s.origin[1] if epoch == s.origin[0] else 0
-    for observer in s.observers:
-        observer.on_epoch_start(epoch, s.plan.steps - first)
+    for each in (*s.parts, *s.observers):
+        each.on_epoch_start(epoch, s.plan.steps - first)
     for step in range(first, s.plan.steps):
         if run_step(s, result, step) and step + 1 < s.plan.steps:
             _stop_inside_epoch(s, result, step + 1)
     steps.average_batchnorm(s.model, s.ctx.size)
     result.weights = steps.check_weights(f"after epoch {epoch}", s.synced)
     result.train_time = result.elapsed_before + time.perf_counter() - result.start
+    for part in s.parts:
+        part.before_validation()
     for observer in s.observers:
         observer.on_epoch_trained()
     return result
-
-
-def _shard_scores(s: Session) -> tuple[validation.Scores, Failure | None]:
-    """This rank's validation scores, and its failure (shared by the caller)."""
-    try:
-        return validation.score(s.cfg, s.feed, s.reader, s.eval_step, s.predict, s.ctx.rank,
-                                s.ctx.size), None
-    except Exception as e:  # noqa: BLE001 - shared in the allreduce of ``validate``
-        return validation.Scores.empty(s.cfg.model.num_classes), agreement.failure_of(e)
 
 
 def validate(s: Session) -> dict:
@@ -352,7 +260,8 @@ def validate(s: Session) -> dict:
     failed)."""
     if not (s.cfg.train.validate and s.feed.val_count):
         return {"val_loss": None, "val_dice": {}, "val_dice_local": {}}
-    mine, failure = _shard_scores(s)
+    mine, failure = validation.shard_scores(s.cfg, s.feed, s.reader, s.eval_step, s.predict,
+                                            s.ctx.rank, s.ctx.size)
     total = dist.allreduce(mine.packed(failure is not None), op="sum")
     totals = validation.Totals.unpack(total, s.cfg.model.num_classes)
     if totals.failed:
@@ -376,10 +285,8 @@ def decide_cadence(s: Session) -> None:
     if not cadence.ready:
         return
     medians = dist.broadcast_object(cadence.medians() if s.ctx.is_root() else None)
-    d = cadence.decide(*medians, s.global_step)
-    s.console.say(f"noise scale: measured every {d['every']} step(s) from step "
-                  f"{s.global_step} (a measuring step {d['measured_s'] * 1e3:.0f} ms, another "
-                  f"{d['plain_s'] * 1e3:.0f} ms: {d['share']:.1%} of training)")
+    cadence.decide(*medians, s.global_step)
+    s.console.say(cadence.said())
 
 
 def switch_batch(s: Session, epoch: int) -> None:
@@ -393,11 +300,13 @@ def switch_batch(s: Session, epoch: int) -> None:
 
 def close_epoch(s: Session, result: EpochResult, epoch: int) -> None:
     """Collective: the epoch's checkpoint when due or when some rank was asked to stop,
-    an elastic run's commit, then the stop."""
+    the parts' return to training, an elastic run's commit, then the stop."""
     t = s.cfg.train
     stop = any(dist.allgather_object(s.stop.requested))
     if stop or checkpoint.is_due(s.epochs_done, t.epochs, t.checkpoint_every):
         checkpoint_now(s, result, 0)
+    for part in s.parts:
+        part.after_checkpoint()
     for observer in s.observers:
         observer.on_epoch_closed()
     if s.elastic is not None and not stop:
@@ -421,6 +330,8 @@ def train_epochs(s: Session) -> int:
         s.epochs_done = epoch + 1
         for observer in s.observers:  # TensorBoard's is a collective: every rank, in order
             observer.on_epoch_end(record)
+        for part in s.parts:  # the best checkpoint's choice: its line follows the epoch's
+            part.before_checkpoint(record)
         if s.training.take(choice):
             switch_batch(s, epoch + 1)
         close_epoch(s, result, epoch)

@@ -383,6 +383,13 @@ class Cadence:
         self.timed = {MEASURE: [], SKIP: []}
         return self.decision
 
+    def said(self) -> str:
+        """Rank 0's console line on the decision ``decide`` took."""
+        d = self.decision
+        return (f"noise scale: measured every {d['every']} step(s) from step "
+                f"{d['global_step']} (a measuring step {d['measured_s'] * 1e3:.0f} ms, another "
+                f"{d['plain_s'] * 1e3:.0f} ms: {d['share']:.1%} of training)")
+
     def record(self) -> dict:
         """The ``noise_scale`` record's ``cadence``: every (in force), auto, decision;
         also what a checkpoint keeps (``restore``)."""

@@ -93,11 +93,14 @@ class PlannedBatches:
                  transform=None):
         self.reader, self.ids, self.rank, self.size = reader, ids, rank, size
         self.train_cfg, self.depth, self.transform = train_cfg, depth, transform
+        self.plan: EpochPlan | None = None
+        """The plan in force (``use``)."""
         self._prefetcher = None
         self._batches = iter(())
 
     def use(self, plan: EpochPlan, start: tuple[int, int]) -> None:
         self.close()
+        self.plan = plan
         batches = epoch_batches(plan, self.ids, self.rank, self.size, self.train_cfg, start)
         self._prefetcher = prefetch.Prefetcher(self.reader, batches, depth=self.depth,
                                                transform=self.transform)
@@ -106,6 +109,20 @@ class PlannedBatches:
     def next(self):
         """The next batch: (sample ids, images, masks)."""
         return next(self._batches)
+
+    def images(self, epoch: int, steps: int) -> list:
+        """This rank's images of ``steps`` steps under the plan in force, read and
+        augmented as training read them: the first of ``epoch``, and where it has fewer
+        steps, those of the epochs before it, newest first (precise BatchNorm's: an
+        epoch of one step would otherwise give statistics of one batch)."""
+        out = []
+        for e in range(epoch, -1, -1):
+            for ids in self.plan.batches(self.ids, self.rank, self.size, e,
+                                         self.train_cfg.seed)[:steps - len(out)]:
+                out.append(prefetch.read_as_training(self.reader, ids, e, self.transform)[0])
+            if len(out) >= steps:
+                break
+        return out
 
     def close(self) -> None:
         if self._prefetcher is not None:

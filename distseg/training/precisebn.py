@@ -21,9 +21,10 @@ How a batch's statistics are read: a BatchNorm layer's training pass sets
 dropout's seed generators; they are put back, so training after it draws what it would
 have drawn without it.
 
-``PreciseBatchNorm`` is the loop's part that does it after each epoch's steps, before
-validation and the epoch's checkpoint (``train.precise_bn`` steps; 0: off). No Horovod
-here: the caller passes ``allreduce_many``.
+``PreciseBatchNorm`` is the part that does it after each epoch's steps, before
+validation and the epoch's checkpoint (``train.precise_bn`` steps; 0: off): it changes
+the model, so it is a ``modelparts.ModelPart``, after the average of the weights
+(``modelparts.ORDER``). No Horovod here: the caller passes ``allreduce_many``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg.parallel import agreement
-from distseg.training.observers import Observer
+from distseg.training import modelparts
 
 
 def batchnorm_layers(model) -> list:
@@ -108,11 +109,14 @@ def install(model, means: list[np.ndarray], allreduce_many: Callable, size: int)
         layer.moving_variance.assign(np.asarray(means[2 * k + 1], np.float32))
 
 
-class PreciseBatchNorm(Observer):
-    """The loop's part: when an epoch's steps are done, ``measure`` and ``install`` the
+class PreciseBatchNorm(modelparts.ModelPart):
+    """The part: when an epoch's steps are done, ``measure`` and ``install`` the
     statistics of ``steps`` steps of that epoch and those before it (``read(epoch,
-    steps)``: this rank's images arrays of them, read and augmented as training read them); its cost goes in the epoch's
-    ``precise_bn`` field. A read that fails on any rank fails every rank alike."""
+    steps)``: this rank's images arrays of them, read and augmented as training read
+    them); its cost goes in the epoch's ``precise_bn`` field. A read that fails on any
+    rank fails every rank alike."""
+
+    key = modelparts.PRECISE_BN
 
     def __init__(self, model, forward: Callable, read: Callable, steps: int,
                  allreduce_many: Callable, size: int):
@@ -120,10 +124,20 @@ class PreciseBatchNorm(Observer):
         self.allreduce_many, self.size = allreduce_many, size
         self.epoch, self.done = 0, None
 
+    @classmethod
+    def open(cls, train_cfg, model, input_shape: Sequence[int], read: Callable,
+             allreduce_many: Callable, size: int) -> "PreciseBatchNorm | None":
+        """The part of a launch under ``train.precise_bn`` (None: off, or no BatchNorm
+        in the model), reading its images with ``read`` (``plan.PlannedBatches.images``)."""
+        if not train_cfg.precise_bn or not batchnorm_layers(model):
+            return None
+        return cls(model, make_forward(model, input_shape), read, train_cfg.precise_bn,
+                   allreduce_many, size)
+
     def on_epoch_start(self, epoch: int, steps: int) -> None:
         self.epoch, self.done = epoch, None
 
-    def on_epoch_trained(self) -> None:
+    def before_validation(self) -> None:
         start = time.perf_counter()
         # Each piece agreed: a rank whose read or forward pass fails must not leave the
         # others waiting in the allreduce of ``install``.

@@ -1,8 +1,8 @@
 """The records a launch writes to this rank's log (schema in ``distseg.core.schema``):
 ``run`` and ``resume`` at its start, ``epoch`` after each epoch, ``end`` whatever
 happens. ``epoch_record`` is the one place that gathers an epoch's fields: what the
-epoch measured, the validation, the training state's (``TrainingState.epoch_fields``) and
-the observers' (``Observer.epoch_fields``)."""
+epoch measured, the validation, the training state's (``TrainingState.epoch_fields``),
+the model parts' and the observers' (``epoch_fields`` of each)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def epoch_record(s: Session, result: EpochResult, val: dict, choice=None) -> dic
     if result.failure:
         raise RunError(*result.failure)
     seen = np.concatenate(result.seen)
-    observed = {k: v for o in s.observers for k, v in o.epoch_fields().items()}
+    observed = {k: v for o in (*s.parts, *s.observers) for k, v in o.epoch_fields().items()}
     return s.log.write("epoch", epoch=result.epoch, t=time.perf_counter() - s.t0,
                        epoch_time=result.epoch_time, train_time=result.train_time,
                        steps=s.plan.steps, samples=len(seen),

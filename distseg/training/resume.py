@@ -1,6 +1,9 @@
 """Resuming a run across ranks: ``restore`` has rank 0 find, verify and load the newest
 whole checkpoint (``distseg.training.checkpoint``, which also saves them) and every
 rank receive it by broadcast. It runs on every rank and agrees on failures.
+
+What the checkpoint kept of the parts that change the model goes back to them through
+one hook (``Resumed.parts``, ``modelparts.restore``): nothing here knows a part.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, weightema
+from distseg.training import checkpoint, modelparts
 
 
 def local_variables(model) -> list:
@@ -41,9 +44,9 @@ class Resumed:
     """This rank's partial epoch (same number of ranks only), else None."""
     elastic: str | None = None
     """Why an elastic run re-formed (a rank lost, hosts changed); None otherwise."""
-    weight_average: list | None = None
-    """The checkpoint's average of the weights (``--weight-ema``; None: it has none, or
-    an elastic run's commit: the average starts again)."""
+    parts: modelparts.Kept | None = None
+    """What the checkpoint kept of the parts that change the model (None: an elastic
+    run's commit: the parts start afresh)."""
 
 
 def _find_for_size(run_dir: str, size: int) -> tuple[dict, list[str]]:
@@ -74,14 +77,11 @@ def _load_on_root(run_dir: str, size: int, model, optimizer):
     entry, warnings = _find_for_size(run_dir, size)
     checkpoint.load(entry, model, optimizer)
     arrays = checkpoint.read_state(entry)
-    # Written while the model held the average of the weights (``--weight-ema``): the
-    # weights file is the average, training goes on from the live weights kept beside it.
-    live = weightema.arrays_of(weightema.LIVE_KEY, arrays)
-    if live is not None:
-        checkpoint.assign_trainable(entry["state"], model.trainable_variables, live)
-    states = checkpoint.rank_states(arrays, entry["position"].size)
-    average = weightema.arrays_of(weightema.AVERAGE_KEY, arrays)
-    return entry["position"], entry["manifest"], warnings, states, average
+    position = entry["position"]
+    states = checkpoint.rank_states(arrays, position.size)
+    parts = modelparts.Kept(dict(position.parts or {}), checkpoint.part_arrays(arrays),
+                            entry["state"])
+    return position, entry["manifest"], warnings, states, parts
 
 
 def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
@@ -91,14 +91,14 @@ def restore(ctx, run_dir: str, model, optimizer, synced) -> Resumed:
         if ctx.is_root() else agreement.agree(lambda: None)
     # Horovod (in distributed): every rank takes rank 0's weights and optimizer state.
     dist.broadcast_variables(synced, root=0)
-    position, manifest, warnings, states, average = dist.broadcast_object(loaded)
+    position, manifest, warnings, states, parts = dist.broadcast_object(loaded)
     carried = None
     if position.size == ctx.size:
         # The same ranks: each takes back its own statistics, seeds and partial epoch.
         carried = states[ctx.rank]
         agreement.agree(checkpoint.assign_local, manifest, local_variables(model), carried.local)
     return Resumed(position=position, manifest=manifest, warnings=warnings, carried=carried,
-                   weight_average=average)
+                   parts=parts)
 
 
 def check_extends(resumed: Resumed, epochs: int) -> None:

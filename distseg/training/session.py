@@ -3,15 +3,21 @@ what one epoch measured on this rank (``EpochResult``)."""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from distseg.core import config as config_lib
+from distseg.core.errors import RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
 from distseg.parallel import distributed as dist
 from distseg.training import resume, stopping
 from distseg.training.factory import TrainSteps
+from distseg.training.modelparts import ModelPart
 from distseg.training.observers import Console, Observer
 from distseg.training.plan import PlannedBatches
 from distseg.training.runlog import RunLog
@@ -47,6 +53,9 @@ class Session:
     training: TrainingState
     """The lr, batch and noise scale: what changes with progress."""
     console: Console
+    parts: tuple[ModelPart, ...] = ()
+    """The parts that change the model, in ``modelparts.ORDER``, called in that order
+    on every rank."""
     observers: tuple[Observer, ...] = ()
     """The observers, called in this order on every rank."""
     watch: stopping.HangWatch | None = None
@@ -60,8 +69,6 @@ class Session:
     """The train step traced for the batch in force."""
     fresh: bool = True
     """The next step traces the train step (not timed for the policy; longer watch)."""
-    noise_mode: int | None = None
-    """What ``train_step.noise_mode`` was last told (``noise.Cadence``; None: not yet)."""
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
     link: dict | None = None
@@ -103,3 +110,28 @@ class EpochResult:
     weights: list = field(default_factory=list)
     train_time: float = 0.0
     epoch_time: float = 0.0
+
+    @classmethod
+    def begin(cls, epoch: int, resumed: resume.Resumed | None,
+              origin: tuple[int, int]) -> "EpochResult":
+        """``epoch``'s result as its training starts now: a launch resumed inside it (at
+        (epoch, step) ``origin``) starts from what its checkpoint had seen."""
+        result = cls(epoch=epoch, start=time.perf_counter())
+        carried = resumed.carried if resumed else None
+        if carried is not None and epoch == origin[0] and origin[1]:
+            result.seen.append(np.asarray(carried.seen, np.int64))
+            result.losses.extend(carried.losses)
+            result.losses_local.extend(carried.losses_local)
+            result.elapsed_before = resumed.position.train_time
+        return result
+
+    def nonfinite(self, step: int, loss: float, on_nonfinite: str) -> None:
+        """Some rank's loss or gradient was not finite at ``step``, so no rank applied
+        its update: counted as skipped under ``train.on_nonfinite`` ``skip``, else every
+        rank stops with the same message."""
+        if on_nonfinite == "skip":
+            self.skipped += 1
+            return
+        what = f"training loss is {loss}" if not math.isfinite(loss) else "a gradient is not finite"
+        raise RunError(f"{what} at epoch {self.epoch} step {step}; lower --lr, check the data, "
+                       "or pass --on-nonfinite skip")

@@ -18,7 +18,7 @@ from distseg.core import config as config_lib
 from distseg.training import noise as noise_lib
 from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
 from distseg.training.noise import Cadence, NoiseScale
-from distseg.training.plan import EpochPlan
+from distseg.training.plan import EpochPlan, origin_step
 
 
 def noise_steers(train_cfg) -> bool:
@@ -90,6 +90,21 @@ class TrainingState:
         return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold, horizon=horizon,
                    cadence=Cadence.of(train_cfg.noise_every, noise_steers(train_cfg)))
 
+    @classmethod
+    def for_launch(cls, train_cfg, train_samples: int, ranks: int, resumed,
+                   origin: tuple[int, int]) -> tuple["TrainingState", int]:
+        """The state a launch at (epoch, step) ``origin`` begins with, and its global
+        step: a ``resume.Resumed`` launch continues what its checkpoint kept (a note on
+        what it did to the schedule joins ``resumed.warnings``); None: a new run."""
+        kept = resumed.position.training if resumed else None
+        training = cls.initial(train_cfg, train_samples, ranks, kept)
+        global_step = origin_step(resumed.position.global_step if resumed else 0,
+                                  training.plan, origin)
+        training.restore(kept, global_step)
+        if training.note:
+            resumed.warnings.append(training.note)
+        return training, global_step
+
     @property
     def warm(self) -> float:
         """Samples of the warm-up, on the schedule's clock."""
@@ -110,6 +125,15 @@ class TrainingState:
         clock = global_step if self.policy is None else self.samples / big
         self.lr_now = lr.at(self.plan, clock, self.noise.gain(big), self.progress) * self.decay()
         return self.lr_now
+
+    def set_lr(self, optimizer, global_step: int) -> float:
+        """``lr(global_step)``, given to ``optimizer`` (``lr.assign``, its one writer)
+        where it changed: during the warm-up, and every step with the gain rule."""
+        before = self.lr_now
+        now = self.lr(global_step)
+        if now != before:
+            lr.assign(optimizer, now)
+        return now
 
     def observe(self, grad_sq, applied: bool, seconds: float | None = None,
                 mode: int = noise_lib.MEASURE) -> None:

@@ -514,6 +514,15 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     return train_step
 
 
+def tell_noise_mode(train_step, mode: int) -> None:
+    """What ``train_step``'s next calls do for the noise scale (``noise.Cadence``):
+    ``mode`` assigned to its ``noise_mode`` variable where it changes (the step keeps
+    what it was last told), so most steps assign nothing."""
+    if getattr(train_step, "told_mode", None) != mode:
+        train_step.noise_mode.assign(mode)
+        train_step.told_mode = mode
+
+
 class EvalResult(NamedTuple):
     """What the eval step returns for one batch."""
 

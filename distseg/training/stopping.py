@@ -163,6 +163,23 @@ class HangWatch:
                 return
 
 
+def watch_collectives(log, run_dir: str, ctx, t0: float, epochs_done, timeout: float,
+                      resources) -> HangWatch:
+    """Ends this rank when it waits in a collective past ``timeout`` s
+    (``train.hang_timeout``): a ``HangWatch`` over every eager collective (and the train
+    steps the loop arms it around), reporting through a ``HangReport`` on ``log``;
+    unwatched and closed by ``resources`` (an ``ExitStack``)."""
+    from distseg.core import rundir
+    from distseg.parallel import distributed as dist
+
+    report = HangReport(log, rundir.log_paths(run_dir, ctx.size), ctx.rank, t0, epochs_done)
+    watch = HangWatch(timeout, report)
+    resources.callback(watch.close)
+    dist.watch_collectives(watch)
+    resources.callback(dist.watch_collectives, None)
+    return watch
+
+
 def silent_ranks(log_paths: dict[int, str], me: int) -> list[int]:
     """Ranks other than ``me`` whose log does not end in a ``stalled`` or ``end``
     record: while every waiting rank has said it is stalled, these are the ranks

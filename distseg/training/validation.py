@@ -21,6 +21,7 @@ import numpy as np
 from distseg import losses, metrics, sliding
 from distseg.core import config as config_lib
 from distseg.data import feeds, sharding
+from distseg.parallel import agreement
 
 
 @dataclass
@@ -69,6 +70,16 @@ def score(cfg: config_lib.Config, feed: feeds.Feed, reader, eval_step: Callable,
     if isinstance(feed, feeds.VolumeFeed):
         return score_volumes(cfg, feed, reader, predict, rank, size)
     return score_slices(cfg, feed, reader, eval_step, rank, size)
+
+
+def shard_scores(cfg: config_lib.Config, feed: feeds.Feed, reader, eval_step: Callable,
+                 predict: Callable, rank: int, size: int) -> tuple[Scores, tuple | None]:
+    """``score``, and this rank's failure (``agreement.failure_of``; None: none) for the
+    caller to share in the allreduce of the scores, with empty scores in its place."""
+    try:
+        return score(cfg, feed, reader, eval_step, predict, rank, size), None
+    except Exception as e:  # noqa: BLE001 - shared in the allreduce of the scores
+        return Scores.empty(cfg.model.num_classes), agreement.failure_of(e)
 
 
 def score_slices(cfg: config_lib.Config, feed: feeds.SliceFeed, reader, eval_step: Callable,

@@ -19,7 +19,7 @@ import pytest
 from distseg.core import rundir
 from distseg.data.convert import samples
 from distseg.inference import export, predict
-from distseg.training import best, checkpoint
+from distseg.training import best, checkpoint, modelparts
 
 from proc_group import run_group
 from support import BIN, command_env, log_records
@@ -47,7 +47,7 @@ def _fed(part, records):
     marks = []
     for r in records:
         part.on_epoch_start(r["epoch"], 3)
-        part.on_epoch_end(r)
+        part.before_checkpoint(r)
         marks.append(part.mark)
     return marks
 
@@ -113,7 +113,7 @@ def _tiny_state():
 def _write(run_dir, model, opt, epoch, part=None, keep=2, step=0):
     state = checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights])
     position = checkpoint.Position(epoch=epoch, step=step, global_step=10 * epoch + step,
-                                   best=part.state() if part else None)
+                                   parts=modelparts.saved([part]).states if part else None)
     return checkpoint.write(str(run_dir), position, model, opt, [state], keep)
 
 
@@ -124,7 +124,7 @@ def _run_of(tmp_path, dice, keep=2):
     part = best.BestDice(epochs=len(dice), every=1)
     for record in _records(dice):
         part.on_epoch_start(record["epoch"], 1)
-        part.on_epoch_end(record)
+        part.before_checkpoint(record)
         _write(tmp_path, model, opt, record["epoch"] + 1, part, keep)
     return part
 
@@ -141,7 +141,7 @@ def test_best_json_names_the_best_checkpoint_and_rotation_keeps_it(tmp_path):
     entry, info, problem = checkpoint.best(str(tmp_path))
     assert problem is None and entry["epoch"] == 2 and info["stem"] == "epoch-0002"
     # Every manifest holds the part's state: what --resume continues.
-    newest = checkpoint.latest(str(tmp_path))["position"].best
+    newest = checkpoint.latest(str(tmp_path))["position"].parts["best"]
     assert newest["ema"] == part.ema and newest["best"]["epoch"] == 2 and not newest["mark"]
     # A stop inside an epoch marks nothing, whatever the state held at the epoch's end.
     part.mark = True
@@ -149,11 +149,34 @@ def test_best_json_names_the_best_checkpoint_and_rotation_keeps_it(tmp_path):
     _write(tmp_path, *_tiny_state(), 5, part, keep=2, step=1)
     assert checkpoint.best_stem(ckdir) == "epoch-0002"
     # A better later epoch moves best.json; the old best then rotates away.
-    part.on_epoch_end({"epoch": 5, "val_dice": {"background": 1.0, "liver": 1.0}})
+    part.before_checkpoint({"epoch": 5, "val_dice": {"background": 1.0, "liver": 1.0}})
     assert part.mark and part.ema == pytest.approx(0.9 * 0.501458 + 0.1)
     _write(tmp_path, *_tiny_state(), 6, part, keep=2)
     assert checkpoint.best_stem(ckdir) == "epoch-0006"
     assert checkpoint.stems(ckdir) == ["epoch-0005-step-000001", "epoch-0006"]
+
+
+def test_a_manifest_from_before_the_parts_had_one_hook_continues_its_best(tmp_path):
+    """Manifests written before the parts were saved through one hook hold the best
+    checkpoint's state at their top level as ``best``: it is read as the part's, and
+    a part restored from it continues the EMA as the uninterrupted one does."""
+    records = _records([0.31, 0.77, 0.52, 0.64])
+    whole = best.BestDice(epochs=4, every=1)
+    _fed(whole, records)
+    part = _run_of(tmp_path, [0.31, 0.77], keep=3)
+    stem = os.path.join(rundir.checkpoint_dir(str(tmp_path)), "epoch-0002")
+    with open(f"{stem}.json") as f:
+        manifest = json.load(f)
+    assert manifest["parts"] == {"best": part.state()} and "best" not in manifest
+    manifest["best"] = manifest.pop("parts")["best"]
+    with open(f"{stem}.json", "w") as f:
+        json.dump(manifest, f)
+    entry, warnings = checkpoint.find(str(tmp_path))
+    assert warnings == [] and entry["position"].parts == {"best": part.state()}
+    again = modelparts.ordered(best.BestDice(epochs=4, every=1))
+    modelparts.restore(again, modelparts.Kept(entry["position"].parts, {}, entry["state"]))
+    _fed(again[0], records[2:])
+    assert (again[0].ema, again[0].best) == (whole.ema, whole.best)
 
 
 def test_predict_takes_the_best_says_so_and_latest_takes_the_newest(tmp_path):
@@ -230,7 +253,7 @@ def _expected(run_dir):
 def test_a_resumed_run_continues_the_ema_exactly_and_resumes_from_the_newest(resumed_run):
     ema, best_epoch, best_ema = _expected(resumed_run)
     newest = checkpoint.latest(resumed_run)
-    assert newest["epoch"] == 4 and newest["position"].best["ema"] == ema
+    assert newest["epoch"] == 4 and newest["position"].parts["best"]["ema"] == ema
     [resumed] = [r for r in log_records(resumed_run, 0) if r["type"] == "resume"]
     assert os.path.basename(resumed["checkpoint"]) == "epoch-0002.json"
     with open(rundir.best_path(resumed_run)) as f:

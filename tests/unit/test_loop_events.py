@@ -1,13 +1,16 @@
 """``distseg.training.loop`` in this process, one rank, no launcher: the order of its
 events. A recording observer joins the loop's observers (after the real ones, each
-wrapped to note its calls), and the loop's own pieces (``run_step``, ``validate``,
+wrapped to note its calls), the parts that change the model (``modelparts``) are each
+wrapped to note theirs, and the loop's own pieces (``run_step``, ``validate``,
 ``checkpoint_now``) are wrapped to note theirs; every wrapper calls the real thing.
 
 Three launches of one run, trained once for the module: a new run of 3 epochs x 3 steps
-(checkpoint every 2 epochs, TensorBoard on), a resume to 4 epochs stopped by a request
-inside epoch 3 (TensorBoard off), and a resume from that checkpoint to the end. Nothing
-here asserts a loss, a speed or a precision: only the order, the counts and that the
-records the observers see are the ones the log holds.
+(checkpoint every 2 epochs, TensorBoard on, the average of the weights and precise
+BatchNorm on), a resume to 4 epochs stopped by a request inside epoch 3 (TensorBoard
+off), and a resume from that checkpoint to the end. Nothing here asserts a loss, a
+speed or a precision: only the order, the counts, that the records the observers see
+are the ones the log holds, and that the newest checkpoint holds what the parts' order
+promises (the average as its weights, the live weights beside it).
 
 The launches run in one child process of their own (this file run as a script): Horovod
 initialised in the pytest process would stay so, and Open MPI's singleton start leaves
@@ -23,11 +26,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from distseg.core import config as config_lib
 from distseg.core.errors import Interrupted
-from distseg.training import checkpoint, loop
+from distseg.training import checkpoint, loop, modelparts, weightema
 from distseg.training.observers import Observer
 
 from support import REPO, command_env, log_records
@@ -41,6 +45,10 @@ EPOCHS, STEPS, EVERY = 3, 3, 2
 STOP_AT = (3, 1)
 HOOKS = ("on_run", "on_epoch_start", "on_step", "on_epoch_trained", "epoch_fields",
          "on_epoch_end", "on_epoch_closed")
+PART_HOOKS = ("on_epoch_start", "on_step", "before_validation", "epoch_fields",
+              "before_checkpoint", "after_checkpoint")
+#: The parts of the run, by class, in ``modelparts.ORDER``.
+PARTS = ("WeightAverage", "PreciseBatchNorm", "BestDice")
 
 
 class Recorder(Observer):
@@ -79,17 +87,21 @@ class Recorder(Observer):
 
 
 class Spy:
-    """A real observer, called through: each hook notes ("observer", its class name,
-    the hook), then runs the observer's own."""
+    """A real observer (or, ``kind`` "part", a real part), called through: each hook
+    notes (``kind``, its class name, the hook), then runs its own."""
 
-    def __init__(self, observer: Observer, events: list):
-        for hook in HOOKS:
-            setattr(self, hook, self._noted(type(observer).__name__, hook, getattr(observer, hook), events))
+    def __init__(self, real, events: list, kind: str = "observer", hooks=HOOKS):
+        self._real = real
+        for hook in hooks:
+            setattr(self, hook, self._noted(kind, type(real).__name__, hook, getattr(real, hook), events))
+
+    def __getattr__(self, name):  # the part's own state and ``key``, for the checkpoint
+        return getattr(self._real, name)
 
     @staticmethod
-    def _noted(name: str, hook: str, real, events: list):
+    def _noted(kind: str, name: str, hook: str, real, events: list):
         def call(*args):
-            events.append(("observer", name, hook))
+            events.append((kind, name, hook))
             return real(*args)
         return call
 
@@ -111,8 +123,8 @@ class Seen:
 
     @property
     def order(self) -> list[tuple]:
-        """The events without the real observers' notes."""
-        return [e for e in self.events if e[0] != "observer"]
+        """The events without the real observers' and parts' notes."""
+        return [e for e in self.events if e[0] not in ("observer", "part")]
 
 
 @dataclass
@@ -132,13 +144,18 @@ def record_launches(tiny: str, run_dir: str) -> Launches:
     cfg = config_lib.resolve("smoke", overrides={
         "data.path": tiny, "run_dir": run_dir, "train.epochs": EPOCHS,
         "train.max_steps_per_epoch": STEPS, "train.checkpoint_every": EVERY,
-        "train.tensorboard": True})
+        "train.tensorboard": True, "train.weight_ema": 0.9, "train.precise_bn": 2})
     resume = {"train.epochs": EPOCHS + 1, "train.tensorboard": False}
 
     def open_observers(real):
         def noted(s, resources):
             observers = real(s, resources)
             return (*(Spy(o, current.events) for o in observers), Recorder(current))
+        return noted
+
+    def open_parts(real):
+        def noted(s):
+            return tuple(Spy(p, current.events, "part", PART_HOOKS) for p in real(s))
         return noted
 
     def run_step(real):
@@ -173,7 +190,7 @@ def record_launches(tiny: str, run_dir: str) -> Launches:
         return current
 
     with pytest.MonkeyPatch.context() as mp:
-        for wrapper in (open_observers, run_step, validate, checkpoint_now):
+        for wrapper in (open_observers, open_parts, run_step, validate, checkpoint_now):
             mp.setattr(loop, wrapper.__name__, wrapper(getattr(loop, wrapper.__name__)))
         new = launch(cfg, resuming=False)
         with pytest.raises(Interrupted, match="the test asks to stop; checkpoint at epoch 3 step 2"):
@@ -243,13 +260,13 @@ def test_a_resumed_launch_begins_at_its_checkpoint_and_a_stop_inside_an_epoch_ch
 
 
 def test_every_hook_reaches_the_observers_in_their_order(launches):
-    """Timeline, TensorBoard (when on), console, best checkpoint, then the recorder: for every hook, each
+    """Timeline, TensorBoard (when on), console, then the recorder: for every hook, each
     observer once and in that order, and nothing else in between."""
-    for seen, names in ((launches.new, ["Timeline", "Board", "Console", "BestDice"]),
-                        (launches.stopped, ["Timeline", "Console", "BestDice"]),
-                        (launches.resumed, ["Timeline", "Console", "BestDice"])):
+    for seen, names in ((launches.new, ["Timeline", "Board", "Console"]),
+                        (launches.stopped, ["Timeline", "Console"]),
+                        (launches.resumed, ["Timeline", "Console"])):
         before = []
-        for event in seen.events:
+        for event in (e for e in seen.events if e[0] != "part"):
             if event[0] == "observer":
                 before.append(event[1:])
                 continue
@@ -257,6 +274,61 @@ def test_every_hook_reaches_the_observers_in_their_order(launches):
                               else []), event
             before = []
         assert before == []
+
+
+#: Where the parts' hooks come among the loop's events: the recorder's hook a part hook
+#: comes just before (it is the last observer), or just after.
+BEFORE = {"on_epoch_start": "on_epoch_start", "on_step": "on_step",
+          "on_epoch_trained": "before_validation", "epoch_fields": "epoch_fields",
+          "on_epoch_closed": "after_checkpoint"}
+AFTER = {"on_epoch_end": "before_checkpoint"}
+
+
+def with_parts(events: list) -> list:
+    """``events`` with the parts' hooks where the loop promises them, each hook reaching
+    every part in ``PARTS`` order."""
+    out = []
+    for event in events:
+        if event[0] in BEFORE:
+            out += [("part", name, BEFORE[event[0]]) for name in PARTS]
+        out.append(event)
+        if event[0] in AFTER:
+            out += [("part", name, AFTER[event[0]]) for name in PARTS]
+    return out
+
+
+def test_the_parts_change_the_model_at_their_moments_in_their_order(launches):
+    """The parts' order is ``modelparts.ORDER`` (the average before precise BatchNorm,
+    the best checkpoint's choice last) at every hook; the model becomes what is validated
+    before validation, the best is chosen after the epoch's record and before its
+    checkpoint, and the live weights come back only after the checkpoint is written."""
+    for seen in (launches.new, launches.stopped, launches.resumed):
+        assert [e for e in seen.events if e[0] != "observer"] == with_parts(seen.order)
+    assert modelparts.ORDER == ("weight_average", "precise_bn", "best")
+    # The checkpoint after the 2nd epoch: the best chosen just before it, the live
+    # weights back just after it.
+    events = launches.new.events
+    at = events.index(("checkpoint", 1, 0))
+    assert events[at - 1] == ("part", "BestDice", "before_checkpoint")
+    assert events[at + 1] == ("part", "WeightAverage", "after_checkpoint")
+
+
+def test_the_newest_checkpoint_saves_the_average_and_the_live_weights_beside_it(launches):
+    """Written after the model took the average and before the live weights came back:
+    its weights file (what ``distseg-predict`` loads) is the average, and its state file
+    keeps the live weights training goes on from, which differ from it."""
+    from distseg.inference import predict
+    chosen = predict.choose_checkpoint(launches.run_dir, "latest")
+    assert chosen.stem == "epoch-0004"
+    net = predict.build_model(config_lib.for_resume(launches.run_dir), launches.run_dir,
+                              chosen=chosen)
+    arrays = checkpoint.read_state(chosen.entry)
+    average = weightema.arrays_of(weightema.AVERAGE_KEY, arrays)
+    live = weightema.arrays_of(weightema.LIVE_KEY, arrays)
+    assert live is not None and len(average) == len(live) == len(net.trainable_variables)
+    for v, value in zip(net.trainable_variables, average):
+        np.testing.assert_array_equal(v.numpy(), value)
+    assert any(not np.array_equal(a, b) for a, b in zip(average, live))
 
 
 def _as_logged(record: dict) -> dict:

@@ -1,12 +1,14 @@
 """The average of the weights (``--weight-ema``): its arithmetic, the model taking it
-for validation and giving it back, and what a checkpoint keeps of it."""
+for validation and giving it back, and what a checkpoint keeps of it and gives back
+through the parts' one hook (``modelparts.saved``/``restore``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from distseg.training import weightema
+from distseg.core.errors import InputError
+from distseg.training import modelparts, weightema
 
 
 def _model():
@@ -42,17 +44,22 @@ def test_the_average_follows_applied_steps_only():
         np.testing.assert_allclose(a.numpy(), w, rtol=1e-5, atol=1e-6)
 
 
-def test_the_model_holds_the_average_from_its_epoch_s_end_to_its_checkpoint():
-    rng = np.random.default_rng(1)
+def _trained(seed: int):
+    """A model moved 5 steps with its part following: (model, part, its live weights)."""
+    rng = np.random.default_rng(seed)
     model = _model()
     part = weightema.WeightAverage(model, 0.9)
     for step in range(5):
         _move(model, rng)
         part.on_step({"global_step": step})
-    live = [v.numpy() for v in model.trainable_variables]
+    return model, part, [v.numpy() for v in model.trainable_variables]
+
+
+def test_the_model_holds_the_average_from_its_epoch_s_end_to_its_checkpoint():
+    model, part, live = _trained(1)
     assert set(part.arrays()) == {f"{weightema.AVERAGE_KEY}{i}" for i in range(len(live))}
 
-    part.on_epoch_trained()
+    part.before_validation()
     for v, a in zip(model.trainable_variables, part.average):
         np.testing.assert_array_equal(v.numpy(), a.numpy())
     kept = part.arrays()  # written now: the average, and the live weights beside it
@@ -60,7 +67,7 @@ def test_the_model_holds_the_average_from_its_epoch_s_end_to_its_checkpoint():
         np.testing.assert_array_equal(kept[f"{weightema.LIVE_KEY}{i}"], value)
     assert weightema.arrays_of(weightema.LIVE_KEY, kept)[0] is kept[f"{weightema.LIVE_KEY}0"]
 
-    part.on_epoch_closed()
+    part.after_checkpoint()
     for v, value in zip(model.trainable_variables, live):
         np.testing.assert_array_equal(v.numpy(), value)
     assert weightema.LIVE_KEY + "0" not in part.arrays()
@@ -68,6 +75,48 @@ def test_the_model_holds_the_average_from_its_epoch_s_end_to_its_checkpoint():
     again = weightema.WeightAverage(model, 0.9, weightema.arrays_of(weightema.AVERAGE_KEY, kept))
     for a, b in zip(again.average, part.average):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def _optimizer(model):
+    import keras
+    opt = keras.optimizers.Adam(learning_rate=1e-3)
+    opt.build(model.trainable_variables)
+    return opt
+
+
+def test_a_resumed_run_gets_back_the_average_and_the_live_weights(tmp_path):
+    """Saved through the parts' one hook while the model held the average (between an
+    epoch's end and its checkpoint): the weights file (what predict reads) holds the
+    average; resumed (``resume``'s load on rank 0, then the parts' ``restore``), the
+    model holds the live weights again and a fresh part the same average."""
+    from distseg.training import checkpoint, resume
+    model, part, live = _trained(2)
+    part.before_validation()
+    average = [v.numpy() for v in model.trainable_variables]
+    assert any(not np.array_equal(a, b) for a, b in zip(average, live))
+    kept = modelparts.saved(modelparts.ordered(part))
+    assert kept.states == {} and sorted(kept.arrays) == sorted(part.arrays())
+    ranks = [checkpoint.RankState(local=[v.numpy() for v in model.non_trainable_weights])]
+    checkpoint.write(str(tmp_path), checkpoint.Position(epoch=1, parts=kept.states), model,
+                     _optimizer(model), ranks, keep=1, extra=kept.arrays)
+
+    predicted = _model()
+    checkpoint.load(checkpoint.latest(str(tmp_path)), predicted)
+    for v, value in zip(predicted.trainable_variables, average):
+        np.testing.assert_array_equal(v.numpy(), value)
+    other = _model()
+    _, _, _, _, resumed = resume._load_on_root(str(tmp_path), 1, other, _optimizer(other))
+    assert not any(k.startswith(weightema.LIVE_KEY) for k in resumed.arrays)  # load's
+    again = modelparts.ordered(weightema.WeightAverage(other, 0.9))
+    modelparts.restore(again, resumed)
+    for v, value in zip(other.trainable_variables, live):
+        np.testing.assert_array_equal(v.numpy(), value)
+    for a, b in zip(again[0].average, average):
+        np.testing.assert_array_equal(a.numpy(), b)
+    # An average of another model is refused naming the checkpoint's file.
+    resumed.arrays = {f"{weightema.AVERAGE_KEY}0": live[0]}
+    with pytest.raises(InputError, match=r"state.npz: the checkpoint's weight average holds 1"):
+        modelparts.restore(again, resumed)
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_counts():
