@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from analysis.tables import foreground
 from distseg.core.stats import Z_95, t_quantile
@@ -359,7 +359,159 @@ def decide(groups: Sequence[Group], classes: Sequence[str],
 
 
 def ensemble_pair(groups: Sequence[Group]) -> tuple[str | None, str | None]:
-    """The best 2D and the best 3D recipe by out-of-fold Dice: the hook for a 2D + 3D
-    ensemble (made elsewhere; the report only lists the two side by side)."""
+    """The best 2D and the best 3D recipe by out-of-fold Dice (from the training logs),
+    listed side by side where no out-of-fold predictions were made (``configurations``
+    scores them and their ensemble)."""
     return (best_recipe([g for g in groups if g.spatial_dims == 2]),
             best_recipe([g for g in groups if g.spatial_dims == 3]))
+
+
+# ---- Configurations: each recipe and each pair's ensemble, out of fold -----------------
+
+#: Out-of-fold mean foreground Dice closer than this to the best count as a tie, which
+#: goes to the configuration listed first (a single recipe before an ensemble, as
+#: nnU-Net's ``find_best_configuration`` breaks its ties): a gain under the last digit
+#: the report prints is no reason to train and run the networks of two recipes.
+TIE = 1e-4
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One recipe, or the ensemble of two (the mean of their probabilities), at one
+    node count, scored on every case by the models of the fold that validated it."""
+
+    name: str
+    members: tuple[str, ...]
+    nodes: int
+    dims: str
+    """``2D``, ``3D``, or the members' joined (``2D + 3D``)."""
+    oof: dict[str, float]
+    """Per class (and ``FOREGROUND``) the mean over cases of its Dice (``case_means``)."""
+    cases: int
+    case_sd: float
+    """The sd over cases of each case's mean foreground Dice."""
+    folds: dict[int, float]
+    """Fold -> the mean foreground Dice over the cases it validated."""
+    over_folds: Interval
+    hours: float
+    """Training: the hours of every fold of its members, added up."""
+    predict_hours: float
+    """Predicting its out-of-fold cases: its members' networks, added up (NaN: not
+    recorded)."""
+    largest: dict[str, dict] = field(default_factory=dict)
+    """Foreground class -> its largest-component decision out of fold (``apply``,
+    ``dice_without``, ``dice_with``: ``distseg.core.oof.postprocessing``)."""
+
+    @property
+    def score(self) -> float:
+        return self.oof.get(FOREGROUND, math.nan)
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """The classes that keep only their largest component."""
+        return tuple(c for c, d in self.largest.items() if d["apply"])
+
+    @property
+    def post_oof(self) -> dict[str, float]:
+        """``oof`` with each class's largest component kept where that was decided."""
+        out = {c: (self.largest[c]["dice_with"] if c in self.kept else v)
+               for c, v in self.oof.items() if c != FOREGROUND}
+        out[FOREGROUND] = mean_foreground(out, list(out))
+        return out
+
+
+def _dims_of(groups: Sequence[Group], members: Sequence[str], nodes: int) -> str:
+    dims = [next((f"{g.spatial_dims}D" for g in groups if (g.recipe, g.nodes) == (m, nodes)
+                  and g.spatial_dims), "?") for m in members]
+    return " + ".join(dims)
+
+
+def _members_hours(groups: Sequence[Group], members: Sequence[str], nodes: int) -> float:
+    hours = [g.hours_total for g in groups if g.recipe in members and g.nodes == nodes]
+    return sum(hours) if len(hours) == len(members) else math.nan
+
+
+def configurations(rows: Sequence, classes: Sequence[str], groups: Sequence[Group],
+                   predict_seconds: Callable[[int, Sequence[str]], float],
+                   decided: Callable[[int, str], dict | None] = lambda n, c: None
+                   ) -> list[Configuration]:
+    """One ``Configuration`` per node count and configuration of ``rows`` (the
+    ``distseg.core.oof.CaseScore`` rows, in their order), its hours from the recipes'
+    ``groups`` and ``predict_seconds(nodes, members)``, its post-processing from
+    ``decided(nodes, configuration)`` (``distseg.core.oof.postprocessing``)."""
+    keys = list(dict.fromkeys((r.nodes, r.configuration) for r in rows))
+    out = []
+    for nodes, name in keys:
+        mine = [r for r in rows if (r.nodes, r.configuration) == (nodes, name)]
+        members = mine[0].members
+        per_fold = {f: case_means({r.case: r.dice for r in mine if r.fold == f},
+                                  classes)[FOREGROUND]
+                    for f in sorted({r.fold for r in mine})}
+        out.append(Configuration(
+            name, members, nodes, _dims_of(groups, members, nodes),
+            case_means({f"{r.fold}/{r.case}": r.dice for r in mine}, classes), len(mine),
+            interval([mean_foreground(r.dice, classes) for r in mine]).sd, per_fold,
+            interval(list(per_fold.values())), _members_hours(groups, members, nodes),
+            predict_seconds(nodes, members) / 3600.0,
+            ((decided(nodes, name) or {}).get("largest_component") or {}).get("classes", {})))
+    return out
+
+
+@dataclass(frozen=True)
+class ConfigAnswer:
+    """The configuration to ship (``choose_configuration``).
+
+    Attributes:
+      name: the configuration of the highest out-of-fold mean foreground Dice, averaged
+        over the node counts (ties within ``TIE``: the first listed, singles first).
+      members: its recipes.
+      scores: configuration -> that average.
+      best_single: the best single recipe (itself when ``name`` is one).
+      runner_up: the next configuration, and ``versus`` the ship's fold-by-fold
+        difference from it (each fold's mean foreground Dice, averaged over the node
+        counts), with its interval.
+      tied: another configuration scored within ``TIE`` of the best (listed after the
+        ship, which won the tie).
+    """
+
+    name: str
+    members: tuple[str, ...]
+    scores: dict[str, float]
+    best_single: str
+    runner_up: str | None
+    versus: Interval | None
+    tied: bool
+
+
+def _fold_scores(configs: Sequence[Configuration], name: str) -> dict[int, float]:
+    """Fold -> the configuration's fold score averaged over its node counts."""
+    by_fold: dict[int, list[float]] = {}
+    for c in configs:
+        if c.name == name:
+            for f, v in c.folds.items():
+                by_fold.setdefault(f, []).append(v)
+    return {f: statistics.fmean(v) for f, v in by_fold.items()}
+
+
+def choose_configuration(configs: Sequence[Configuration]) -> ConfigAnswer | None:
+    """The configuration to ship: the highest out-of-fold mean foreground Dice
+    (averaged over node counts), a tie within ``TIE`` going to the one listed first."""
+    order = list(dict.fromkeys(c.name for c in configs))
+    scores = {n: statistics.fmean([c.score for c in configs if c.name == n]) for n in order}
+    scores = {n: v for n, v in scores.items() if math.isfinite(v)}
+    if not scores:
+        return None
+    top = max(scores.values())
+    ship = next(n for n in order if n in scores and scores[n] >= top - TIE)
+    members = next(c.members for c in configs if c.name == ship)
+    singles = [n for n in order if n in scores and
+               len(next(c.members for c in configs if c.name == n)) == 1]
+    rest = sorted((n for n in scores if n != ship), key=lambda n: -scores[n])
+    runner = rest[0] if rest else None
+    versus = None
+    if runner:
+        mine, theirs = _fold_scores(configs, ship), _fold_scores(configs, runner)
+        versus = interval([mine[f] - theirs[f] for f in sorted(set(mine) & set(theirs))])
+    return ConfigAnswer(ship, members, scores,
+                        max(singles, key=lambda n: scores[n]) if singles else ship,
+                        runner, versus, any(scores[n] >= top - TIE for n in rest))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -23,11 +24,14 @@ from analysis.document import HOURS, Note, Role, Section, TimeUnit
 from analysis.logs import RunData, RunDirError, log_files
 from analysis.outline import in_unit
 from distseg.core import cvplan
+from distseg.core import oof as oof_lib
+from distseg.core.errors import InputError
 
 DICE_TITLE = "Cross-validation"
 PAIRED_TITLE = "Cross-validation: paired differences"
 HOURS_TITLE = "Cross-validation: hours"
 DIMS_TITLE = "Cross-validation: 2D and 3D recipes"
+CONFIGS_TITLE = "Cross-validation: configurations"
 RUNS_TITLE = "Cross-validation: runs"
 
 
@@ -172,6 +176,9 @@ class CvReport:
     groups: tuple[cv.Group, ...]
     paired: tuple[cv.Paired, ...]
     answer: cv.Answer
+    configs: tuple[cv.Configuration, ...] = ()
+    """Each recipe and pair out of fold (``CV/oof/``, ``distseg-predict --out-of-fold``)."""
+    chosen: cv.ConfigAnswer | None = None
 
 
 def _to_target(hours: pd.DataFrame, label: str) -> dict[float, float]:
@@ -215,8 +222,24 @@ def build(given: CvInput, runs: Mapping[str, RunData], targets: Sequence[float],
             notes.append(Note("info", f"{given.name}/{g.recipe}-n{g.nodes}",
                               f"out-of-fold Dice: {g.oof_basis}"))
     answer = cv.decide(groups, classes, targets)
+    configs, more = out_of_fold(given, groups, classes)
     return CvReport(given.name, classes, tuple(targets), tuple(folds), tuple(groups),
-                    tuple(_paired_all(groups, classes)), answer), notes
+                    tuple(_paired_all(groups, classes)), answer, tuple(configs),
+                    cv.choose_configuration(configs)), notes + more
+
+
+def out_of_fold(given: CvInput, groups: Sequence[cv.Group],
+                classes: Sequence[str]) -> tuple[list[cv.Configuration], list[Note]]:
+    """The configurations scored in ``CV/oof/`` (none where it was not made, or with a
+    note where it cannot be read)."""
+    try:
+        scores = oof_lib.read(given.cv_dir)
+    except InputError as e:
+        return [], [Note("warning", given.name, f"out-of-fold scores left out: {e}")]
+    if scores is None:
+        return [], []
+    return cv.configurations(scores.rows, classes, groups, scores.seconds,
+                             lambda nodes, name: oof_lib.postprocessing(scores, nodes, name)), []
 
 
 def _folds_text(values: Sequence[float]) -> str:
@@ -297,9 +320,30 @@ def hours_frame(reports: Sequence[CvReport]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def configs_frame(reports: Sequence[CvReport]) -> pd.DataFrame:
+    """``cv_configs.csv``: one row per configuration and node count, its out-of-fold
+    Dice per class, spread and hours."""
+    rows = []
+    for rep in reports:
+        for c in rep.configs:
+            rows.append({"cv": rep.name, "configuration": c.name, "model": c.dims,
+                         "nodes": c.nodes, "oof_mean_foreground": c.score,
+                         **{f"oof_{k}": c.oof.get(k, math.nan) for k in tables.foreground(rep.classes)},
+                         "cases": c.cases, "case_sd": c.case_sd,
+                         **_interval_cols("folds", c.over_folds),
+                         "fold_values": _folds_text(list(c.folds.values())),
+                         "largest_component": " ".join(c.kept) or "-",
+                         "post_mean_foreground": c.post_oof[cv.FOREGROUND],
+                         **{f"post_{k}": c.post_oof.get(k, math.nan)
+                            for k in tables.foreground(rep.classes)},
+                         "train_h": c.hours, "predict_h": c.predict_hours,
+                         "shipped": rep.chosen is not None and rep.chosen.name == c.name})
+    return pd.DataFrame(rows)
+
+
 #: The CV's tables by their ``document.OPTIONAL_CSV`` name.
 FRAMES = {"cv_runs": runs_frame, "cv_dice": dice_frame, "cv_paired": paired_frame,
-          "cv_hours": hours_frame}
+          "cv_hours": hours_frame, "cv_configs": configs_frame}
 
 
 def frames(reports: Sequence[CvReport]) -> dict[str, pd.DataFrame]:
@@ -369,12 +413,54 @@ def _cost_line(rep: CvReport, unit: TimeUnit) -> str:
             f"{unit.text(max(hours) * 3600)} with every run side by side")
 
 
+def _config_hours(rep: CvReport, name: str, unit: TimeUnit) -> str:
+    """``training 1.20 min at 1 node(s), ... (every fold's, added up); predicting its 8
+    out-of-fold cases 3.0 s``: what one configuration costs."""
+    mine = [c for c in rep.configs if c.name == name]
+    train = ", ".join(f"{unit.text(c.hours * 3600)} at {c.nodes} node(s)" for c in mine)
+    predict = [c.predict_hours for c in mine if math.isfinite(c.predict_hours)]
+    return (f"training {train} (every fold's, added up)"
+            + (f"; predicting its {mine[0].cases} out-of-fold cases "
+               f"{unit.text(statistics.fmean(predict) * 3600)}" if predict else ""))
+
+
+def _config_line(rep: CvReport, unit: TimeUnit) -> str:
+    """The configuration to ship out of fold, with its hours and what it beat."""
+    a = rep.chosen
+    kind = next(c.dims for c in rep.configs if c.name == a.name)
+    what = "ensemble" if len(a.members) > 1 else "recipe"
+    line = (f"{rep.name}: configurations out of fold: ship {a.name} ({kind} {what}; mean "
+            f"foreground Dice {a.scores[a.name]:.4f}")
+    if a.best_single != a.name:
+        line += f", the best single recipe {a.best_single} {a.scores[a.best_single]:.4f}"
+    if a.runner_up is not None:
+        d = a.versus
+        line += (f"; over {a.runner_up} ({a.scores[a.runner_up]:.4f}) fold by fold "
+                 f"{d.mean:+.4f}, 95 % interval {_ci(d.low, d.high)}")
+    if a.tied:
+        line += f"; a tie within {cv.TIE:g} goes to the configuration listed first"
+    return f"{line}){_post_words(rep, a.name)}: {_config_hours(rep, a.name, unit)}"
+
+
+def _post_words(rep: CvReport, name: str) -> str:
+    """``, with the largest component of liver 0.8123`` (averaged over node counts), or
+    nothing where no class keeps it."""
+    mine = [c for c in rep.configs if c.name == name]
+    kept = list(dict.fromkeys(k for c in mine for k in c.kept))
+    if not kept:
+        return ""
+    score = statistics.fmean(c.post_oof[cv.FOREGROUND] for c in mine)
+    return f", with the largest component of {' and '.join(kept)} {score:.4f}"
+
+
 def answer_items(reports: Sequence[CvReport],
                  unit: TimeUnit = HOURS) -> list[tuple[str, str]]:
     """The lines of "The answer" for each CV, with the section each sums up."""
     out = []
     for rep in reports:
         out.append((_ship_line(rep, unit), PAIRED_TITLE))
+        if rep.chosen is not None:
+            out.append((_config_line(rep, unit), CONFIGS_TITLE))
         out += [(line, HOURS_TITLE) for line in _nodes_lines(rep, unit)]
         out.append((_cost_line(rep, unit), HOURS_TITLE))
     return out
@@ -421,7 +507,35 @@ def _dims_section(reports: Sequence[CvReport]) -> Section | None:
     return Section(DIMS_TITLE, Role.TABLE, "The 2D and the 3D recipes side by side (model: "
                    "config.json model.spatial_dims), with their hours; best_of_its_kind marks "
                    "the best 2D and the best 3D recipe by out-of-fold Dice, the pair a 2D + "
-                   "3D ensemble would combine (not evaluated here).", frame=pd.DataFrame(rows))
+                   "3D ensemble would combine (distseg-predict --cv CV --out-of-fold scores "
+                   "it, and this table becomes the configurations').", frame=pd.DataFrame(rows))
+
+
+def _configs_section(extra: Mapping[str, pd.DataFrame], unit: TimeUnit) -> Section:
+    table = extra["cv_configs"]
+    shown = in_unit(in_unit(table, "train_h", unit), "predict_h", unit)
+    classes = [c for c in table.columns if c.startswith("oof_")]
+    columns = ("cv", "configuration", "model", "nodes", *classes, "cases", "case_sd",
+               "folds_mean", "folds_low", "folds_high", "fold_values", "largest_component",
+               "post_mean_foreground",
+               *(c for c in shown.columns if c.startswith(("train_", "predict_"))), "shipped")
+    return Section(CONFIGS_TITLE, Role.TABLE, "Each recipe and each pair's ensemble (the mean "
+                   "of the two recipes' softmax probabilities, case by case), scored on every "
+                   "case by the models of the fold that validated it (distseg-predict --cv CV "
+                   "--out-of-fold, CV/oof/): oof_* is the mean over cases of each class's Dice "
+                   "and of their mean over the foreground classes (nnU-Net's "
+                   "find_best_configuration score); case_sd its sd over cases; folds_* the "
+                   "mean and 95 % interval over the folds' means, fold_values each fold's. "
+                   "largest_component: the classes that keep only their largest connected "
+                   "component, decided on these cases (where it raises the class's mean "
+                   "Dice), and post_*: the Dice with it; the ranking is before it, as "
+                   "nnU-Net's. "
+                   f"train: every fold's training {unit.word} added up (an ensemble: both "
+                   "recipes'); predict: its networks over the out-of-fold cases. shipped: the "
+                   "highest oof_mean_foreground averaged over node counts, a tie within "
+                   f"{cv.TIE:g} going to the one listed first (a single recipe before an "
+                   "ensemble). All columns: cv_configs.csv (in hours).",
+                   frame=shown, columns=columns)
 
 
 def sections(reports: Sequence[CvReport], extra: Mapping[str, pd.DataFrame],
@@ -452,9 +566,12 @@ def sections(reports: Sequence[CvReport], extra: Mapping[str, pd.DataFrame],
                    "how many), per fold (mean), all folds added up (total) and the longest "
                    "fold (side_by_side: the CV's wall time with its folds run at once). "
                    "All columns: cv_hours.csv (in hours).", frame=hours, columns=hour_cols))
-    dims = _dims_section(reports)
-    if dims is not None:
-        out.append(dims)
+    if len(extra.get("cv_configs", ())):
+        out.append(_configs_section(extra, unit))
+    else:
+        dims = _dims_section(reports)
+        if dims is not None:
+            out.append(dims)
     out.append(Section(RUNS_TITLE, Role.TABLE, "One row per planned run: missing (no logs) "
                        "and unfinished runs are left out of the statistics. All columns: "
                        "cv_runs.csv.", frame=extra.get("cv_runs", pd.DataFrame()), columns=RUNS_COLS))

@@ -84,7 +84,8 @@ OPTIONAL_CSV = {"seed_groups": "seed_groups.csv", "noise_scale": "noise_scale.cs
                 "noise_scale_series": "noise_scale_series.csv",
                 "noise_prediction": "noise_prediction.csv", "lr_find": "lr_find.csv",
                 "cv_dice": "cv_dice.csv", "cv_paired": "cv_paired.csv",
-                "cv_hours": "cv_hours.csv", "cv_runs": "cv_runs.csv"}
+                "cv_hours": "cv_hours.csv", "cv_runs": "cv_runs.csv",
+                "cv_configs": "cv_configs.csv"}
 
 
 def csv_files() -> dict[str, str]:

@@ -130,9 +130,10 @@ def synth(ctx, out, ndim, cases, size, slices_per_case, jitter, val_fraction, dt
               help="Folder holding img_117.mrc and lab_117.mrc (default: the installed "
                    "liver-ct-segmentation-package).")
 @click.option("--folds", default=None, type=int, metavar="K",
-              help="Cut the 8 slabs into K (2, 4 or 8) contiguous folds. 2D without --fold: "
+              help="Cut the 8 slabs into K (2, 4 or 8) contiguous folds. Without --fold: "
                    "one file holding every fold (distseg-train --fold I picks one; the CT "
-                   "normalised over all slabs); with --fold, a file of that fold alone.")
+                   "normalised over all slabs), each slab a case (3D: a 16x128x128 volume); "
+                   "with --fold, a file of that fold alone.")
 @click.option("--fold", default=None, type=int, metavar="I",
               help="The validating fold, 0 to K-1: its slabs validate, the slab on each "
                    "side is a buffer (unused), the rest train.")
@@ -152,12 +153,10 @@ def lits_sample(out, ndim, source_dir, folds, fold, ct_norm):
     """
     if fold is not None and folds is None:
         fail("--fold needs --folds (e.g. --folds 4 --fold 0)")
-    if ndim == 3 and folds is not None and fold is None:
-        fail("--ndim 3 --folds K needs --fold I: a 3D fold's cases are its own runs of "
-             "slabs, so each fold is its own file")
     try:
-        if ndim == 2 and folds is not None and fold is None:
-            info = lits.convert_folds(out, folds, source_dir, ct_norm=ct_norm)
+        if folds is not None and fold is None:
+            every = lits.convert_volume_folds if ndim == 3 else lits.convert_folds
+            info = every(out, folds, source_dir, ct_norm=ct_norm)
         else:
             split = lits.DEFAULT_FOLD[ndim] if folds is None else (folds, fold)
             info = (lits.convert_volumes if ndim == 3 else lits.convert)(out, source_dir, split,

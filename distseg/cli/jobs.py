@@ -191,7 +191,9 @@ def sweep(node_list, out_dir, chain, target_loss, target_dice, **p):
 @jobs.command()
 @click.option("--recipe", "recipe_texts", multiple=True, required=True, metavar="NAME[=FLAGS]",
               help="A recipe: a name and the distseg-train flags that make it, over the common "
-                   "options (e.g. dice='--loss dice'); repeatable. The plan adds --fold.")
+                   "options (e.g. dice='--loss dice'); repeatable. The plan adds --fold. "
+                   "--data FILE among them: the recipe's own data file (e.g. a 3D recipe's "
+                   "volumes), holding the same cases and folds as --data.")
 @click.option("--nodes", "node_list", default="1", show_default=True,
               help="Node counts each recipe's folds train at, e.g. 1,2.")
 @click.option("--folds", "fold_list", default=None,
@@ -214,6 +216,9 @@ def cv(recipe_texts, node_list, fold_list, out_dir, target_dice, **p):
         --data liver.h5 --nodes 1,2 --epochs 8 --out cv-loss \\
         --recipe dice_ce='--preset demo' --recipe dice='--preset demo --loss dice'
     bash cv-loss/submit.sh        # or: distseg-jobs cv-run cv-loss
+
+    A 2D and a 3D recipe each train their own file (--data inside the recipe), and
+    distseg-predict --cv OUT --out-of-fold scores them and their ensemble for the report.
     """
     from distseg.cli.train import parse_config
     from distseg.cluster import cv as cv_lib

@@ -1,6 +1,7 @@
 """The ``distseg-predict`` entry point: parse options, call ``distseg.inference.predict.run``
 (or, with ``--export``, ``distseg.inference.export.run``; with ``--decide``,
-``distseg.inference.decide.run``).
+``distseg.inference.decide.run``; with ``--cv --out-of-fold``,
+``distseg.inference.oof.run``).
 
 TensorFlow and Horovod are imported inside the command, so ``--help`` is instant.
 """
@@ -22,8 +23,10 @@ from distseg.cli.data import parse_window
 @click.option("--cv", default=None, type=click.Path(file_okay=False),
               help="Instead of --checkpoint: the ensemble of the fold runs of a cross-validation "
                    "directory (CV/cv.json) for one --recipe and --nodes.")
-@click.option("--recipe", default=None,
-              help="--cv: the recipe whose folds are averaged [default: the plan's only one].")
+@click.option("--recipe", multiple=True,
+              help="--cv: the recipe whose folds are averaged [default: the plan's only one]; "
+                   "repeated, the configuration of several (e.g. the 2D and 3D recipes "
+                   "distseg-report ships: every fold model of each, averaged).")
 @click.option("--nodes", default=None, type=click.IntRange(1),
               help="--cv: the node count whose folds are averaged [default: the plan's only one].")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
@@ -37,6 +40,11 @@ from distseg.cli.data import parse_window
                    "--data's) plain and mirrored, and each class with and without its largest "
                    "connected component, and write RUN/postprocessing.json: what predict then "
                    "applies. No INPUTS or --out.")
+@click.option("--out-of-fold", "out_of_fold", is_flag=True, default=False,
+              help="With --cv: instead of predicting INPUTS, predict every run's own validation "
+                   "cases, score each recipe and each pair's ensemble (the mean of their "
+                   "probabilities) per case, and write CV/oof/ for distseg-report's "
+                   "configurations table (docs/cross-validation.md#configurations).")
 @click.option("--which", default="best", show_default=True, type=click.Choice(["best", "latest"]),
               help="Checkpoint: best (checkpoints/best.json, the best EMA of the validation Dice; "
                    "the newest when the run has none) or latest (the newest).")
@@ -69,7 +77,7 @@ from distseg.cli.data import parse_window
               help="Normalised surface Dice tolerance.")
 @click.option("--overlays/--no-overlays", default=True, help="PNGs of the best, median and worst cases.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (rank 0).")
-def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, **options):
+def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, out_of_fold, **options):
     """Segment NIfTI/NRRD volumes (or a dataset folder) with a trained 2D or 3D run, or
     an ensemble of runs.
 
@@ -85,11 +93,16 @@ def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, **opti
     With --export DIR, nothing is predicted: the network is written for use without
     distseg (docs/predict.md#export). With --decide, the run's validation cases decide
     where test-time mirroring and largest-component post-processing help
-    (docs/predict.md#mirroring-and-largest-component). The best checkpoint is used
-    unless --which latest.
+    (docs/predict.md#mirroring-and-largest-component). With --cv CV --out-of-fold, every
+    recipe and every pair of recipes is scored on the cases each fold validated, for
+    distseg-report CV (docs/predict.md#out-of-fold-configurations). The best checkpoint
+    is used unless --which latest.
     """
-    if export_dir and decide:
-        raise click.UsageError("--export and --decide are separate steps; give one of them")
+    if sum(map(bool, (export_dir, decide, out_of_fold))) > 1:
+        raise click.UsageError("--export, --decide and --out-of-fold are separate steps; "
+                               "give one of them")
+    if out_of_fold and not cv:
+        raise click.UsageError("--out-of-fold scores the configurations of --cv CV_DIR")
     if bool(cv) == bool(run_dirs):
         raise click.UsageError("give --checkpoint RUN (repeated for an ensemble) or --cv CV_DIR")
     if not cv and (recipe or nodes):
@@ -110,7 +123,10 @@ def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, **opti
     else:
         from distseg.inference import export
         export_fn, predict_fn = export.run, predict_lib.run
-    if export_dir:
+    if out_of_fold:
+        from distseg.inference import oof
+        lines = agreement.run_command(oof.run, opts)
+    elif export_dir:
         lines = agreement.run_command(export_fn, opts, export_dir)
     elif decide:
         from distseg.inference import decide as decide_lib

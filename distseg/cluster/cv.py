@@ -1,11 +1,13 @@
 """``distseg-jobs cv``: a cross-validation as jobs, one per recipe x node count x fold.
 
 ``write_cv`` checks every job as ``distseg-jobs render`` does (queue limits, threads,
-the data file against each recipe's config with its ``--fold``) before anything is
-written, then writes the CV directory (``distseg.core.cvplan``): the plan ``cv.json``,
-one sbatch script per run under ``jobs/``, ``jobs/report.sbatch`` (``distseg-report``
-over the whole CV) and ``submit.sh``, which submits the folds side by side and the
-report after all of them. Each job script resumes its run after a requeue (the
+the data file against each recipe's config with its ``--fold``), and that the data
+files of recipes that bring their own (``--data`` in a recipe: a 3D recipe's volumes
+beside a 2D recipe's slices) hold the same cases and fold table
+(``check_same_cases``), before anything is written, then writes the CV directory
+(``distseg.core.cvplan``): the plan ``cv.json``, one sbatch script per run under
+``jobs/``, ``jobs/report.sbatch`` (``distseg-report`` over the whole CV) and
+``submit.sh``, which submits the folds side by side and the report after all of them. Each job script resumes its run after a requeue (the
 templates' own rule), so a fold killed at its time limit continues from its last
 checkpoint.
 
@@ -40,11 +42,12 @@ PLAN_FLAGS = ("--fold", "--resume")
 
 def parse_recipe(text: str) -> cvplan.Recipe:
     """``NAME=FLAGS`` (``dice='--loss dice --epochs 8'``) or ``NAME`` (the base flags
-    alone) -> a Recipe.
+    alone) -> a Recipe. ``--data FILE`` among the flags is the recipe's own data file
+    (a 3D recipe's volume file beside a 2D recipe's slices), taken out of its flags.
 
     Raises:
-      JobError: a bad name, flags that do not split as a shell would, or a flag the
-        plan sets.
+      JobError: a bad name, flags that do not split as a shell would, a flag the plan
+        sets, or ``--data`` without a file or given twice.
     """
     name, _, flags = text.partition("=")
     name = name.strip()
@@ -52,15 +55,78 @@ def parse_recipe(text: str) -> cvplan.Recipe:
         raise jobs_lib.JobError(f"--recipe {text!r}: the name {name!r} must be letters, digits, "
                                 f"'.', '_', '+' or '-' (it names folders and jobs)")
     try:
-        args = tuple(shlex.split(flags))
+        args = shlex.split(flags)
     except ValueError as e:
         raise jobs_lib.JobError(f"--recipe {name}: its flags do not parse ({e})") from None
+    data, args = own_data(name, args)
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in PLAN_FLAGS or flag in jobs_lib.SCRIPT_FLAGS:
             raise jobs_lib.JobError(f"--recipe {name}: {flag} is set by the plan for each run "
                                     f"(the folds come from --folds, the data from --data)")
-    return cvplan.Recipe(name, args)
+    return cvplan.Recipe(name, tuple(args), os.path.abspath(data) if data else "")
+
+
+def own_data(name: str, args: Sequence[str]) -> tuple[str, list[str]]:
+    """(the file of ``--data FILE`` or ``--data=FILE`` in a recipe's flags, or "";
+    the other flags)."""
+    data, rest, i = "", [], 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag != "--data":
+            rest.append(args[i])
+            i += 1
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+            i += 1
+        if not value or value.startswith("--"):
+            raise jobs_lib.JobError(f"--recipe {name}: --data needs a file (--data FILE.h5)")
+        if data:
+            raise jobs_lib.JobError(f"--recipe {name}: --data given twice")
+        data = value
+        i += 1
+    return data, rest
+
+
+def check_same_cases(plan: cvplan.CvPlan) -> None:
+    """Every data file of the plan holds the same case names and the same fold table
+    (each case's role in each fold) as the plan's: the folds of a 2D and a 3D recipe
+    validate the same cases, so their out-of-fold predictions can be compared and
+    averaged case by case.
+
+    Raises:
+      JobError: one line naming both files and the first difference.
+    """
+    first, *others = plan.data_files()
+    want = fold_roles(first)
+    for path in others:
+        got = fold_roles(path)
+        if set(got) != set(want):
+            extra = sorted(set(got) ^ set(want))[0]
+            where = path if extra in got else first
+            raise jobs_lib.JobError(f"--recipe data {path}: its cases differ from {first}'s "
+                                    f"(case {extra!r} is only in {where}); a recipe's data "
+                                    "file must hold the same cases")
+        for case, roles in want.items():
+            if got[case] != roles:
+                raise jobs_lib.JobError(f"--recipe data {path}: case {case!r} has fold roles "
+                                        f"{got[case]} there and {roles} in {first}; the data "
+                                        "files of a CV must hold the same fold table")
+
+
+def fold_roles(path: str) -> dict[str, tuple[int, ...]]:
+    """Case name -> its role in each fold of the data file's table (``file_folds``'s
+    refusals for a missing file or table)."""
+    from distseg.data import folds  # h5py only
+    file_folds(path)
+    try:
+        cases, table = folds.file_cases(path), folds.read_table(path)
+    except InputError as e:
+        raise jobs_lib.JobError(str(e)) from None
+    index = {int(c): m for m, c in enumerate(table.case_ids)}
+    return {name: tuple(int(r) for r in table.roles[:, index[int(c)]])
+            for name, c in zip(cases.names, cases.case_ids)}
 
 
 def _unique(recipes: Sequence[cvplan.Recipe]) -> None:
@@ -136,7 +202,7 @@ def job_of(base: jobs_lib.JobSpec, plan: cvplan.CvPlan, cv_dir: str, run: cvplan
     except ValueError as e:
         raise jobs_lib.JobError(f"--recipe {run.recipe}: {e}") from None
     spec = dataclasses.replace(
-        base, nodes=run.nodes, name=f"{run.recipe}-fold{run.fold}",
+        base, nodes=run.nodes, name=f"{run.recipe}-fold{run.fold}", data=plan.data_of(run.recipe),
         run_dir=plan.run_path(cv_dir, run), train_args=tuple(plan.run_flags(run)),
         train_config=cfg)
     try:
@@ -169,6 +235,7 @@ def write_cv(base: jobs_lib.JobSpec, recipes: Sequence[cvplan.Recipe], nodes: Se
     plan = cvplan.make(data, k, chosen_folds(folds, k), recipes, nodes, rpn, target_dice,
                        base_flags=base.train_args,
                        extra={"partition": base.partition, "time": base.time, "command": command})
+    check_same_cases(plan)
     jobs = tuple(job_of(base, plan, cv_dir, run, parse_config) for run in plan.runs)
     try:
         output_dir(cv_dir, "--out")

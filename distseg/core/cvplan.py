@@ -12,8 +12,9 @@ Plain Python (no TensorFlow, no Horovod): ``analysis`` and ``distseg-jobs`` impo
       report/                         distseg-report over every run
 
 A recipe is a name and the ``distseg-train`` flags that make it (``--preset demo
---loss dice``); every run of the plan trains the plan's one data file with
-``--fold I`` added.
+--loss dice``), and the data file it trains: the plan's, or its own (a 2D recipe trains
+a slice file, a 3D recipe a volume file of the same cases and folds); every run of the
+plan trains its recipe's data file with ``--fold I`` added.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from distseg.core.errors import InputError
@@ -36,10 +37,13 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 @dataclass(frozen=True)
 class Recipe:
-    """One way to train: a name and its ``distseg-train`` flags."""
+    """One way to train: a name, its ``distseg-train`` flags and its data file."""
 
     name: str
     flags: tuple[str, ...] = ()
+    data: str = ""
+    """The data file its runs train (absolute path); "": the plan's ``data``. A plan
+    written before recipes had their own reads as ""."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class CvPlan:
     """A whole cross-validation."""
 
     data: str
-    """The data file every run trains (absolute path)."""
+    """The data file of every recipe that names none (absolute path)."""
     k: int
     """Folds in the data file's fold table."""
     folds: tuple[int, ...]
@@ -86,6 +90,14 @@ class CvPlan:
     def run_path(self, cv_dir: str, run: CvRun) -> str:
         return os.path.join(cv_dir, run.run_dir)
 
+    def data_of(self, recipe: str) -> str:
+        """The data file the runs of ``recipe`` train: its own, else the plan's."""
+        return self.recipe(recipe).data or self.data
+
+    def data_files(self) -> tuple[str, ...]:
+        """Every data file the plan trains, the plan's first, each once."""
+        return tuple(dict.fromkeys([self.data, *(r.data for r in self.recipes if r.data)]))
+
     def run_flags(self, run: CvRun) -> list[str]:
         """The training flags of ``run`` (what a job script passes after its own
         ``--data`` and ``--run-dir``): the base flags, the recipe's, its ``--fold``."""
@@ -94,7 +106,7 @@ class CvPlan:
     def train_args(self, cv_dir: str, run: CvRun) -> list[str]:
         """The ``distseg-train`` arguments of ``run``: the one command line its Slurm job
         and the local runner both start (the launcher and threads aside)."""
-        return ["--data", self.data, "--run-dir", self.run_path(cv_dir, run),
+        return ["--data", self.data_of(run.recipe), "--run-dir", self.run_path(cv_dir, run),
                 *self.run_flags(run)]
 
     def recipe(self, name: str) -> Recipe:
@@ -124,7 +136,8 @@ def make(data: str, k: int, folds: Sequence[int], recipes: Sequence[Recipe],
     runs = tuple(CvRun(r.name, f, n, n * ranks_per_node,
                        run_dir_of(r.name, n, n * ranks_per_node, f))
                  for r in recipes for n in nodes for f in folds)
-    return CvPlan(os.path.abspath(data), int(k), tuple(int(f) for f in folds), tuple(recipes),
+    recipes = tuple(replace(r, data=os.path.abspath(r.data)) if r.data else r for r in recipes)
+    return CvPlan(os.path.abspath(data), int(k), tuple(int(f) for f in folds), recipes,
                   tuple(int(n) for n in nodes), int(ranks_per_node), runs, target_dice,
                   tuple(base_flags), extra=dict(extra or {}))
 
@@ -159,7 +172,8 @@ def _parsed(path: str, raw) -> CvPlan:
         raise InputError(f"{path}: field schema: {raw.get('schema')} is newer than this "
                          f"distseg reads ({SCHEMA}); upgrade distseg")
     try:
-        recipes = tuple(Recipe(str(r["name"]), tuple(str(a) for a in r["flags"]))
+        recipes = tuple(Recipe(str(r["name"]), tuple(str(a) for a in r["flags"]),
+                               str(r.get("data") or ""))
                         for r in raw["recipes"])
         runs = tuple(CvRun(str(r["recipe"]), int(r["fold"]), int(r["nodes"]), int(r["ranks"]),
                            str(r["run_dir"])) for r in raw["runs"])

@@ -29,7 +29,10 @@ One split says more about its slab than about a recipe, so both layouts also com
 folds (``--folds K --fold I``, ``fold_splits``): the 8 slabs cut into K contiguous
 folds, fold I validating its slabs behind a one-slab buffer on each side, the rest
 training (as volumes, each contiguous run one case). The defaults above are fold 7 of
-8 (2D) and fold 3 of 4 (3D).
+8 (2D) and fold 3 of 4 (3D). ``--folds K`` alone writes one file of every fold, in
+either layout with the same 8 slab cases and fold table (``convert_folds``,
+``convert_volume_folds``), so a 2D and a 3D recipe of one cross-validation validate
+the same cases.
 """
 
 from __future__ import annotations
@@ -175,16 +178,50 @@ def convert_folds(out: str, folds: int, source_dir: str | None = None,
     unused while it validates), the file's own split fold 0's. Every slab trains in some
     fold, so the CT is normalised by the foreground of all 8 (as nnU-Net's fingerprint
     covers every case of its folds)."""
-    from distseg.data import folds as folds_lib
-    table = [fold_splits(folds, k) for k in range(folds)]
     img, lab = read_case(source_dir)
-    _write_slices(out, img, lab, table[0], normalised(img, lab, ["train"] * SLABS, ct_norm),
-                  f"a fold table of {folds} contiguous folds (folds/), the file's split fold 0's")
-    roles = np.array([[h5format.SPLITS[r] for r in row] for row in table], dtype=np.uint8)
+    _write_slices(out, img, lab, fold_splits(folds, 0),
+                  normalised(img, lab, ["train"] * SLABS, ct_norm), _ALL_FOLDS.format(folds))
+    _write_fold_table(out, folds)
+    return data.examine(out)
+
+
+#: The ``source`` words of a file of every fold.
+_ALL_FOLDS = "a fold table of {} contiguous folds (folds/), the file's split fold 0's"
+
+
+def _write_fold_table(out: str, folds: int) -> None:
+    """The table of ``folds`` contiguous folds of the 8 slab cases (``fold_splits``)."""
+    from distseg.data import folds as folds_lib
+    roles = np.array([[h5format.SPLITS[r] for r in fold_splits(folds, k)] for k in range(folds)],
+                     dtype=np.uint8)
     folds_lib.write_table(out, folds_lib.FoldTable(117 * 100 + np.arange(SLABS), roles,
                                                    f"{folds} contiguous folds of 16-slice slabs, "
                                                    "a buffer slab on each side of validation"))
-    return data.examine(out)
+
+
+def convert_volume_folds(out: str, folds: int, source_dir: str | None = None,
+                         ct_norm: str = CT_NORM) -> volumes.VolumeInfo:
+    """Writes LiTS case 117 in the volume layout once for a whole cross-validation, the
+    3D twin of ``convert_folds``: each 16-slice slab one case volume (16x128x128, the
+    same case ids, voxels and labels as the slab's slices there), the same fold table,
+    the CT normalised by the foreground of all 8 slabs. A 2D and a 3D recipe of one CV
+    then validate the same cases on one grid (``distseg-predict --out-of-fold`` averages
+    their probabilities case by case). A 3D U-Net trains on a case whole with ``--slab
+    16,128,128``; a deeper slab pads each case (``volumes.PAD_IMAGE``)."""
+    img, lab = read_case(source_dir)
+    values, norm = normalised(img, lab, ["train"] * SLABS, ct_norm)
+    attrs = _attrs(norm, 3, img.shape[-1])
+    splits = fold_splits(folds, 0)
+    slabs = [slice(s * SLAB, (s + 1) * SLAB) for s in range(SLABS)]
+    volumes.write_volumes(
+        out, [values[z] for z in slabs], [lab[z] for z in slabs],
+        [117 * 100 + s for s in range(SLABS)], [h5format.SPLITS[x] for x in splits],
+        source="LiTS case 117 via liver-ct-segmentation-package 1.6.0 (img_117.mrc, "
+               f"lab_117.mrc) as volumes, each 16-slice slab a case: {_ALL_FOLDS.format(folds)}; "
+               f"{_how(norm)}",
+        hu_window=attrs.pop("hu_window"), spacing=[(np.nan,) * 3] * SLABS, attrs=attrs)
+    _write_fold_table(out, folds)
+    return volumes.examine(out)
 
 
 def _write_slices(out: str, img: np.ndarray, lab: np.ndarray, splits: list[str], normed,

@@ -137,7 +137,12 @@ def _val_cases(rng: np.random.Generator, cases: int, val_fraction: float) -> set
 
 def volume_shape(rng: np.random.Generator, size: int, slices: int, jitter: float) -> tuple:
     """A case's (D, H, W): ``slices`` x ``size`` x ``size``, each scaled by its own
-    uniform factor in [1 - jitter, 1 + jitter] (at least 1 slice and 8 pixels)."""
+    uniform factor in [1 - jitter, 1 + jitter] (at least 1 slice and 8 pixels). With
+    ``jitter`` 0 nothing is drawn, so the cases that follow are those ``make_dataset``
+    draws from the same seed: the 2D and the 3D file of one phantom, case for case on
+    one grid (a 2D and a 3D recipe of one cross-validation compared on the same cases)."""
+    if jitter == 0:
+        return (slices, size, size)
     f = rng.uniform(1.0 - jitter, 1.0 + jitter, size=3)
     return (max(1, round(slices * f[0])), max(8, round(size * f[1])), max(8, round(size * f[2])))
 
@@ -147,7 +152,9 @@ def make_volumes(path: str, cases: int, size: int, seed: int = 0, slices_per_cas
                  jitter: float = 0.25) -> volumes.VolumeInfo:
     """Writes ``cases`` phantom volumes, each of its own shape (``volume_shape``), in
     the volume layout and returns the file's info. The split is by case as in
-    ``make_dataset``; ``jitter`` 0 gives every case the same shape (for ``--slab full``).
+    ``make_dataset``; ``jitter`` 0 gives every case the same shape (for ``--slab full``)
+    and the same cases, on the same grid, as ``make_dataset`` of the same seed, cases,
+    size and slices per case.
 
     Raises:
       InputError: a count out of range (also a ``ValueError``).

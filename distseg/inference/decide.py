@@ -40,6 +40,8 @@ class Case:
     rows: tuple[int, ...]
     """Its slices (2D, in file order), or its one volume row (3D)."""
     voxels: int
+    case_id: int = -1
+    """Its id in the file (``case_id``)."""
 
 
 def validation_cases(cfg: config_lib.Config, path: str) -> list[Case]:
@@ -50,13 +52,14 @@ def validation_cases(cfg: config_lib.Config, path: str) -> list[Case]:
     """
     info = folds.examine(path, cfg.model.spatial_dims, cfg.data.fold)
     if cfg.model.spatial_dims == 3:
-        cases = [Case(f"case {int(info.case_ids[k])}", (int(k),), int(np.prod(info.shapes[k])))
-                 for k in info.val_cases]
+        cases = [Case(f"case {int(info.case_ids[k])}", (int(k),), int(np.prod(info.shapes[k])),
+                      int(info.case_ids[k])) for k in info.val_cases]
     else:
         val = np.sort(info.val_indices)
         ids = info.case_ids[val]
         cases = [Case(f"case {int(c)}", tuple(int(i) for i in val[ids == c]),
-                      int((ids == c).sum()) * info.height * info.width) for c in np.unique(ids)]
+                      int((ids == c).sum()) * info.height * info.width, int(c))
+                 for c in np.unique(ids)]
     if not cases:
         raise InputError(f"{path}: holds no validation cases; --decide scores the run's "
                          "validation split (pass --data FILE.h5 with one)")

@@ -28,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from distseg.core import config as config_lib
 from distseg.core import cvplan, rundir
+from distseg.core import oof as oof_lib
 from distseg.core.errors import InputError
 from distseg.inference import postprocess, predict
 
@@ -94,7 +95,11 @@ def resolved(opts: predict.Options) -> predict.Options:
     Raises:
       InputError: a run given twice, or any of ``cv_runs``' errors.
     """
-    runs = cv_runs(opts.cv, opts.recipe, opts.nodes) if opts.cv else opts.runs
+    if opts.cv:
+        runs = tuple(r for recipe in (opts.recipe or (None,))
+                     for r in cv_runs(opts.cv, recipe, opts.nodes))
+    else:
+        runs = opts.runs
     seen: dict[str, str] = {}
     for run in runs:
         key = os.path.realpath(run)
@@ -116,19 +121,16 @@ def member(run_dir: str, opts: predict.Options) -> Member:
 
 
 def facts(m: Member) -> dict[str, object]:
-    """What the members must share, by name: what the data file decides (layout,
-    classes, channels, the preprocessing of each channel, the grid) and the window the
-    one sliding-window inferer runs them all on."""
+    """What the members must share, by name: the classes they predict, and the input
+    channels they read from a scan. The layout, window, normalisation and grid may
+    differ: members that read a scan alike are averaged window batch by window batch,
+    and groups that read it otherwise are averaged on the scan's own grid
+    (``network``, ``predict.segment``)."""
     prep = m.known.prep
     return {
-        "spatial_dims": m.cfg.model.spatial_dims,
         "class_names": tuple(m.known.class_names),
         "channels": len(prep.intensities),
-        "intensity": tuple(i.describe() for i in prep.intensities),
         "channel": prep.channel,
-        "in-plane size": prep.size,
-        "spacing": prep.spacing,
-        "window": tuple(m.window),
     }
 
 
@@ -174,15 +176,22 @@ def members_of(opts: predict.Options) -> list[Member]:
 # ------------------------------------------------------------------ the network
 
 
+def mean_of(outputs: Iterable[np.ndarray]) -> np.ndarray:
+    """The mean of members' softmax probabilities (summed in float64 one member at a
+    time, returned in float32): how an ensemble combines its members, for a window batch
+    (``averaged``) or a whole case (``inference.oof``)."""
+    total, n = None, 0
+    for out in outputs:
+        out = np.asarray(out, dtype=np.float64)
+        total, n = (out if total is None else total + out), n + 1
+    return (total / n).astype(np.float32)
+
+
 def averaged(predicts: Sequence[Callable[[np.ndarray], np.ndarray]]) -> Callable[[np.ndarray], np.ndarray]:
-    """One ``predict`` of the mean of ``predicts``' outputs (summed in float64, returned
-    in float32): the ensemble's probabilities of a window batch."""
+    """One ``predict`` of the mean of ``predicts``' outputs (``mean_of``): the
+    ensemble's probabilities of a window batch."""
     def run(x: np.ndarray) -> np.ndarray:
-        total = None
-        for fn in predicts:
-            out = np.asarray(fn(x), dtype=np.float64)
-            total = out if total is None else total + out
-        return (total / len(predicts)).astype(np.float32)
+        return mean_of(fn(x) for fn in predicts)
     return run
 
 
@@ -205,9 +214,46 @@ def loaded(members: Sequence[Member], opts: predict.Options) -> list[Loaded]:
 
 
 def applied(members: Sequence[Member], chosen: Sequence, opts: predict.Options) -> postprocess.Applied:
-    """The ensemble's mirroring and largest components (``postprocess.choose_pooled``)."""
-    return postprocess.choose_pooled([(m.run_dir, c.stem) for m, c in zip(members, chosen)],
-                                     members[0].known.class_names, opts.tta, opts.postprocess)
+    """The ensemble's mirroring and largest components: with ``--cv``, decided on this
+    very configuration's out-of-fold predictions when ``CV/oof/`` scored it
+    (``out_of_fold``); else on the members' own validation rows pooled
+    (``postprocess.choose_pooled``)."""
+    names = members[0].known.class_names
+    found, why = out_of_fold(opts, members, chosen) if opts.cv else (None, None)
+    if found is not None:
+        post = postprocess.from_decisions(found, names, opts.tta, opts.postprocess)
+        return dataclasses.replace(post, words=f"{post.words}; decided out of fold on the "
+                                   f"{found['cases']} case(s) of {found['where']}")
+    post = postprocess.choose_pooled([(m.run_dir, c.stem) for m, c in zip(members, chosen)],
+                                     names, opts.tta, opts.postprocess)
+    return dataclasses.replace(post, warnings=post.warnings + ((why,) if why else ()))
+
+
+def out_of_fold(opts: predict.Options, members: Sequence[Member],
+                chosen: Sequence) -> tuple[dict | None, str | None]:
+    """(the decisions ``oof_lib.postprocessing`` made for the configuration of these
+    members, None) when ``CV/oof/`` scored it with these very checkpoints; else (None,
+    why not, or None where the CV has no out-of-fold scores)."""
+    plan = cvplan.read(opts.cv)
+    where = {os.path.realpath(plan.run_path(opts.cv, r)): r for r in plan.runs}
+    runs = [where[os.path.realpath(m.run_dir)] for m in members]
+    try:
+        scores = oof_lib.read(opts.cv)
+    except InputError as e:
+        return None, f"{e}; its decisions not used"
+    if scores is None:
+        return None, None
+    recipes = [r.name for r in plan.recipes if r.name in {x.recipe for x in runs}]
+    name = oof_lib.ensemble_name(recipes)
+    recorded = {(x["recipe"], x["fold"], x["nodes"]): x["checkpoint"].get("stem")
+                for x in scores.info.get("runs", ())}
+    if any(recorded.get((r.recipe, r.fold, r.nodes)) != c.stem for r, c in zip(runs, chosen)):
+        return None, (f"{oof_lib.path_of(opts.cv, oof_lib.DIR)} scored other checkpoints of "
+                      f"{name}: its decisions not used (run --out-of-fold again)")
+    found = oof_lib.postprocessing(scores, runs[0].nodes, name)
+    if found is None:
+        return None, None
+    return {**found, "where": f"{oof_lib.path_of(opts.cv, oof_lib.DIR)} ({name})"}, None
 
 
 def member_lines(members: Sequence[Member], chosen: Sequence) -> tuple[str, ...]:
@@ -217,22 +263,44 @@ def member_lines(members: Sequence[Member], chosen: Sequence) -> tuple[str, ...]
                           for i, (m, c) in enumerate(zip(members, chosen))])
 
 
-def network(members: Sequence[Member], opts: predict.Options) -> predict.Network:
-    """The ensemble as the sliding-window inferer runs it: every member on each window
-    batch, their probabilities averaged (then mirrored where decided); the batch size
-    and overlap of the first member unless the flags set them."""
-    first = members[0]
-    models = loaded(members, opts)
-    chosen = [one.chosen for one in models]
-    post = applied(members, chosen, opts)
-    fn = averaged([predict.predictor(one.model, m.cfg.model.spatial_dims)
-                   for m, one in zip(members, models)])
+def reading(m: Member) -> tuple:
+    """How a member reads a scan: its window and its preprocessing (members alike in
+    both are averaged window batch by window batch)."""
+    return tuple(m.window), dataclasses.replace(m.known.prep, where="")
+
+
+def on_window(members: Sequence[Member], models: Sequence[Loaded], post: postprocess.Applied,
+              opts: predict.Options, first: Member) -> predict.Network:
+    """The members that read a scan alike, as the sliding-window inferer runs them:
+    every member on each window batch, their probabilities averaged (then mirrored where
+    decided); the batch size and overlap of the first of them unless the flags set
+    them; their preprocessing kept where it is not the ensemble's ``first``'s."""
+    one = members[0]
+    fn = averaged([predict.predictor(x.model, m.cfg.model.spatial_dims)
+                   for m, x in zip(members, models)])
     if post.mirror:
-        fn = postprocess.mirrored(fn, postprocess.mirror_axes(first.window))
-    batch, overlap = predict.inferer_settings(first.cfg, opts)
+        fn = postprocess.mirrored(fn, postprocess.mirror_axes(one.window))
+    batch, overlap = predict.inferer_settings(one.cfg, opts)
+    prep = None if reading(one)[1] == reading(first)[1] else one.known.prep
+    return predict.Network(fn, one.window, batch, overlap, None, post, members=len(members),
+                           prep=prep)
+
+
+def network(members: Sequence[Member], opts: predict.Options) -> predict.Network:
+    """The ensemble as predict runs it: the members grouped by how they read a scan
+    (``reading``; a 2D and a 3D recipe are two groups, ``on_window`` each), every
+    member's probabilities weighing alike (``predict.segment``)."""
+    models = loaded(members, opts)
+    chosen = [x.chosen for x in models]
+    post = applied(members, chosen, opts)
+    kinds = [k for i, k in enumerate(map(reading, members)) if k not in map(reading, members[:i])]
+    nets = [on_window([m for m in members if reading(m) == k],
+                      [x for m, x in zip(members, models) if reading(m) == k], post, opts,
+                      members[0]) for k in kinds]
     about = member_lines(members, chosen) + (
-        f"ensemble: the mean of {len(members)} members' softmax probabilities",)
-    return predict.Network(fn, first.window, batch, overlap, None, post, about)
+        f"ensemble: the mean of {len(members)} members' softmax probabilities"
+        + (f" over {len(kinds)} windows or grids" if len(kinds) > 1 else ""),)
+    return dataclasses.replace(nets[0], about=about, others=tuple(nets[1:]))
 
 
 # ------------------------------------------------------------------ the command
@@ -292,6 +360,10 @@ def export(opts: predict.Options, out_dir: str) -> list[str]:
     if len(sources) > 1 and any(fn for fn, _ in sources):
         raise InputError(f"--export {out_dir}: the members' networks come from different "
                          "--model-fn sources; export needs one source beside the model")
+    if any(reading(m) != reading(members[0]) for m in members):
+        raise InputError(f"--export {out_dir}: the members read a scan on other windows or "
+                         "grids (e.g. a 2D and a 3D recipe); the exported model takes one "
+                         "input: export each recipe's folds")
     models = loaded(members, opts)
     chosen = [one.chosen for one in models]
     first = members[0]

@@ -15,8 +15,9 @@ them, and the decisions that say where each helps (``RUN/postprocessing.json``).
   scores the run's validation cases plain and mirrored, and each foreground class with
   and without its largest component; ``decide`` turns those per-case Dice into what to
   apply: mirroring when it raises the mean foreground Dice, and the largest component
-  for each class whose mean Dice it raises (on the mirrored or plain prediction,
-  whichever was chosen). ``choose`` reads them back for ``distseg-predict``, which
+  for each class whose mean Dice it raises (``core.postchoice``, the rule the
+  out-of-fold configurations share; on the mirrored or plain prediction, whichever
+  was chosen). ``choose`` reads them back for ``distseg-predict``, which
   applies each only where the file says it helps, for the checkpoint it was decided on.
 
 Plain numpy and scipy; no TensorFlow, no Horovod.
@@ -34,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg import metrics
-from distseg.core import partial, rundir
+from distseg.core import partial, postchoice, rundir
 from distseg.core.errors import InputError
 
 FORMAT = "distseg-postprocessing"
@@ -120,14 +121,9 @@ def case_row(truth: np.ndarray, plain: np.ndarray, mirror: np.ndarray,
 
 
 def _means(rows: list[dict], kind: str, classes: int) -> list[float | None]:
-    """Per foreground class, the mean Dice over the cases that have one (nnU-Net's
-    mean of per-case Dice; a class absent from a case's truth and prediction is left
-    out)."""
-    out = []
-    for c in range(classes):
-        values = [r[kind][c] for r in rows if r[kind][c] is not None]
-        out.append(float(np.mean(values)) if values else None)
-    return out
+    """Per foreground class, the mean Dice over the cases that have one
+    (``postchoice.class_mean``)."""
+    return [postchoice.class_mean(r[kind][c] for r in rows) for c in range(classes)]
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -150,11 +146,7 @@ def decide(rows: list[dict], class_names: Sequence[str]) -> dict:
         "mirror": {"apply": bool(use_mirror), "dice_plain": mean_plain, "dice_mirror": mean_mirror,
                    "classes_plain": dict(zip(names, plain)),
                    "classes_mirror": dict(zip(names, mirror))},
-        "largest_component": {
-            "on": on, "classes": {
-                name: {"apply": bool(w is not None and o is not None and w > o),
-                       "dice_without": o, "dice_with": w}
-                for name, o, w in zip(names, without, with_)}},
+        "largest_component": {"on": on, "classes": postchoice.largest_component(names, without, with_)},
     }
 
 
@@ -207,13 +199,14 @@ def read(run_dir: str) -> dict | None:
     return doc
 
 
-def _from_file(doc: dict, class_names: Sequence[str], tta: str, postprocess: str) -> Applied:
+def from_decisions(doc: dict, class_names: Sequence[str], tta: str, postprocess: str) -> Applied:
     """What ``doc`` (for this checkpoint) says, with the flags' overrides."""
     m = doc["mirror"]
     mirror = m["apply"] if tta == "auto" else tta == "mirror"
     said = f"mirroring {'on' if mirror else 'off'} " + (
-        f"(validation Dice {number(m.get('dice_plain'))} plain, "
-        f"{number(m.get('dice_mirror'))} mirrored)" if tta == "auto" else f"(--tta {tta})")
+        f"(--tta {tta})" if tta != "auto" else "(as the out-of-fold pass predicted)"
+        if m.get("as_scored") else f"(validation Dice {number(m.get('dice_plain'))} plain, "
+        f"{number(m.get('dice_mirror'))} mirrored)")
     classes = doc["largest_component"]["classes"]
     largest, parts = [], []
     for c, name in enumerate(class_names):
@@ -249,7 +242,7 @@ def choose(run_dir: str, class_names: Sequence[str], stem: str, tta: str = "auto
     else:
         warnings = ()
     if doc is not None and doc["checkpoint"]["stem"] == stem:
-        return _from_file(doc, class_names, tta, postprocess)
+        return from_decisions(doc, class_names, tta, postprocess)
     if doc is not None:
         why = (f"{path} was decided on {doc['checkpoint']['stem']}, not {stem}: nothing "
                "applied from it (run --decide again)")
@@ -300,7 +293,7 @@ def choose_pooled(members: Sequence[tuple[str, str]], class_names: Sequence[str]
             break
         rows += found
     if why is None:
-        applied = _from_file(decide(rows, class_names), class_names, tta, postprocess)
+        applied = from_decisions(decide(rows, class_names), class_names, tta, postprocess)
         return dataclasses.replace(applied, words=(
             f"{applied.words}; decided on the {len(rows)} validation case(s) of the "
             f"{len(members)} member(s), pooled"))

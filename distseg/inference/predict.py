@@ -35,7 +35,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -99,8 +99,9 @@ class Options:
     cv: str | None = None
     """A cross-validation directory (``CV/cv.json``) whose fold runs make the ensemble
     (``--cv``); ``run_dir`` and ``more_runs`` are then read from its plan."""
-    recipe: str | None = None
-    """``--cv``: the recipe whose folds are averaged (needed when the plan has several)."""
+    recipe: tuple[str, ...] = ()
+    """``--cv``: the recipes whose folds are averaged (needed when the plan has several;
+    two or more: their configuration, e.g. a 2D and a 3D recipe)."""
     nodes: int | None = None
     """``--cv``: the node count whose folds are averaged (needed when the plan has several)."""
 
@@ -169,8 +170,24 @@ class Network:
     about: tuple[str, ...] = ()
     """Lines that say what ``predict`` is when not one checkpoint (an ensemble's
     members, each with its checkpoint)."""
+    members: int = 1
+    """How many networks ``predict`` averages (an ensemble's members on this window)."""
+    others: tuple["Network", ...] = ()
+    """An ensemble's members on other windows or other preprocessing (a 2D and a 3D
+    recipe's folds), one ``Network`` for each: every window runs its own sliding window
+    and weighs by its ``members``, so every member counts alike (``segment``)."""
+    prep: "Preprocessing | None" = None
+    """Its own preprocessing, where an ensemble's member reads scans otherwise than the
+    first (None: the run's)."""
+
+    @property
+    def parts(self) -> tuple["Network", ...]:
+        return (self, *self.others)
 
     def describe(self) -> str:
+        return "; ".join(net.window_words() for net in self.parts)
+
+    def window_words(self) -> str:
         what = "slices" if self.window[0] == 1 else "windows"
         return (f"{what} of {'x'.join(map(str, self.window))}, {self.batch_size} per batch"
                 + (f", overlap {self.overlap:g}" if self.window[0] > 1 else ""))
@@ -573,14 +590,64 @@ def segment(voxels, affine: np.ndarray, prep: Preprocessing, net: Network) -> np
     predicts the whole volume window by window (one slice per window for a 2D model),
     and the class probabilities are resampled linearly back onto the scan's own grid
     before the argmax (``geometry.labels_on_scan``, the inverse of the same geometry).
+    An ensemble whose members read the scan on other grids (a 2D recipe's slices and a
+    3D recipe's volumes of other preprocessing) has each grid's probabilities resampled
+    back onto the scan's grid and averaged there, as nnU-Net ensembles its
+    configurations (``_on_scan_grid``).
     """
     channels = (voxels,) if isinstance(voxels, sources.Voxels) else tuple(voxels)
+    grids = _by_grid(net, prep)
+    weight = sum(n.members for n in net.parts)
+    if len(grids) > 1:
+        return _on_scan_grid(channels, affine, grids, weight)
     geom = geometry.Geometry.of(affine, channels[0].raw.shape, size=prep.size, target=prep.spacing)
-    volume = _to_model_size(forward_channels(channels, geom, prep.intensities)[0], net.window)
-    probs = sliding.sliding_window(net.predict, volume, net.window, net.overlap,
-                                   batch=net.batch_size)
-    del volume
+    probs = _probabilities(net.parts, forward_channels(channels, geom, prep.intensities)[0],
+                           weight)
     return geometry.labels_on_scan(probs, geom)
+
+
+def _by_grid(net: Network, prep: Preprocessing) -> list[tuple[Preprocessing, list[Network]]]:
+    """The ensemble's windows grouped by the preprocessing they read the scan with."""
+    out: list[tuple[Preprocessing, list[Network]]] = []
+    for part in net.parts:
+        own = part.prep or prep
+        found = next((nets for p, nets in out if p == own), None)
+        if found is None:
+            out.append((own, [part]))
+        else:
+            found.append(part)
+    return out
+
+
+def _probabilities(nets: Sequence[Network], volume: np.ndarray, weight: int) -> np.ndarray:
+    """Class probabilities of a preprocessed volume on its grid: each window's sliding
+    window over it (a 2D model's slices first brought to its size, ``_to_model_size``),
+    weighed by its members out of ``weight``."""
+    total = None
+    for net in nets:
+        probs = sliding.sliding_window(net.predict, _to_model_size(volume, net.window),
+                                       net.window, net.overlap, batch=net.batch_size)
+        if net.members != weight:
+            probs *= np.float32(net.members / weight)
+        total = probs if total is None else total + probs
+    return total
+
+
+def _on_scan_grid(channels, affine: np.ndarray, grids, weight: int) -> np.ndarray:
+    """Labels of an ensemble whose members read the scan on other grids: each grid's
+    probabilities (``_probabilities``) taken back linearly onto the scan's own voxels
+    (``geometry.inverse``; background where a grid left voxels out), added up, then the
+    argmax. Costs one float copy of the scan's probabilities per class."""
+    total = None
+    for prep, nets in grids:
+        geom = geometry.Geometry.of(affine, channels[0].raw.shape, size=prep.size,
+                                    target=prep.spacing)
+        probs = _probabilities(nets, forward_channels(channels, geom, prep.intensities)[0], weight)
+        background = np.eye(probs.shape[-1], dtype=np.float32)[0] * np.float32(
+            sum(n.members for n in nets) / weight)
+        back = geometry.inverse(probs, geom, order=1, fill=background)
+        total = back if total is None else total + back
+    return np.argmax(total, axis=-1).astype(np.uint8)
 
 
 def write_segmentation(path: str, seg: np.ndarray, img) -> None:

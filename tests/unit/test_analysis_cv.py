@@ -288,3 +288,122 @@ def test_a_target_some_folds_never_reach_names_them(tmp_path):
     assert len(lines) == 1 and lines[0].endswith("over 3 of 5 folds (fold 0, 1 never did)")
     # The scaling study's "fastest measured run" would compare runs of other folds.
     assert not any("fastest measured" in line for line in rep.document().sections[0].items)
+
+
+# ---- Configurations out of fold (CV/oof/, distseg-predict --cv --out-of-fold) ----------
+
+#: Per configuration (at node count 1), each fold's two cases' (liver, lesion) Dice.
+OOF_CASES = {
+    "s2": {0: [(0.90, 0.60), (0.80, 0.50)], 1: [(0.85, 0.70), (0.75, math.nan)],
+           2: [(0.88, 0.40), (0.92, 0.55)]},
+    "v3": {0: [(0.86, 0.65), (0.84, 0.45)], 1: [(0.90, 0.60), (0.70, math.nan)],
+           2: [(0.80, 0.50), (0.94, 0.60)]},
+}
+
+
+def _oof_rows(cases_of: dict, nodes=(1,)):
+    from distseg.core import oof
+    return [oof.CaseScore(n, name, tuple(name.split(oof.JOIN)), fold, f"case_{fold}{i}",
+                          {"liver": li, "lesion": le})
+            for n in nodes for name, by_fold in cases_of.items()
+            for fold, cases in by_fold.items() for i, (li, le) in enumerate(cases)]
+
+
+def _dims_cv(tmp_path, cases_of: dict, nodes=(1,)):
+    """A CV of a 2D recipe ``s2`` and a 3D one ``v3`` over 3 folds, and its CV/oof/ of
+    ``cases_of`` (configuration -> fold -> cases' Dice), 2 s per case to predict."""
+    from distseg.core import oof
+    cv_dir = str(tmp_path / "cv")
+
+    def spec_of(recipe, n, fold):
+        return spec(*recipe_a(fold), fold, spatial_dims=3 if recipe == "v3" else 2,
+                    step_time=2.0 if recipe == "v3" else 1.0)
+    write_cv(cv_dir, ["s2", "v3"], (0, 1, 2), list(nodes), spec_of)
+    costs = tuple(oof.RunCost(n, r, f, 2.0 * len(OOF_CASES[r][f]), 2)
+                  for n in nodes for r in ("s2", "v3") for f in (0, 1, 2))
+    oof.write(cv_dir, oof.Scores(("liver", "lesion"), tuple(_oof_rows(cases_of, nodes)), costs,
+                                 {"which": "best"}))
+    return cv_dir
+
+
+def _expected(cases_by_fold: dict) -> tuple[float, dict[int, float]]:
+    """nnU-Net's mean foreground Dice over every case, and each fold's, by hand."""
+    def score(cases):
+        liver = statistics.fmean(c[0] for c in cases)
+        lesion = statistics.fmean(c[1] for c in cases if not math.isnan(c[1]))
+        return (liver + lesion) / 2
+    every = [c for cases in cases_by_fold.values() for c in cases]
+    return score(every), {f: score(c) for f, c in cases_by_fold.items()}
+
+
+def _ensemble_cases(gain: float) -> dict:
+    """``s2 + v3``'s cases: s2's, raised so that its score is s2's plus ``gain``."""
+    return {f: [(li + gain, le + gain) for li, le in cases] for f, cases in OOF_CASES["s2"].items()}
+
+
+def test_configurations_table_and_answer_follow_the_per_case_dice(tmp_path):
+    cases_of = {**OOF_CASES, "s2 + v3": _ensemble_cases(0.03)}
+    rep = build([_dims_cv(tmp_path, cases_of)], ReportOptions(), processes=0)
+    table = rep.optional["cv_configs"]
+    assert list(table["configuration"]) == ["s2", "v3", "s2 + v3"]
+    assert list(table["model"]) == ["2D", "3D", "2D + 3D"]
+    groups = {g.recipe: g for g in rep.cv[0].groups}
+    for name, by_fold in cases_of.items():
+        row = one_row(table, configuration=name)
+        score, per_fold = _expected(by_fold)
+        assert row["oof_mean_foreground"] == pytest.approx(score)
+        assert row["oof_liver"] == pytest.approx(statistics.fmean(
+            c[0] for cases in by_fold.values() for c in cases))
+        assert row["cases"] == 6
+        assert row["folds_mean"] == pytest.approx(statistics.fmean(per_fold.values()))
+        members = name.split(" + ")
+        assert row["train_h"] == pytest.approx(sum(groups[m].hours_total for m in members))
+        assert row["predict_h"] == pytest.approx(len(members) * 12.0 / 3600)
+    shipped = table.loc[table["shipped"], "configuration"].tolist()
+    assert shipped == ["s2 + v3"]
+    line = next(i for i in rep.document().sections[0].items if "configurations out of fold" in i)
+    best = _expected(cases_of["s2 + v3"])[0]
+    assert line.startswith(f"cv: configurations out of fold: ship s2 + v3 (2D + 3D ensemble; "
+                           f"mean foreground Dice {best:.4f}, the best single recipe s2 ")
+    assert "tie" not in line
+    titles = [s.title for s in rep.document().sections]
+    assert cvrender.CONFIGS_TITLE in titles and cvrender.DIMS_TITLE not in titles
+    write(rep, str(tmp_path / "out"))
+    assert os.path.isfile(tmp_path / "out" / "cv_configs.csv")
+
+
+@pytest.mark.parametrize("gain, shipped", [(0.00005, "s2"), (0.0003, "s2 + v3")])
+def test_an_ensemble_within_the_tie_of_the_best_single_ships_the_single(tmp_path, gain, shipped):
+    cases_of = {**OOF_CASES, "s2 + v3": _ensemble_cases(gain)}
+    rep = build([_dims_cv(tmp_path, cases_of)], ReportOptions(), processes=0)
+    assert rep.cv[0].chosen.name == shipped
+    assert rep.cv[0].chosen.tied == (shipped == "s2")
+    line = next(i for i in rep.document().sections[0].items if "configurations out of fold" in i)
+    assert line.startswith(f"cv: configurations out of fold: ship {shipped} (")
+    assert ("a tie within 0.0001 goes to the configuration listed first" in line) == (shipped == "s2")
+
+
+def test_configurations_at_two_node_counts_are_scored_by_their_mean(tmp_path):
+    cases_of = {**OOF_CASES, "s2 + v3": _ensemble_cases(0.01)}
+    rep = build([_dims_cv(tmp_path, cases_of, nodes=(1, 2))], ReportOptions(), processes=0)
+    table = rep.optional["cv_configs"]
+    assert len(table) == 6 and sorted(set(table["nodes"])) == [1, 2]
+    chosen = rep.cv[0].chosen
+    assert chosen.name == "s2 + v3" and chosen.best_single == "s2"
+    assert chosen.scores["v3"] == pytest.approx(_expected(OOF_CASES["v3"])[0])
+    line = next(i for i in rep.document().sections[0].items if "configurations out of fold" in i)
+    assert " at 1 node(s), " in line and " at 2 node(s)" in line
+
+
+def test_without_or_with_a_damaged_oof_the_report_lists_the_recipes_as_before(tmp_path):
+    from distseg.core import oof
+    cv_dir = _dims_cv(tmp_path, OOF_CASES)
+    os.remove(oof.path_of(cv_dir, oof.INFO_FILE))
+    rep = build([cv_dir], ReportOptions(), processes=0)
+    assert "cv_configs" not in rep.optional and rep.cv[0].chosen is None
+    assert any("out-of-fold scores left out" in n for n in note_lines(rep, "warning"))
+    titles = [s.title for s in rep.document().sections]
+    assert cvrender.DIMS_TITLE in titles and cvrender.CONFIGS_TITLE not in titles
+    os.remove(oof.path_of(cv_dir, oof.CASES_FILE))
+    rep = build([cv_dir], ReportOptions(), processes=0)
+    assert "cv_configs" not in rep.optional and not any("out-of-fold" in n for n in note_lines(rep))

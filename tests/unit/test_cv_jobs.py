@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from distseg.cluster import cv as cv_lib
@@ -114,3 +115,71 @@ def test_plan_file_errors_name_the_file_and_field(tmp_path):
         cvplan.read(str(tmp_path))
     with pytest.raises(cvplan.InputError, match="not a cross-validation directory"):
         cvplan.read(str(tmp_path / "none"))
+
+
+@pytest.fixture
+def folded3d(tmp_path, folded):
+    """The cases of ``folded`` as volumes (synth --ndim 3 --jitter 0 of the same seed),
+    with the same fold table."""
+    path = str(tmp_path / "v.h5")
+    synth.make_volumes(path, cases=9, size=32, seed=0, slices_per_case=8, jitter=0)
+    folds.write_table(path, folds.read_table(folded))
+    return path
+
+
+def test_a_recipe_trains_its_own_data_file(folded, folded3d, tmp_path):
+    out = tmp_path / "cv"
+    res = _cv(folded, out, "--recipe", "s=--preset smoke",
+              "--recipe", f"v=--preset smoke3d --slab 8,32,32 --data {os.path.relpath(folded3d)}")
+    assert res.exit_code == 0, res.output
+    plan = cvplan.read(str(out))
+    assert plan.recipe("v").data == folded3d and plan.recipe("v").flags[-2:] == ("--slab", "8,32,32")
+    assert plan.recipe("s").data == "" and plan.data_files() == (folded, folded3d)
+    run = next(r for r in plan.runs if r.recipe == "v")
+    args = plan.train_args(str(out), run)
+    assert args[args.index("--data") + 1] == folded3d and args.count("--data") == 1
+    assert f"DATA={folded3d}\n" in (out / "jobs" / "v-fold0-n1.sbatch").read_text()
+    assert f"DATA={folded}\n" in (out / "jobs" / "s-fold0-n1.sbatch").read_text()
+    # A plan written before recipes had their own data reads as the plan's file.
+    raw = json.loads((out / "cv.json").read_text())
+    for r in raw["recipes"]:
+        del r["data"]
+    (out / "cv.json").write_text(json.dumps(raw))
+    old = cvplan.read(str(out))
+    assert old.data_of("v") == folded and old.train_args(str(out), run)[1] == folded
+
+
+def _other_table(path, fold_of):
+    cases = folds.file_cases(path)
+    folds.write_table(path, folds.table_of(cases.case_ids, np.array(fold_of), "t"))
+
+
+@pytest.mark.parametrize("change, words", [
+    ("cases", "its cases differ from"),
+    ("table", "has fold roles"),
+])
+def test_data_files_of_other_cases_or_folds_are_refused(folded, tmp_path, change, words):
+    other = str(tmp_path / "o.h5")
+    if change == "cases":
+        synth.make_volumes(other, cases=8, size=32, seed=0, slices_per_case=8, jitter=0)
+        _other_table(other, [0, 1, 2] * 2 + [0, 1])
+    else:
+        synth.make_volumes(other, cases=9, size=32, seed=0, slices_per_case=8, jitter=0)
+        _other_table(other, [0, 1, 2] * 3)
+    out = tmp_path / "cv"
+    res = _cv(folded, out, "--recipe", "s=--preset smoke",
+              "--recipe", f"v=--preset smoke3d --slab 8,32,32 --data {other}")
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and words in line and other in line and folded in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, words", [
+    ("--data", "--data needs a file"), ("--data a.h5 --data=b.h5", "--data given twice"),
+    ("--data --loss dice", "--data needs a file"), ("--run-dir x", "--run-dir is set by the plan"),
+])
+def test_a_recipe_data_flag_is_one_file(flags, words):
+    with pytest.raises(cv_lib.jobs_lib.JobError, match=words):
+        cv_lib.parse_recipe(f"r={flags}")
+    assert cv_lib.parse_recipe("r=--loss dice --data=x.h5").data == os.path.abspath("x.h5")

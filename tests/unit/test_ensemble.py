@@ -28,23 +28,22 @@ def test_the_ensemble_predict_is_the_mean_of_the_members():
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)  # still probabilities
 
 
-def _member(run_dir, intensity=None, size=32, names=NAMES, window=(1, 32, 32), dims=2):
+def _member(run_dir, intensity=None, size=32, names=NAMES, window=(1, 32, 32), dims=2,
+            channel=None):
     intensity = intensity or Intensity.ct()
     cfg = config_lib.smoke()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, spatial_dims=dims))
-    prep = predict.Preprocessing(intensity, size, None, "test")
+    prep = predict.Preprocessing(intensity, size, channel, f"test {run_dir}")
     return ensemble.Member(run_dir, cfg, predict.TrainingData(prep, names, None), window)
 
 
 @pytest.mark.parametrize("change,field,words", [
-    (dict(intensity=Intensity.ct(-100, 200)), "intensity", "[-100.0, 200.0]"),
-    (dict(size=48), "in-plane size", "32 vs 48"),
     (dict(names=("background", "liver", "tumour")), "class_names", "tumour"),
     (dict(names=("background", "liver")), "class_names", "'lesion') vs"),
-    (dict(window=(1, 48, 48)), "window", "(1, 32, 32) vs (1, 48, 48)"),
-    (dict(dims=3, window=(8, 32, 32)), "spatial_dims", "2 vs 3"),
+    (dict(channel=1), "channel", "None vs 1"),
 ])
-def test_a_member_that_differs_in_what_the_data_decides_is_one_line(change, field, words):
+def test_a_member_that_predicts_other_classes_or_reads_other_channels_is_one_line(
+        change, field, words):
     members = [_member("runs/a"), _member("runs/b"), _member("runs/c", **change)]
     with pytest.raises(InputError) as e:
         ensemble.check_agree(members)
@@ -52,6 +51,21 @@ def test_a_member_that_differs_in_what_the_data_decides_is_one_line(change, fiel
     assert line.startswith(f"runs/a and runs/c differ in {field} (") and words in line, line
     assert "\n" not in line
     ensemble.check_agree(members[:2])  # the same facts: no error
+
+
+@pytest.mark.parametrize("change", [
+    dict(intensity=Intensity.ct(-100, 200)), dict(size=48), dict(window=(1, 48, 48)),
+    dict(dims=3, window=(8, 32, 32)),
+])
+def test_members_that_read_a_scan_otherwise_are_grouped_not_refused(change):
+    """A 2D and a 3D recipe, or runs of another normalisation or grid, are one
+    ensemble: each group of members that read a scan alike runs its own sliding window
+    (``reading``), and only the members of the first group's reading share its prep."""
+    members = [_member("runs/a"), _member("runs/b"), _member("runs/c", **change)]
+    ensemble.check_agree(members)
+    kinds = [ensemble.reading(m) for m in members]
+    assert kinds[0] == kinds[1] != kinds[2]
+    assert ensemble.reading(_member("runs/d")) == kinds[0]  # "where" read from is no part
 
 
 def _plan(root, recipes=("dice",), nodes=(1,), folds=(0, 1, 2), trained=True):
@@ -80,9 +94,11 @@ def test_the_folds_of_a_cv_plan_are_its_runs_of_one_recipe_and_node_count(tmp_pa
         ensemble.cv_runs(cv, "lr", 1)
     with pytest.raises(InputError, match="not a cross-validation directory"):
         ensemble.cv_runs(str(tmp_path / "runs"))
-    opts = predict.Options("", (), "", cv=cv, recipe="dice", nodes=1)
+    opts = predict.Options("", (), "", cv=cv, recipe=("dice",), nodes=1)
     resolved = ensemble.resolved(opts)
     assert resolved.runs == ensemble.cv_runs(cv, "dice", 1)
+    both = ensemble.resolved(dataclasses.replace(opts, recipe=("ce", "dice")))
+    assert both.runs == ensemble.cv_runs(cv, "ce", 1) + ensemble.cv_runs(cv, "dice", 1)
 
 
 def test_one_plan_needs_no_flags_and_an_untrained_fold_is_one_line(tmp_path):

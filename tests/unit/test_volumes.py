@@ -209,6 +209,23 @@ def test_full_slabs_are_whole_volumes_of_one_shape(tmp_path, synthetic):
     assert "pass --slab D,H,W" in str(err.value)
 
 
+def test_volumes_of_no_jitter_are_the_slices_of_the_same_seed(tmp_path):
+    flat, vols = str(tmp_path / "s.h5"), str(tmp_path / "v.h5")
+    synth.make_dataset(flat, cases=4, size=16, seed=5, slices_per_case=6)
+    info = synth.make_volumes(vols, cases=4, size=16, seed=5, slices_per_case=6, jitter=0)
+    flat_info = data.examine(flat)
+    assert info.case_ids.tolist() == np.unique(flat_info.case_ids).tolist()
+    assert [int(c) for c in info.case_ids[info.val_cases]] == sorted(
+        {int(c) for c in flat_info.case_ids[flat_info.val_indices]})
+    slices = data.SliceReader(flat)
+    with volumes.SlabReader(vols, (6, 16, 16)) as reader:
+        for k in range(4):
+            image, mask = reader.read_case(k)
+            flat_image, flat_mask = slices.read(list(range(6 * k, 6 * k + 6)))
+            np.testing.assert_array_equal(image, flat_image)
+            np.testing.assert_array_equal(mask, flat_mask)
+
+
 def test_prefetcher_passes_the_epoch_and_shares_the_reader_with_validation(synthetic):
     path, info = synthetic
     ids = volumes.slab_ids(info, SLAB, "train")
@@ -340,20 +357,30 @@ def test_lits_sample_writes_the_fold_asked_for_in_2d_and_3d(tmp_path):
     assert sorted(set(info.val_indices.tolist())) == list(range(32, 64))
     train = set(info.train_indices.tolist())
     assert train == set(range(0, 16)) | set(range(80, 128))
-    # --fold needs --folds; a 3D file of every fold cannot be cut (its cases are each
-    # fold's own runs of slabs): both refused, nothing written.
-    for args in (["--fold", "1"], ["--ndim", "3", "--folds", "4"]):
-        res = runner.invoke(data_cli, ["lits-sample", "--out", str(tmp_path / "x.h5"), *args])
-        assert res.exit_code == 2 and ("--fold needs --folds" in res.output
-                                       or "needs --fold I" in res.output), res.output
-        assert not os.path.exists(tmp_path / "x.h5")
-    # 2D --folds alone: one file of every fold, its table fold by fold as fold_splits cuts.
-    every = str(tmp_path / "every.h5")
+    # --fold needs --folds: refused, nothing written.
+    res = runner.invoke(data_cli, ["lits-sample", "--out", str(tmp_path / "x.h5"), "--fold", "1"])
+    assert res.exit_code == 2 and "--fold needs --folds" in res.output, res.output
+    assert not os.path.exists(tmp_path / "x.h5")
+    # --folds alone: one file of every fold, its table fold by fold as fold_splits cuts;
+    # in 3D each slab a case volume holding the 2D file's slices of that slab.
+    every, every3 = str(tmp_path / "every.h5"), str(tmp_path / "every3.h5")
     assert runner.invoke(data_cli, ["lits-sample", "--out", every, "--folds", "4"]).exit_code == 0
+    res = runner.invoke(data_cli, ["lits-sample", "--out", every3, "--ndim", "3", "--folds", "4"])
+    assert res.exit_code == 0, res.output
     table = folds.read_table(every)
     roles = {code: name for name, code in h5format.SPLITS.items()}
     assert [[roles[r] for r in row] for row in table.roles.tolist()] == [
         lits.fold_splits(4, k) for k in range(4)]
+    table3 = folds.read_table(every3)
+    assert np.array_equal(table3.roles, table.roles) and np.array_equal(table3.case_ids, table.case_ids)
+    assert folds.file_cases(every3).names == folds.file_cases(every).names
+    slices = data.SliceReader(every, image_size=128)
+    with volumes.SlabReader(every3, (16, 128, 128)) as reader:
+        for k in (0, 5):
+            image, mask = reader.read_case(k)
+            flat, flat_mask = slices.read(list(range(16 * k, 16 * k + 16)))
+            assert image.shape == flat.shape and np.array_equal(mask, flat_mask)
+            assert np.allclose(image, flat, atol=1e-6)
 
 
 def test_cli_synth_info_and_lits_sample_in_3d(tmp_path):
