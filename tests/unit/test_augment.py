@@ -13,7 +13,7 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.data import augment, prefetch, synth
 from distseg.data import slices as data
-from distseg.training import plan as plan_lib
+from distseg.training.progress import plan as plan_lib
 
 from support import write_config
 

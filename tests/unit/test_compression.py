@@ -1,4 +1,4 @@
-"""``--compression auto`` (``distseg.training.compression``) without Horovod: the default
+"""``--compression auto`` (``distseg.training.startup.compression``) without Horovod: the default
 of every preset, what a step is built with before the decision, and the decisions taken
 with no collective at all (one host, one rank, a compression named by the config).
 Horovod is never initialised here, so any collective would raise: a decision that
@@ -10,7 +10,8 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.parallel import distributed as dist
-from distseg.training import compression, factory
+from distseg.training.startup import compression
+from distseg.training.step import factory
 
 from support import write_config
 

@@ -12,8 +12,8 @@ import pytest
 
 from distseg.core import config as config_lib
 from distseg.core import lr
-from distseg.training.noise import Average
-from distseg.training.state import TrainingState
+from distseg.training.progress.noise import Average
+from distseg.training.progress.state import TrainingState
 
 SAMPLES = 64  # the run's training samples: 8 steps of a global batch of 8 an epoch
 

@@ -1,4 +1,4 @@
-"""The training state that changes with progress (``distseg.training.state.TrainingState``),
+"""The training state that changes with progress (``distseg.training.progress.state.TrainingState``),
 without Horovod: the lr's clocks, what a step feeds it, the ``goodput`` policy's
 decide / take / restore, and a checkpoint's ``scaling`` state written before the state
 was one object."""
@@ -13,8 +13,8 @@ import os
 import pytest
 
 from distseg.core import config as config_lib
-from distseg.training.noise import Average
-from distseg.training.state import TrainingState
+from distseg.training.progress.noise import Average
+from distseg.training.progress.state import TrainingState
 
 from support import REPO
 

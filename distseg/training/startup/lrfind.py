@@ -31,8 +31,8 @@ from distseg.core.errors import EXIT_BAD_INPUT, RunError
 from distseg.data import feeds, prefetch
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, steps
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.step import factory, steps
 
 #: Steps of the sweep, at most (it stops once the loss has diverged).
 STEPS = 60

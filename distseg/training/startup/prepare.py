@@ -18,7 +18,9 @@ from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import compression, factory, lrfind, precision, resume
+from distseg.training.checkpoints import resume
+from distseg.training.startup import compression, lrfind, precision
+from distseg.training.step import factory
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Opened:

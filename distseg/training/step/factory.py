@@ -20,7 +20,7 @@ from distseg.core import config as config_lib
 from distseg.core import lr
 from distseg.data import augment
 from distseg.parallel import distributed as dist
-from distseg.training import steps
+from distseg.training.step import steps
 
 
 class State(NamedTuple):

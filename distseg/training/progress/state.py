@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
-from distseg.training import noise as noise_lib
-from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
-from distseg.training.noise import Cadence, NoiseScale
-from distseg.training.plan import EpochPlan, origin_step
+from distseg.training.progress import noise as noise_lib
+from distseg.training.progress.batchpolicy import BatchPolicy, kept_per_rank
+from distseg.training.progress.noise import Cadence, NoiseScale
+from distseg.training.progress.plan import EpochPlan, origin_step
 
 
 def noise_steers(train_cfg) -> bool:

@@ -39,8 +39,9 @@ from distseg.core import config as config_lib
 from distseg.core import link
 from distseg.data import feeds
 from distseg.parallel import distributed as dist
-from distseg.training import factory, precision, trial
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.startup import precision, timedsteps
+from distseg.training.step import factory
 
 #: Steps of the exact step timed where ``--precision auto``'s trial did not run, after
 #: the one that traces it.
@@ -86,14 +87,14 @@ def _timed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
            train_steps: factory.TrainSteps) -> float:
     """Collective: the slowest rank's median seconds of the run's exact step on its first
     batch (``TIMED_STEPS`` after the one that traces it), the state put back."""
-    batch = trial.agreed(LABEL, "reading its first batch", trial.first_batch, cfg, ctx, feed)
+    batch = timedsteps.agreed(LABEL, "reading its first batch", timedsteps.first_batch, cfg, ctx, feed)
     # The values before the steps; the kind of step the run mostly takes.
-    candidate = trial.Candidate.of(train_steps.state, trial.usual_noise_mode(cfg))
-    candidate.step = trial.agreed(LABEL, "tracing the step", _traced, train_steps, batch[2])
-    trial.timed_step(candidate, batch, LABEL, "the first step")
-    seconds = [trial.timed_step(candidate, batch, LABEL, f"timed step {i + 1}")
+    candidate = timedsteps.Candidate.of(train_steps.state, timedsteps.usual_noise_mode(cfg))
+    candidate.step = timedsteps.agreed(LABEL, "tracing the step", _traced, train_steps, batch[2])
+    timedsteps.timed_step(candidate, batch, LABEL, "the first step")
+    seconds = [timedsteps.timed_step(candidate, batch, LABEL, f"timed step {i + 1}")
                for i in range(TIMED_STEPS)]
-    trial.put_back(candidate)
+    timedsteps.put_back(candidate)
     return precision.slowest_rank({"none": statistics.median(seconds)})["none"]
 
 
