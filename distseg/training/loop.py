@@ -98,7 +98,7 @@ def open_session(prepared: prepare.Prepared, ctx: dist.Context, feed: feeds.Feed
         cfg=cfg, ctx=ctx, feed=feed, model=model, optimizer=optimizer, synced=synced,
         reader=reader, log=log, t0=t0, start_time=start_time, stop=stop, training=training,
         batches=resources.enter_context(contextlib.closing(PlannedBatches(
-            reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch,
+            reader, feed.train_ids, ctx.rank, ctx.size, t.epochs, t.seed, cfg.data.prefetch,
             factory.transform(cfg)))),
         train_steps=prepared.train_steps,
         eval_step=factory.eval_step(cfg, model, shape),
@@ -118,7 +118,8 @@ def use_plan(s: Session, origin: tuple[int, int]) -> None:
     """Trains from (epoch, step) ``origin`` on with the plan in force: its batches and
     the train step traced for its batch."""
     s.batches.use(s.plan, origin)
-    s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
+    s.train_step = s.train_steps.for_batch(s.cfg, s.plan.static_batch(len(s.feed.train_ids),
+                                                                       s.ctx.size))
     s.training.noise.gradients_per_rank = s.train_step.gradients_per_rank
     s.fresh = True
 
@@ -323,7 +324,7 @@ def train_epochs(s: Session) -> int:
             observer.on_epoch_end(record)
         for part in s.parts:  # the best checkpoint's choice: its line follows the epoch's
             part.before_checkpoint(record)
-        if s.training.take(choice):
+        if s.training.take(choice, s.cfg.train):
             switch_batch(s, epoch + 1)
         close_epoch(s, result, epoch)
     return s.epochs_done

@@ -32,6 +32,8 @@ class Session:
     """The state the epochs of one launch share."""
 
     cfg: config_lib.Config
+    """The run's one live config after start-up (``prepare.Prepared.cfg``): the other
+    pieces take the values they need from it when built or called, and hold no copy."""
     ctx: dist.Context
     feed: feeds.Feed
     model: Any

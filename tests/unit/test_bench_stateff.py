@@ -399,7 +399,7 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
         assert (scaling.plan.batch.per_rank, scaling.plan.batch.global_batch) == (4, 32)
         assert (scaling.noise.small, scaling.noise.big, scaling.noise.base) == (4, 32, 8)
         scaling.noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
-        choice = emulation.policy_step(scaling, seconds)
+        choice = emulation.policy_step(scaling, seconds, cfg.train)
         plan = scaling.plan
         assert choice.per_rank == expect
         assert (plan.batch.per_rank, plan.batch.global_batch, plan.steps) == \

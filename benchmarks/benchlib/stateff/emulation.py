@@ -216,13 +216,14 @@ def held(records: list[dict], stop_at: float, hold: int) -> bool:
     return len(dice) >= hold and all(d >= stop_at for d in dice[-hold:])
 
 
-def policy_step(scaling, step_seconds: dict):
+def policy_step(scaling, step_seconds: dict, train_cfg):
     """The goodput policy at an epoch's end, as the loop takes it (``TrainingState.decide`` and
-    ``take``) at the emulated ranks, the seconds of a step at each per-rank batch from
-    ``step_seconds`` (measured throughput, not this process's clock). Returns the
-    choice; on a switch ``scaling`` holds the new batch's plan and noise-scale sizes."""
+    ``take``, by the run's ``train_cfg``) at the emulated ranks, the seconds of a step at each
+    per-rank batch from ``step_seconds`` (measured throughput, not this process's clock).
+    Returns the choice; on a switch ``scaling`` holds the new batch's plan and noise-scale
+    sizes."""
     choice = scaling.decide(step_seconds.get)
-    scaling.take(choice)
+    scaling.take(choice, train_cfg)
     return choice
 
 
@@ -277,7 +278,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
         record = epoch_record(scaling, epoch, time.perf_counter() - t0, steps,
                               sim.validate(*val), plan)
         if scaling.policy is not None and epoch + 1 < cfg.train.epochs:
-            choice = policy_step(scaling, step_seconds)
+            choice = policy_step(scaling, step_seconds, cfg.train)
             record["goodput"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
                                  "goodput": {str(b): v for b, v in choice.goodput.items()}}
         records += steps + [record]

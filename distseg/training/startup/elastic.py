@@ -48,7 +48,7 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     # --slab auto plan depends on the data file and the config alone, never the ranks.
     cfg, feed = agreement.agree(prepare.check_inputs, cfg, ctx)
     resumed = resumed_from(elastic, cfg, ctx, resuming, state)
-    steps = factory.TrainSteps(cfg, state, feed.input_shape, ctx.size)
+    steps = factory.TrainSteps(state, feed.input_shape, ctx.size)
     return train(prepare.Prepared(cfg, state, steps, resumed), ctx, feed, threads,
                  elastic=elastic)
 
