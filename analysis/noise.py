@@ -3,7 +3,7 @@ predicts for another global batch.
 
 The trainer logs McCandlish et al.'s simple noise scale B_simple = tr(Sigma) / |G|^2
 (samples; "An Empirical Model of Large-Batch Training", 2018, Appendix A) in each
-``epoch`` record's ``noise_scale`` (``distseg.training.noise``): moving averages up to
+``epoch`` record's ``noise_scale`` (``distseg.training.progress.noise``): moving averages up to
 the end of that epoch, ``null`` where not estimable (1-rank logs from before
 2026-11-25: ``method`` ``none``; one rank then differenced consecutive gradients, which
 read well above two ranks' estimate (docs/studies/noise-halves-2026-11-26.md), and

@@ -55,7 +55,7 @@ ENV_VARIANTS = {
 """Variants that run a step (``distseg`` or one of ``STEP_VARIANTS``) with Horovod
 settings of their own, given to both ranks by ``mpirun -x``."""
 #: Variants of distseg's own step and their ``--compression``: ``auto`` decides from the
-#: link its run measures (``distseg.training.compression``; each row keeps the choice).
+#: link its run measures (``distseg.training.startup.compression``; each row keeps the choice).
 COMPRESSED = {"fp16": "fp16", "auto": "auto"}
 EXTRA_VARIANTS = ("localloss", "nocheck", "auto", *ENV_VARIANTS)
 MODELS = {

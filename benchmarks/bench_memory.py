@@ -46,7 +46,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from distseg.networks import memory  # noqa: E402
 from distseg.networks import spec as spec_lib  # noqa: E402
-from distseg.training import memprobe  # noqa: E402
+from distseg.training.step import memprobe  # noqa: E402
 
 from benchlib.args import add_results_dir, preset_config, set_threads  # noqa: E402
 
@@ -143,7 +143,7 @@ def train_and_score(cfg, data, steps: int, batch: int, seed: int = 0) -> dict:
     import tensorflow as tf
 
     from distseg import metrics
-    from distseg.training import factory
+    from distseg.training.step import factory
 
     from benchlib import model_variants
     (train_x, train_y), (val_x, val_y) = data

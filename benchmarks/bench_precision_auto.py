@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from distseg.training import precision  # noqa: E402
+from distseg.training.startup import precision  # noqa: E402
 
 from benchlib import launch, runlogs  # noqa: E402
 from benchlib.args import add_results_dir  # noqa: E402

@@ -29,7 +29,7 @@ Two back-ends run the same algorithm on the same batches:
         ``Schedule``, its own forward/backward pass and its own BatchNorm moving
         statistics, gradients averaged, Adam applied, BatchNorm statistics averaged
         over ranks at each epoch end, the learning rate from
-        ``distseg.training.steps``. It measures samples, not time, at a fraction of
+        ``distseg.training.step.steps``. It measures samples, not time, at a fraction of
         the cost of 8 oversubscribed processes; ``--check-sim`` compares it with a
         real run, and ``tests/e2e/test_bench_stateff_parity.py`` holds its per-step
         losses to ``distseg-train``'s at 1 and 2 ranks.

@@ -47,7 +47,7 @@ def set_threads(intra: int, inter: int = 1) -> None:
 def add_precision(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--precision float32|bfloat16`` (default float32): what the networks a tool times
     compute in. A preset's ``auto`` is no answer here: only a ``distseg-train`` run's
-    start decides it (``distseg.training.precision``), each run for itself, so a tool
+    start decides it (``distseg.training.startup.precision``), each run for itself, so a tool
     names one, and one compared with a run is given the precision that run chose
     (``make bench`` reads it from the run's log)."""
     from distseg.core.config import PRECISIONS

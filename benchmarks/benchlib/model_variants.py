@@ -17,7 +17,7 @@ U-Net keeps its one definition in distseg: a variant only swaps entries of
 ``distseg.networks.unet.NORM_LAYERS`` while the model is built.
 
 ``model_and_optimizer`` is how every benchmark that trains builds what it trains: the
-run's own factory (``distseg.training.factory``) with a variant's layers swapped in, so
+run's own factory (``distseg.training.step.factory``) with a variant's layers swapped in, so
 the optimizer is the config's (``train.optimizer``, weight decay, clipping), as in the
 run it stands for.
 """
@@ -63,7 +63,7 @@ def model_and_optimizer(cfg, input_shape, seed: int, *, variant: str = "keras"):
     """(model, optimizer) of the run config ``cfg`` as ``distseg-train`` builds them
     (``factory.model_and_optimizer``: the optimizer of ``train.optimizer`` at
     ``train.lr``, built with its slots), the model as the variant ``variant``."""
-    from distseg.training import factory
+    from distseg.training.step import factory
     with swapped(variant):
         return factory.model_and_optimizer(cfg, input_shape, seed)
 

@@ -1,6 +1,6 @@
 """Local copies of distseg's train step with one cost taken out, for A/B timing.
 
-``distseg.training.steps.make_train_step`` does more than forward, backward and update: it
+``distseg.training.step.steps.make_train_step`` does more than forward, backward and update: it
 copies the BatchNorm statistics before the forward pass (to put them back when a step
 is skipped), checks every gradient for finiteness (the ``--on-nonfinite`` feature)
 and, on more than one rank, a grouped allreduce. Each builder here has the same
@@ -26,7 +26,7 @@ Variants (``VARIANTS``):
                    can reduce while backprop goes on (several ranks only; measured at 2
                    ranks x 8 demo slices: 432.6 against 431.3 ms, no gain).
 
-``compiled_weight_checksum`` is a local copy of ``distseg.training.steps.weight_checksum`` run
+``compiled_weight_checksum`` is a local copy of ``distseg.training.step.steps.weight_checksum`` run
 as one ``tf.function`` instead of numpy sums over the weights and optimizer state
 (``check_weights`` calls it at every epoch's end, on every rank): 8-11 ms a call
 against numpy's 26-28 ms on the demo U-Net, but 0.9 s to trace for each list of
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from distseg.training import steps
+from distseg.training.step import steps
 
 
 def _loss_and_grads(model, images, masks, num_classes: int, loss: str, ranks: int):
@@ -238,7 +238,7 @@ def skipping(model, optimizer, spatial_shape, num_classes: int, loss: str, ranks
              batch: int | None = None):
     """distseg's own step on a call that takes no noise-scale statistics
     (``noise.SKIP``): what most of a run's steps are under ``--noise-every auto``."""
-    from distseg.training import noise
+    from distseg.training.progress import noise
     step = original(model, optimizer, spatial_shape, num_classes, loss, ranks, batch)
     step.noise_mode.assign(noise.SKIP)
     return step
@@ -274,7 +274,7 @@ _COMPILED: dict = {}
 
 
 def compiled_weight_checksum(variables) -> list[float]:
-    """``distseg.training.steps.weight_checksum`` as one compiled call. The variables go in as
+    """``distseg.training.step.steps.weight_checksum`` as one compiled call. The variables go in as
     TensorFlow variables (by reference), so a later call reads their new values."""
     import tensorflow as tf
     if "checksum" not in _COMPILED:

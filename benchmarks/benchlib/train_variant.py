@@ -1,7 +1,7 @@
 """The real ``distseg-train`` with local copies of some pieces swapped in, for A/B runs.
 
 ``--step`` puts a train-step builder of ``benchlib.step_variants`` in place of
-``distseg.training.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
+``distseg.training.step.steps.make_train_step``; ``--model`` builds the U-Net as a model variant of
 ``benchlib.model_variants`` (``kerasbn``, ``kerasgn``: Keras' own normalisation layers);
 ``--checksum compiled`` computes the per-epoch weight checksum as one
 ``tf.function`` (``step_variants.compiled_weight_checksum``). Everything else (sharding, the
@@ -23,7 +23,7 @@ import sys
 def install(step: str = "distseg", model: str = "keras", checksum: str = "distseg") -> None:
     """Swaps the chosen pieces into distseg for the rest of this process."""
     from distseg.networks import unet as model_lib
-    from distseg.training import steps
+    from distseg.training.step import steps
 
     from benchlib import model_variants, step_variants
     if step not in step_variants.VARIANTS:

@@ -88,7 +88,7 @@ def worker(args) -> dict:
     from distseg.core import config as config_lib
     from distseg.data import feeds, sharding
     from distseg.data import slices as data
-    from distseg.training import steps
+    from distseg.training.step import steps
 
     from benchlib import model_variants
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -16,8 +16,8 @@ from distseg.core import config as config_lib
 from distseg.core.errors import DistsegError, InputError, fail
 from distseg.networks import memory
 from distseg.networks import spec as spec_lib
-from distseg.training import memprobe
-from distseg.training import precision as precision_lib
+from distseg.training.startup import precision as precision_lib
+from distseg.training.step import memprobe
 
 #: Base filters when --base-filters is not given: the liver2d and liver3d presets'.
 DEFAULT_FILTERS = {"unet2d": config_lib.liver2d().model.base_filters,

@@ -13,7 +13,8 @@ import click
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import fail
-from distseg.training import precision_cache, stopping
+from distseg.training import stopping
+from distseg.training.startup import precision_cache
 
 
 class LrType(click.ParamType):

@@ -34,11 +34,11 @@ MODELS = {"unet2d": 2, "unet3d": 3}
 #: What a network computes in (``model.precision`` once a run has decided).
 PRECISIONS = ("float32", "bfloat16")
 #: ``model.precision``: decided at a training run's start by a timed trial where the CPU
-#: reports bfloat16 (``distseg.training.precision``); float32 elsewhere.
+#: reports bfloat16 (``distseg.training.startup.precision``); float32 elsewhere.
 AUTO = "auto"
 PRECISION_CHOICES = (AUTO,) + PRECISIONS
 #: ``train.compression``: decided at a multi-node run's start from the link its ranks
-#: measured (``distseg.training.compression``); exact float32 on one host.
+#: measured (``distseg.training.startup.compression``); exact float32 on one host.
 COMPRESSION_CHOICES = (AUTO,) + COMPRESSIONS
 NONFINITE = ("stop", "skip")
 #: ``data.augment``: on-the-fly augmentation of training samples (``distseg.data.augment``).
@@ -123,7 +123,7 @@ class ModelConfig:
     """``float32``, ``bfloat16`` (Keras mixed precision; float32 softmax output) or
     ``auto``: at the start of a training run, bfloat16 where the CPU reports it
     (``avx512_bf16``, ``amx_bf16``) and a timed trial of the run's own step finds it at
-    least 10 % faster on every rank, else float32 (``distseg.training.precision``). A
+    least 10 % faster on every rank, else float32 (``distseg.training.startup.precision``). A
     run's config.json holds the precision decided."""
 
     @property
@@ -154,7 +154,7 @@ class TrainConfig:
     lr: float = 1e-4
     """Learning rate of a single process; scaled by ``lr_scaling`` for ``size`` ranks."""
     lr_auto: bool = False
-    """``--lr auto``: the first launch ran the lr range test (``distseg.training.lrfind``)
+    """``--lr auto``: the first launch ran the lr range test (``distseg.training.startup.lrfind``)
     and ``lr`` holds the lr it found."""
     lr_from: str = ""
     """``--lr-from RUN``: the run whose ``lr`` this run took (one lr for every node count
@@ -188,7 +188,7 @@ class TrainConfig:
     at a run's start, on ranks of more than one host, fp16 where the link the ranks
     measure, the gradient bytes and the step's compute time predict at least 10 % more
     samples/s with it, else exact float32; on one host exact float32 without a
-    measurement (``distseg.training.compression``; what it gained, and what fp16 cost
+    measurement (``distseg.training.startup.compression``; what it gained, and what fp16 cost
     the demo's Dice: docs/performance.md#gradient-compression). A run's config.json
     holds what was decided."""
     warmup_epochs: float = 1.0
@@ -229,7 +229,7 @@ class TrainConfig:
     """Run the sharded validation after each epoch."""
     tensorboard: bool = True
     """Rank 0 writes TensorBoard scalars to ``RUN/tensorboard/`` as it trains
-    (``distseg.training.board``)."""
+    (``distseg.training.epoch.board``)."""
     hang_timeout: float = 120.0
     """Seconds a rank may wait in a collective before it ends the run, naming the
     ranks that stopped answering (0: wait forever)."""
@@ -238,12 +238,12 @@ class TrainConfig:
     checkpoint, every BatchNorm layer's moving statistics are replaced by the mean batch
     statistics of ``precise_bn`` steps (the epoch's first, then the epochs' before it
     where it has fewer), the weights frozen, averaged
-    over the ranks (``distseg.training.precisebn``): validation and the saved model
+    over the ranks (``distseg.training.epoch.precisebn``): validation and the saved model
     then normalise with statistics of the weights they hold, not an average that lags
     them. Costs a forward pass per step; nothing without BatchNorm."""
     weight_ema: float = 0.0
     """Validate and save an exponential moving average of the weights, decay
-    ``weight_ema`` a step (0: off; ``distseg.training.weightema``): when an epoch's steps
+    ``weight_ema`` a step (0: off; ``distseg.training.epoch.weightema``): when an epoch's steps
     are done the model takes the average for precise BatchNorm, validation and the
     epoch's checkpoint, then training goes on from the live weights. Steadies the
     validated model where small batches make each step move it far (3D)."""
@@ -253,7 +253,7 @@ class TrainConfig:
     step where the estimate steers the lr or the batch (``gain``, ``adascale``,
     ``goodput``); elsewhere the first epoch measures every 4th step and times both
     kinds, then the smallest cadence
-    whose measured steps take at most 1 % of training (``distseg.training.noise``'s
+    whose measured steps take at most 1 % of training (``distseg.training.progress.noise``'s
     ``Cadence``; a checkpoint keeps the decision). The update is the same math on
     every step; on one rank the steps that halve the batch round differently, so give
     a number for runs that must repeat bit for bit."""

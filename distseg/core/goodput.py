@@ -6,7 +6,7 @@ OSDI 2021), the quantity the ``goodput`` batch policy maximises and the report p
 ``throughput`` comes from a step-time model fitted to measured steps (``StepTimes``), or
 from any callable giving the seconds of a step at a per-rank batch; ``efficiency`` is
 the progress per sample of a step of B samples relative to one of the base batch B0,
-from the gradient noise scale (``distseg.training.noise``): AdaScale's gain
+from the gradient noise scale (``distseg.training.progress.noise``): AdaScale's gain
 
     gain(B) = (tr / B0 + |G|^2) / (tr / B + |G|^2)
 

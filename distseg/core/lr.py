@@ -11,7 +11,7 @@ A step's lr is the base lr (``train.lr``, the one process's) times three things:
   samples of the run's planned horizon.
 
 ``at`` composes them for one step of an epoch plan; the training state
-(``distseg.training.state.TrainingState``) calls it with its clocks, and ``assign``
+(``distseg.training.progress.state.TrainingState``) calls it with its clocks, and ``assign``
 writes the result into the optimizer: the only place that does. Plain Python: the
 report's projection and the benchmarks' emulation read the same rules.
 """
@@ -83,7 +83,7 @@ def uses_gain(rule: str, global_batch: int, base: int) -> bool:
 
 
 def at(plan, clock: float, gain: float = 1.0, progress: float = 0.0) -> float:
-    """The lr of a step of epoch plan ``plan`` (``training.plan.EpochPlan``) before the
+    """The lr of a step of epoch plan ``plan`` (``training.progress.plan.EpochPlan``) before the
     schedule: warmed up over ``clock`` steps of its batch, or, under a gain rule, from
     the measured ``gain`` and the gain-weighted ``progress``."""
     batch = plan.batch

@@ -17,7 +17,7 @@ too. Every module that reads or writes a run directory takes its paths from here
       job.txt                       a Slurm job's command line (``jobs/common.sh.in``)
       model_fn.py                   a --model-fn run's model source (``networks.userfn``)
 
-What the checkpoint files hold is ``distseg.training.checkpoint``'s business; only
+What the checkpoint files hold is ``distseg.training.checkpoints.checkpoint``'s business; only
 their names are here. The Slurm scripts (``jobs/*.sh.in``, ``jobs/report.sbatch``)
 spell the same names in bash; ``tests/unit/test_jobs.py`` checks they agree.
 """
@@ -40,7 +40,7 @@ CHECKPOINT_DIR = "checkpoints"
 #: In ``CHECKPOINT_DIR``: the name of the newest checkpoint's manifest.
 LATEST_CHECKPOINT = "latest.json"
 #: In ``CHECKPOINT_DIR``: the best checkpoint's stem, epoch and EMA of validation Dice
-#: (``training.best``); rotation keeps the checkpoint it names.
+#: (``training.epoch.bestcheckpoint``); rotation keeps the checkpoint it names.
 BEST_CHECKPOINT = "best.json"
 #: ``distseg-predict --decide``'s decisions on test-time mirroring and largest-component
 #: post-processing, with the validation Dice behind them (``inference.postprocess``).
@@ -53,9 +53,9 @@ CHECKPOINT_PREFIX = "epoch-"
 TEMPORARY = ".tmp."
 #: A Slurm job's command line and settings (written by ``jobs/common.sh.in``).
 JOB_FILE = "job.txt"
-#: ``RUN/tensorboard``: rank 0's live TensorBoard scalars (``training.board``).
+#: ``RUN/tensorboard``: rank 0's live TensorBoard scalars (``training.epoch.board``).
 TENSORBOARD_DIR = "tensorboard"
-#: An epoch's Horovod timeline (``training.observers.Timeline``), by epoch.
+#: An epoch's Horovod timeline (``training.epoch.observers.Timeline``), by epoch.
 TIMELINE_FILE = "comm-timeline-e{epoch}.json"
 #: A ``--model-fn`` run's copy of its model's source file.
 MODEL_FN_FILE = "model_fn.py"

@@ -36,7 +36,7 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     (``distseg.core.link``; local: every rank on one host), precision {requested
     (auto, float32 or bfloat16), choice; under auto also flags (the CPU's bfloat16
     flags), seconds {float32, bfloat16} (the slowest rank's median step in the trial;
-    null: no trial), speedup, steps, trial_s, reason} (``distseg.training.precision``),
+    null: no trial), speedup, steps, trial_s, reason} (``distseg.training.startup.precision``),
     augment (``data.augment``: none, light or default; ``distseg.data.augment``),
     compression_decision {requested (auto, none or fp16), choice (none or fp16); under
     auto also reason, decision_s, and either ranks and one_host (exact without a
@@ -44,7 +44,7 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     ranks, params, gradient_bytes {none, fp16}, measured_step_s, step_source,
     compute_s, allreduce_s {none, fp16}, step_s {none, fp16}, samples_per_step,
     samples_per_s {none, fp16}, speedup, threshold, gamma} (``distseg.core.link``,
-    ``distseg.training.compression``).
+    ``distseg.training.startup.compression``).
 ``step``  each training step:
     epoch, step (within the epoch), global_step, t (seconds since the agreed start),
     step_time (seconds for the whole step on this rank), data_wait (seconds of that
@@ -68,20 +68,20 @@ whatever the log's version (``upgrade``, applied by ``parse_line``).
     a checkpoint from before 2026-11-28, b_simple_high alone null where it has no upper
     bound), effective_steps (the measured steps the averages are worth), b_simple_raw,
     g2_raw, tr_sigma_raw, small_batch, big_batch, base_batch, method, ema,
-    preconditioned, cadence {every, auto, decision}} (``distseg.training.noise``;
+    preconditioned, cadence {every, auto, decision}} (``distseg.training.progress.noise``;
     schema 1-2: trace, trace_raw), lr_rule {rule, lr, gain, progress, global_batch,
     base_batch} (the lr rule in force and AdaScale's gain), under ``--batch-policy
     goodput`` goodput {policy, per_rank (this epoch's), options, step_time_model
     {alpha, beta}, measured_step_time {per-rank batch: s}, goodput {per-rank batch:
     predicted}, next_per_rank, switched, reason} (the goodput policy's measurements and
-    choice, ``distseg.training.batchpolicy``; schema 1-2: batch_policy);
+    choice, ``distseg.training.progress.batchpolicy``; schema 1-2: batch_policy);
     rank 0 of each launch's second epoch on 2 or more ranks comm {steps, file,
     gradient_s, gradient_wait_s, small_s, small_wait_s, gradient_ops, small_ops} or
     {steps, file, error}: medians from Horovod's timeline of its first steps
     (``distseg.core.timeline``);
     under ``--precise-bn`` precise_bn {steps, seconds}: the steps whose batch statistics
     replaced BatchNorm's moving ones before validation, and what that took
-    (``distseg.training.precisebn``);
+    (``distseg.training.epoch.precisebn``);
     since schema 2 val_loss is the loss
     of the whole validation set (its Dice sums over every sample) and train_loss the
     mean of the steps' global-batch losses;

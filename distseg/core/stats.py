@@ -1,7 +1,7 @@
 """Small statistics shared by training and the report (plain Python).
 
 ``t_quantile``: Student's t quantile for a confidence interval over few values, used
-by the gradient noise scale's interval (``distseg.training.noise``) and by the
+by the gradient noise scale's interval (``distseg.training.progress.noise``) and by the
 cross-validation report's intervals over folds (``analysis.cv``).
 """
 

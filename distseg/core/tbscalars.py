@@ -1,5 +1,5 @@
 """Which log field becomes which TensorBoard scalar, at which step: the one mapping that
-the live writer of a run (``distseg.training.board``, rank 0) and the export of any
+the live writer of a run (``distseg.training.epoch.board``, rank 0) and the export of any
 run's logs (``analysis.board``) share, so a run watched live and the same run exported
 from its JSON-line logs show the same series.
 

@@ -4,7 +4,7 @@ A feed knows its sample ids (what the shards, the sample digests and the report'
 coverage check count), the model's input shape and how to open its reader.
 ``distseg.training.loop`` holds one feed and never asks which kind it has: one loop for
 2D and 3D (how a rank scores its share of the validation set is
-``distseg.training.validation``).
+``distseg.training.step.validation``).
 
 No Horovod here: ``rank`` and ``size`` come in as ints.
 """

@@ -49,7 +49,7 @@ from distseg.data.convert import geometry, sources
 from distseg.data.convert.intensity import Intensity, forward_channels
 from distseg.inference import postprocess, report
 from distseg.inference.scans import Scan, collect_scans
-from distseg.training import checkpoint
+from distseg.training.checkpoints import checkpoint
 
 #: Slices per prediction batch of a 2D run (a 3D run takes its training batch size).
 SLICE_BATCH = 8
@@ -278,7 +278,7 @@ class Chosen:
 
 def choose_checkpoint(run_dir: str, which: str = "best") -> Chosen:
     """The checkpoint to load: with ``which="best"`` the one ``best.json`` names (the
-    best EMA of validation Dice, ``training.best``) when the run has one, else the
+    best EMA of validation Dice, ``training.epoch.bestcheckpoint``) when the run has one, else the
     newest; with ``"latest"`` the newest. A damaged ``best.json``, or one naming a
     damaged checkpoint, falls back to the newest with one warning; a run without one
     (trained before it was kept, or without validation) takes the newest silently.

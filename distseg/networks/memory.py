@@ -32,7 +32,7 @@ machine, the runs and the error at other sizes are in
 docs/studies/memory-calibration-2026-11-23.md; ``benchmarks/bench_memory.py``
 re-measures them.
 
-What a real train step holds is measured by ``distseg.training.memprobe.measure``,
+What a real train step holds is measured by ``distseg.training.step.memprobe.measure``,
 the planner's check against training's own step (``distseg-memory --measure``).
 
 Plain Python: no TensorFlow.

@@ -137,7 +137,7 @@ def spec_of(cfg: ModelConfig, input_shape: Sequence[int] | None = None) -> UNetS
     """
     if cfg.precision == AUTO:
         raise InputError(f"model.precision {cfg.precision!r} is decided when a training run "
-                         f"starts (distseg.training.precision); a network is built in one of "
+                         f"starts (distseg.training.startup.precision); a network is built in one of "
                          f"{PRECISIONS}")
     shape = spatial_shape(cfg.image_size, input_shape, cfg.spatial_dims, cfg.depth)
     return UNetSpec(shape, depth=cfg.depth, base_filters=cfg.base_filters,

@@ -20,7 +20,7 @@ model built from other code. The copy is loaded as a file of its own, so a modul
 imports its package's siblings by relative import resumes only from its package.
 
 Keras only (no Horovod): every error is a one-line ``InputError`` naming the reference;
-the training start-up shares it among the ranks (``distseg.training.startup``).
+the training start-up shares it among the ranks (``distseg.training.startup.prepare``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""The training loop (``loop``) and its pieces: start-up and the precision trial, the
-epoch plan, the training state that changes with progress (``state``), the factory of
-the model and its steps, the step, validation, the observers of the loop, records,
-checkpoints, resume and stopping.
-Horovod itself is reached only through ``distseg.parallel.distributed``."""
+"""The training loop (``loop``), what one launch shares (``session``, ``records``,
+``runlog``, ``stopping``), and its pieces in rooms named for when they act:
+``startup`` (the decisions before the first step), ``step`` (the train step and the
+factory that builds it), ``progress`` (what changes as training goes on), ``epoch`` (the
+model parts and the observers around each epoch), ``checkpoints`` (save and resume).
+Imports point down ``progress`` -> ``step`` -> ``epoch``/``checkpoints`` -> ``startup``
+-> the loop (docs/architecture.md). Horovod itself is reached only through
+``distseg.parallel.distributed``."""

@@ -32,28 +32,19 @@ from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
 from distseg.parallel import threads as threads_lib
-from distseg.training import best as best_lib
-from distseg.training import board as board_lib
-from distseg.training import (
-    checkpoint,
-    factory,
-    modelparts,
-    noise,
-    precisebn,
-    records,
-    resume,
-    startup,
-    steps,
-    stopping,
-    validation,
-    weightema,
-)
-from distseg.training import elastic as elastic_lib
-from distseg.training.observers import Console, Timeline
-from distseg.training.plan import PlannedBatches
+from distseg.training import records, stopping
+from distseg.training.checkpoints import checkpoint, resume
+from distseg.training.epoch import bestcheckpoint, modelparts, precisebn, weightema
+from distseg.training.epoch import board as board_lib
+from distseg.training.epoch.observers import Console, Timeline
+from distseg.training.progress import noise
+from distseg.training.progress.plan import PlannedBatches
+from distseg.training.progress.state import TrainingState
 from distseg.training.runlog import RunLog
 from distseg.training.session import EpochResult, Session
-from distseg.training.state import TrainingState
+from distseg.training.startup import elastic as elastic_lib
+from distseg.training.startup import prepare
+from distseg.training.step import factory, steps, validation
 
 # --- the session: what the epochs of one launch share ------------------------------
 
@@ -67,7 +58,7 @@ def open_parts(s: Session) -> tuple:
         weightema.WeightAverage.open(t, s.model),
         precisebn.PreciseBatchNorm.open(t, s.model, s.feed.input_shape, s.batches.images,
                                         dist.allreduce_many, s.ctx.size),
-        best_lib.BestDice.open(t, s.console))
+        bestcheckpoint.BestDice.open(t, s.console))
     agreement.agree(modelparts.restore, parts, s.resumed.parts if s.resumed else None)
     return parts
 
@@ -82,7 +73,7 @@ def open_observers(s: Session, resources: contextlib.ExitStack) -> tuple:
     return tuple(o for o in (timeline, board, s.console) if o is not None)
 
 
-def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed,
+def open_session(prepared: prepare.Prepared, ctx: dist.Context, feed: feeds.Feed,
                  resources: contextlib.ExitStack) -> Session:
     """Opens the reader and the log, starts the clock on an agreed barrier, routes the
     stop signals to a flag and starts the prefetcher. Everything opened is closed by
@@ -95,7 +86,7 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
     reader = resources.enter_context(agreement.agree(feed.open_reader))
     log = resources.enter_context(agreement.agree(RunLog, cfg.run_dir, ctx.rank))
     # Measured by start-up, before the compression was decided; an elastic run's here.
-    measured = prepared.link if prepared.link is not None else startup.measure_link(ctx)
+    measured = prepared.link if prepared.link is not None else prepare.measure_link(ctx)
     dist.barrier()  # the agreed start: every rank leaves this together
     t0 = time.perf_counter()
     start_time = dist.broadcast_object(time.time() if ctx.is_root() else None)
@@ -107,7 +98,7 @@ def open_session(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed
         cfg=cfg, ctx=ctx, feed=feed, model=model, optimizer=optimizer, synced=synced,
         reader=reader, log=log, t0=t0, start_time=start_time, stop=stop, training=training,
         batches=resources.enter_context(contextlib.closing(PlannedBatches(
-            reader, feed.train_ids, ctx.rank, ctx.size, t, cfg.data.prefetch,
+            reader, feed.train_ids, ctx.rank, ctx.size, t.epochs, t.seed, cfg.data.prefetch,
             factory.transform(cfg)))),
         train_steps=prepared.train_steps,
         eval_step=factory.eval_step(cfg, model, shape),
@@ -127,7 +118,8 @@ def use_plan(s: Session, origin: tuple[int, int]) -> None:
     """Trains from (epoch, step) ``origin`` on with the plan in force: its batches and
     the train step traced for its batch."""
     s.batches.use(s.plan, origin)
-    s.train_step = s.train_steps.for_batch(s.plan.static_batch(len(s.feed.train_ids), s.ctx.size))
+    s.train_step = s.train_steps.for_batch(s.cfg, s.plan.static_batch(len(s.feed.train_ids),
+                                                                       s.ctx.size))
     s.training.noise.gradients_per_rank = s.train_step.gradients_per_rank
     s.fresh = True
 
@@ -332,7 +324,7 @@ def train_epochs(s: Session) -> int:
             observer.on_epoch_end(record)
         for part in s.parts:  # the best checkpoint's choice: its line follows the epoch's
             part.before_checkpoint(record)
-        if s.training.take(choice):
+        if s.training.take(choice, s.cfg.train):
             switch_batch(s, epoch + 1)
         close_epoch(s, result, epoch)
     return s.epochs_done
@@ -341,7 +333,7 @@ def train_epochs(s: Session) -> int:
 # --- the run ------------------------------------------------------------------------
 
 
-def launch(prepared: startup.Prepared, ctx: dist.Context, feed: feeds.Feed,
+def launch(prepared: prepare.Prepared, ctx: dist.Context, feed: feeds.Feed,
            threads: tuple[int, int], elastic: Any | None = None) -> int:
     """Trains from what start-up ``prepared`` (its checkpoint, or the beginning) with
     the ranks of ``ctx``; returns 0. Writes the run's records and, whatever happens, its
@@ -373,5 +365,5 @@ def run(cfg: config_lib.Config, resuming: bool = False) -> int:
     if dist.is_elastic():
         return elastic_lib.run(cfg, ctx, resuming, threads, launch)
     # With the data file's classes: what is built, trained and saved.
-    cfg, feed = agreement.agree(startup.check_inputs, cfg, ctx)
-    return launch(startup.prepare(cfg, ctx, feed, resuming), ctx, feed, threads)
+    cfg, feed = agreement.agree(prepare.check_inputs, cfg, ctx)
+    return launch(prepare.prepare(cfg, ctx, feed, resuming), ctx, feed, threads)

@@ -17,8 +17,10 @@ from distseg.core.errors import Interrupted, RunError
 from distseg.networks import models
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import compression, steps, stopping
+from distseg.training import stopping
 from distseg.training.session import EpochResult, Session
+from distseg.training.startup import compression
+from distseg.training.step import steps
 
 
 def write_run_record(s: Session, threads: tuple[int, int]) -> None:

@@ -15,13 +15,14 @@ from distseg.core.errors import RunError
 from distseg.core.stopflag import StopFlag
 from distseg.data import feeds
 from distseg.parallel import distributed as dist
-from distseg.training import resume, stopping
-from distseg.training.factory import TrainSteps
-from distseg.training.modelparts import ModelPart
-from distseg.training.observers import Console, Observer
-from distseg.training.plan import PlannedBatches
+from distseg.training import stopping
+from distseg.training.checkpoints import resume
+from distseg.training.epoch.modelparts import ModelPart
+from distseg.training.epoch.observers import Console, Observer
+from distseg.training.progress.plan import PlannedBatches
+from distseg.training.progress.state import TrainingState
 from distseg.training.runlog import RunLog
-from distseg.training.state import TrainingState
+from distseg.training.step.factory import TrainSteps
 
 Failure = tuple[str, int]
 
@@ -31,6 +32,8 @@ class Session:
     """The state the epochs of one launch share."""
 
     cfg: config_lib.Config
+    """The run's one live config after start-up (``prepare.Prepared.cfg``): the other
+    pieces take the values they need from it when built or called, and hold no copy."""
     ctx: dist.Context
     feed: feeds.Feed
     model: Any
@@ -72,7 +75,7 @@ class Session:
     elastic: Any | None = None
     """An elastic run's state, committed after each epoch's checkpoint."""
     link: dict | None = None
-    """The link between the ranks as measured at the start (``startup.measure_link``)."""
+    """The link between the ranks as measured at the start (``prepare.measure_link``)."""
     precision: dict | None = None
     """``--precision auto``'s decision at the run's start (``precision.decide``)."""
     lr_find: dict | None = None
@@ -82,7 +85,7 @@ class Session:
 
     @property
     def plan(self):
-        """The epoch plan in force (``training.plan``)."""
+        """The epoch plan in force (``training.progress.plan``)."""
         return self.training.plan
 
     @property

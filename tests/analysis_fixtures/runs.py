@@ -86,7 +86,7 @@ class RunSpec:
     """The run record's ``batch_plan`` when ``noise_scale`` is given."""
     goodput: Callable[[int], dict] | None = None
     """The ``goodput`` field of epoch e's records (the goodput policy's measurements and
-    choice, ``distseg.training.batchpolicy``); ``None``: no such field (policy ``fixed``)."""
+    choice, ``distseg.training.progress.batchpolicy``); ``None``: no such field (policy ``fixed``)."""
     consecutive: bool = False
     """With ``noise_scale``: a 1-rank run estimates it too, from consecutive gradients
     (method ``consecutive``, as logs since 2026-11-25), instead of logging ``none``."""
@@ -162,7 +162,7 @@ def case_fields(spec: RunSpec, epoch: int, rank: int) -> dict:
 
 
 def noise_record(spec: RunSpec, epoch: int) -> dict:
-    """The ``noise_scale`` field of an epoch record (``distseg.training.noise``'s
+    """The ``noise_scale`` field of an epoch record (``distseg.training.progress.noise``'s
     ``record()``): ``b_simple`` from ``spec.noise_scale``, |G|^2 = 1 and tr(Sigma) =
     b_simple, its interval from b_simple / 2 to 2 b_simple (no upper bound in epoch
     0) over 4 effective steps an epoch; nothing estimated on 1 rank unless

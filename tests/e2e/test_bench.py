@@ -167,7 +167,7 @@ def test_compiled_weight_checksum_matches_distseg_and_follows_updates():
     import keras
 
     from distseg.networks import unet as model_lib
-    from distseg.training import steps
+    from distseg.training.step import steps
 
     from benchlib.step_variants import compiled_weight_checksum
     model = model_lib.build_unet(16, depth=1, base_filters=2, num_classes=2)
@@ -186,7 +186,7 @@ import keras, numpy as np
 from benchlib import step_variants
 from distseg.parallel import distributed as dist
 from distseg.networks import unet as model_lib
-from distseg.training import steps
+from distseg.training.step import steps
 dist.init()
 rng = np.random.default_rng(0)
 images = rng.random((2, 16, 16, 1)).astype(np.float32)

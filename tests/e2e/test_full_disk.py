@@ -20,7 +20,7 @@ import pytest
 
 from distseg.core import rundir
 from distseg.core.errors import WriteError
-from distseg.training import checkpoint
+from distseg.training.checkpoints import checkpoint
 from distseg.training.runlog import RunLog
 
 import proc_group

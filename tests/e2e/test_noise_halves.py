@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distseg.training import noise
+from distseg.training.progress import noise
 
 import proc_group
 from proc_group import run_group

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from distseg.core import rundir
-from distseg.training import precision, precision_cache
+from distseg.training.startup import precision, precision_cache
 
 import proc_group
 from proc_group import run_group

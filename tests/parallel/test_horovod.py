@@ -18,7 +18,7 @@ from distseg.data import sharding, synth
 from distseg.data import slices as data
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import steps
+from distseg.training.step import steps
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -422,7 +422,7 @@ def test_ranks_that_timed_the_precisions_differently_take_one_decision(ctx):
     """``--precision auto``: each rank times its own steps; the slowest rank's seconds
     of each precision decide, the same on every rank. Rank 0 finds bfloat16 2x faster,
     the last rank barely faster: the last rank's numbers (1.05x) keep float32 for all."""
-    from distseg.training import precision
+    from distseg.training.startup import precision
     last = ctx.size - 1
     mine = ({"float32": 0.4, "bfloat16": 0.2} if ctx.rank == 0 else
             {"float32": 0.63, "bfloat16": 0.6} if ctx.rank == last else

@@ -64,8 +64,8 @@ PLAIN_MODULES = ("distseg.core.config", "distseg.core.errors", "distseg.core.sch
                  "distseg.core.rundir", "distseg.core.stopflag", "distseg.cluster.jobs",
                  "distseg.cluster.outcome", "distseg.core.ranktime", "analysis.mismatch",
                  "distseg.cli.jobs", "distseg.networks.spec", "distseg.networks.memory",
-                 "distseg.training.memprobe", "distseg.parallel.threads",
-                 "distseg.training.noise", "analysis.report")
+                 "distseg.training.step.memprobe", "distseg.parallel.threads",
+                 "distseg.training.progress.noise", "analysis.report")
 
 
 def test_the_plain_modules_import_without_tensorflow_and_horovod():

@@ -14,6 +14,19 @@ The stages, lowest first (peers share a tier and may import each other):
 6. ``inference``, ``cluster``: prediction from a trained run; Slurm jobs and hosts.
 7. ``cli``: one thin module per command.
 
+``training`` holds its pieces in rooms named for when they act, with the same rule among
+them (lowest first; peers share a tier):
+
+0. ``progress``: what changes as training goes on (epoch plan, lr, noise scale, batch policy).
+1. ``step``: the train step and the factory that builds it, validation's scoring.
+2. ``epoch``, ``checkpoints``: the model parts and observers around each epoch; checkpoints
+   and resume (a checkpoint saves the parts, two parts read its rules).
+3. ``startup``: the decisions before the first step.
+4. the loop's own modules, directly in ``training/`` (``loop``, ``session``, ...).
+
+No room, and not ``training/`` itself, holds more than ``ROOM_SIZE`` modules: a flat folder
+hides the stages.
+
 The imports are read from the source (``ast``), function-level ones included, so a lazy
 import against the order fails too.
 """
@@ -27,6 +40,11 @@ TIERS = (("core",), ("parallel",), ("networks", "losses", "metrics"), ("data",),
          ("sliding",), ("training",), ("inference", "cluster"), ("cli",))
 TIER = {stage: i for i, names in enumerate(TIERS) for stage in names}
 PACKAGES = ("distseg", "analysis")
+#: The rooms of ``training``, lowest first; "" is the loop's own modules in ``training/``.
+ROOMS = (("progress",), ("step",), ("epoch", "checkpoints"), ("startup",), ("",))
+ROOM = {room: i for i, names in enumerate(ROOMS) for room in names}
+ROOM_SIZE = 12
+TRAINING = os.path.join("distseg", "training")
 
 
 def _modules(package: str) -> dict[str, str]:
@@ -80,6 +98,41 @@ def test_analysis_reaches_only_the_plain_stages_of_distseg():
                    for t in _imported(path) if t.startswith("distseg.")
                    and _stage(t) not in ("core", "data"))
     assert reach == []
+
+
+def _room(module: str) -> str | None:
+    """The room of a ``distseg.training`` module ("" for one directly in ``training/``)."""
+    parts = module.split(".")
+    if parts[:2] != ["distseg", "training"] or len(parts) < 3:
+        return None
+    return parts[2] if os.path.isdir(os.path.join(REPO, TRAINING, parts[2])) else ""
+
+
+def test_every_room_of_training_is_in_the_order():
+    rooms = {_room(m) for m in _modules("distseg")} - {None}
+    assert rooms == set(ROOM), "a new room needs a tier in ROOMS (and docs/architecture.md)"
+
+
+def test_every_import_in_training_points_down_the_rooms():
+    against = [f"{module} -> {target}" for module, path in sorted(_modules("distseg").items())
+               if (source := _room(module)) is not None
+               for target in sorted(_imported(path))
+               if (room := _room(target)) is not None and ROOM[room] > ROOM[source]]
+    assert against == []
+
+
+def test_no_room_of_training_holds_more_than_12_modules():
+    sizes = {}
+    for module in _modules("distseg"):
+        room = _room(module)
+        if room is not None and module != f"distseg.training.{room}".rstrip("."):
+            sizes[room] = sizes.get(room, 0) + 1
+    assert sizes and {r: n for r, n in sizes.items() if n > ROOM_SIZE} == {}
+
+
+def test_an_import_up_the_rooms_is_found():
+    assert _room("distseg.training.loop") == "" and _room("distseg.training.step.steps") == "step"
+    assert ROOM[_room("distseg.training.startup.prepare")] > ROOM[_room("distseg.training.epoch.board")]
 
 
 def _graph(package: str) -> dict[str, set[str]]:
@@ -140,6 +193,6 @@ def test_the_optimizers_lr_has_one_writer():
 
 def test_the_train_step_is_built_from_the_config_in_one_place():
     # The memory probe builds a step for a planned U-Net spec, not for a run's config.
-    assert _calls("make_train_step") <= {"distseg/training/factory.py", "distseg/training/memprobe.py",
+    assert _calls("make_train_step") <= {"distseg/training/step/factory.py", "distseg/training/step/memprobe.py",
                                          "benchmarks/benchlib/step_variants.py"}
-    assert "distseg/training/factory.py" in _calls("make_train_step")
+    assert "distseg/training/step/factory.py" in _calls("make_train_step")

@@ -13,7 +13,7 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.data import augment, prefetch, synth
 from distseg.data import slices as data
-from distseg.training import plan as plan_lib
+from distseg.training.progress import plan as plan_lib
 
 from support import write_config
 
@@ -294,7 +294,8 @@ def test_planned_batches_hand_augmented_batches_that_ranks_share(slices_file, tm
     with data.SliceReader(slices_file) as reader:
         def batches(rank: int, size: int) -> list:
             plan = plan_lib.EpochPlan.of(cfg.train, len(ids), size)
-            planned = plan_lib.PlannedBatches(reader, ids, rank, size, cfg.train, 2, augmenter)
+            planned = plan_lib.PlannedBatches(reader, ids, rank, size, cfg.train.epochs,
+                                              cfg.train.seed, 2, augmenter)
             planned.use(plan, (0, 0))
             try:
                 return [planned.next() for _ in range(2 * plan.steps)]

@@ -1,5 +1,5 @@
 """Every benchmark trains what ``distseg-train`` would train: its model and optimizer
-come from the run's factory (``distseg.training.factory``, through
+come from the run's factory (``distseg.training.step.factory``, through
 ``benchlib.model_variants.model_and_optimizer``), so a config's optimizer, weight
 decay and clipping reach the benchmark as they reach a run. Checked three ways: no
 file under benchmarks/ constructs an optimizer (or a U-Net it trains) itself; the
@@ -99,7 +99,7 @@ def test_a_model_variant_put_into_distseg_train_is_built_by_the_factory(monkeypa
     import keras
 
     from distseg.networks import unet
-    from distseg.training import factory
+    from distseg.training.step import factory
 
     from benchlib import train_variant
     monkeypatch.setattr(unet, "from_config", unet.from_config)  # put back after the test

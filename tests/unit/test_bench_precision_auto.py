@@ -20,7 +20,7 @@ sys.path.insert(0, BENCHMARKS)
 
 import bench_precision_auto  # noqa: E402
 
-from distseg.training import precision  # noqa: E402
+from distseg.training.startup import precision  # noqa: E402
 
 SCRIPT = os.path.join(BENCHMARKS, "bench_precision_auto.py")
 

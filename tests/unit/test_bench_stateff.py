@@ -225,8 +225,8 @@ def test_the_emulation_of_n_ranks_makes_the_one_process_update(ranks):
 
     import numpy as np
 
-    from distseg.training import steps
-    from distseg.training.noise import PRECONDITION_AFTER
+    from distseg.training.progress.noise import PRECONDITION_AFTER
+    from distseg.training.step import steps
 
     from benchlib.stateff import emulation
     cfg, images, masks = _groupnorm_problem(seed=0, steps=30, batch=8)
@@ -283,7 +283,7 @@ def test_a_grown_batch_is_emulated_as_8_ranks_with_the_same_batches_and_lr():
 
     from distseg.core import config as config_lib
     from distseg.data import sharding
-    from distseg.training.plan import EpochPlan
+    from distseg.training.progress.plan import EpochPlan
 
     cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn", 64, 0, 24, 0.85)
     assert (emulated.ranks, emulated.sim_ranks, emulated.fold, emulated.stop_at) == (64, 8, 8, 0.85)
@@ -386,8 +386,8 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
     import dataclasses
 
     from distseg.core import config as config_lib
-    from distseg.training.noise import Average
-    from distseg.training.state import TrainingState
+    from distseg.training.progress.noise import Average
+    from distseg.training.progress.state import TrainingState
 
     from benchlib.stateff import emulation
     cfg_over, emulated, _ = run_spec("sim", "small", "gbatch-gn-goodput", 32, 0, 24, None)
@@ -399,7 +399,7 @@ def test_the_emulated_goodput_policy_switches_as_the_loop_does():
         assert (scaling.plan.batch.per_rank, scaling.plan.batch.global_batch) == (4, 32)
         assert (scaling.noise.small, scaling.noise.big, scaling.noise.base) == (4, 32, 8)
         scaling.noise.averages["preconditioned"] = Average(1.0, phi, 1.0)
-        choice = emulation.policy_step(scaling, seconds)
+        choice = emulation.policy_step(scaling, seconds, cfg.train)
         plan = scaling.plan
         assert choice.per_rank == expect
         assert (plan.batch.per_rank, plan.batch.global_batch, plan.steps) == \
@@ -415,7 +415,7 @@ def test_a_global_batch_makes_the_same_steps_split_over_16_ranks_or_8():
 
     import numpy as np
 
-    from distseg.training import steps
+    from distseg.training.step import steps
 
     from benchlib.stateff import emulation
     cfg, images, masks = _groupnorm_problem(seed=1, steps=5, batch=16)
@@ -436,8 +436,9 @@ def test_the_emulated_range_test_chooses_by_lrfind_and_leaves_no_trace():
 
     import numpy as np
 
-    from distseg.training import lrfind, steps
-    from distseg.training.plan import EpochPlan
+    from distseg.training.progress.plan import EpochPlan
+    from distseg.training.startup import lrfind
+    from distseg.training.step import steps
 
     from benchlib.stateff import emulation
     cfg, images, masks = _groupnorm_problem(seed=2, steps=1, batch=64)

@@ -1,4 +1,4 @@
-"""The best checkpoint by nnU-Net's EMA of the validation Dice (``distseg.training.best``,
+"""The best checkpoint by nnU-Net's EMA of the validation Dice (``distseg.training.epoch.bestcheckpoint``,
 ``checkpoint.write``'s ``best.json``), and ``distseg-predict`` and ``--export`` using it
 (``predict.choose_checkpoint``), then ``--decide``'s decisions applied by predict.
 
@@ -19,7 +19,8 @@ import pytest
 from distseg.core import rundir
 from distseg.data.convert import samples
 from distseg.inference import export, predict
-from distseg.training import best, checkpoint, modelparts
+from distseg.training.checkpoints import checkpoint
+from distseg.training.epoch import bestcheckpoint, modelparts
 
 from proc_group import run_group
 from support import BIN, command_env, log_records
@@ -56,43 +57,43 @@ def _fed(part, records):
 
 
 def test_the_ema_weighs_the_old_value_0_9_and_starts_at_the_first_dice():
-    assert best.ema_update(None, 0.5) == 0.5
-    assert best.ema_update(0.5, 1.0) == pytest.approx(0.55)
-    assert best.ema_update(0.5, 1.0, weight=0.5) == 0.75
-    assert best.mean_foreground({"background": 0.99, "liver": 0.2, "lesion": 0.6}) == pytest.approx(0.4)
-    assert best.mean_foreground({"background": 0.99, "liver": 0.8, "lesion": None}) == 0.8
-    assert best.mean_foreground({"background": 0.99, "liver": None}) is None
-    assert best.mean_foreground({}) is None
+    assert bestcheckpoint.ema_update(None, 0.5) == 0.5
+    assert bestcheckpoint.ema_update(0.5, 1.0) == pytest.approx(0.55)
+    assert bestcheckpoint.ema_update(0.5, 1.0, weight=0.5) == 0.75
+    assert bestcheckpoint.mean_foreground({"background": 0.99, "liver": 0.2, "lesion": 0.6}) == pytest.approx(0.4)
+    assert bestcheckpoint.mean_foreground({"background": 0.99, "liver": 0.8, "lesion": None}) == 0.8
+    assert bestcheckpoint.mean_foreground({"background": 0.99, "liver": None}) is None
+    assert bestcheckpoint.mean_foreground({}) is None
 
 
 def test_a_new_best_is_a_higher_ema_at_an_epoch_whose_checkpoint_is_due():
     dice = [0.5, 0.9, 0.1, 0.1, 1.0]
     emas = [0.5, 0.54, 0.496, 0.4564, 0.51076]
     said = Said()
-    every1 = best.BestDice(epochs=5, every=1, console=said)
+    every1 = bestcheckpoint.BestDice(epochs=5, every=1, console=said)
     # The raw Dice 1.0 of the last epoch does not win: its EMA stays below 0.54.
     assert _fed(every1, _records(dice)) == [True, True, False, False, False]
     assert every1.ema == pytest.approx(emas[-1])
     assert every1.best["epoch"] == 2 and every1.best["ema"] == pytest.approx(0.54)
     assert every1.best["dice"] == 0.9 and every1.best["val_dice"]["liver"] == 0.9
     assert len(said.lines) == 2 and "after 2 epoch(s)" in said.lines[1] and "0.5400" in said.lines[1]
-    every2 = best.BestDice(epochs=5, every=2)
+    every2 = bestcheckpoint.BestDice(epochs=5, every=2)
     # Due after 2, 4 and 5 (the last) epochs only; the EMA still counts every epoch.
     assert _fed(every2, _records(dice)) == [False, True, False, False, False]
     assert every2.ema == pytest.approx(emas[-1]) and every2.best["epoch"] == 2
-    no_val = best.BestDice(epochs=2, every=1)
+    no_val = bestcheckpoint.BestDice(epochs=2, every=1)
     assert _fed(no_val, [{"epoch": 0, "val_dice": {}}, {"epoch": 1, "val_dice": {}}]) == [False, False]
     assert no_val.state() == {"ema": None, "weight": 0.9, "best": None, "mark": False}
 
 
 def test_the_state_continues_the_ema_exactly_and_a_new_launch_marks_nothing_it_kept():
     records = _records([0.31, 0.77, 0.52, 0.64, 0.6])
-    whole = best.BestDice(epochs=5, every=1)
+    whole = bestcheckpoint.BestDice(epochs=5, every=1)
     _fed(whole, records)
-    first = best.BestDice(epochs=5, every=1)
+    first = bestcheckpoint.BestDice(epochs=5, every=1)
     _fed(first, records[:3])
     kept = json.loads(json.dumps(first.state()))  # as a manifest holds it
-    second = best.BestDice(epochs=5, every=1, kept=kept)
+    second = bestcheckpoint.BestDice(epochs=5, every=1, kept=kept)
     assert second.mark is False
     _fed(second, records[3:])
     assert second.ema == whole.ema and second.best == whole.best
@@ -121,7 +122,7 @@ def _run_of(tmp_path, dice, keep=2):
     """Checkpoints after each epoch of ``dice``, the part's state in each, as the loop
     writes them."""
     model, opt = _tiny_state()
-    part = best.BestDice(epochs=len(dice), every=1)
+    part = bestcheckpoint.BestDice(epochs=len(dice), every=1)
     for record in _records(dice):
         part.on_epoch_start(record["epoch"], 1)
         part.before_checkpoint(record)
@@ -161,7 +162,7 @@ def test_a_manifest_from_before_the_parts_had_one_hook_continues_its_best(tmp_pa
     checkpoint's state at their top level as ``best``: it is read as the part's, and
     a part restored from it continues the EMA as the uninterrupted one does."""
     records = _records([0.31, 0.77, 0.52, 0.64])
-    whole = best.BestDice(epochs=4, every=1)
+    whole = bestcheckpoint.BestDice(epochs=4, every=1)
     _fed(whole, records)
     part = _run_of(tmp_path, [0.31, 0.77], keep=3)
     stem = os.path.join(rundir.checkpoint_dir(str(tmp_path)), "epoch-0002")
@@ -173,7 +174,7 @@ def test_a_manifest_from_before_the_parts_had_one_hook_continues_its_best(tmp_pa
         json.dump(manifest, f)
     entry, warnings = checkpoint.find(str(tmp_path))
     assert warnings == [] and entry["position"].parts == {"best": part.state()}
-    again = modelparts.ordered(best.BestDice(epochs=4, every=1))
+    again = modelparts.ordered(bestcheckpoint.BestDice(epochs=4, every=1))
     modelparts.restore(again, modelparts.Kept(entry["position"].parts, {}, entry["state"]))
     _fed(again[0], records[2:])
     assert (again[0].ema, again[0].best) == (whole.ema, whole.best)
@@ -244,7 +245,7 @@ def _expected(run_dir):
     """(EMA, best epoch, best EMA) recomputed from the log's epoch records."""
     ema, top = None, (None, None)
     for r in (r for r in log_records(run_dir, 0) if r["type"] == "epoch"):
-        ema = best.ema_update(ema, best.mean_foreground(r["val_dice"]))
+        ema = bestcheckpoint.ema_update(ema, bestcheckpoint.mean_foreground(r["val_dice"]))
         if top[1] is None or ema > top[1]:
             top = (r["epoch"] + 1, ema)
     return ema, *top

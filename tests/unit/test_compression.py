@@ -1,4 +1,4 @@
-"""``--compression auto`` (``distseg.training.compression``) without Horovod: the default
+"""``--compression auto`` (``distseg.training.startup.compression``) without Horovod: the default
 of every preset, what a step is built with before the decision, and the decisions taken
 with no collective at all (one host, one rank, a compression named by the config).
 Horovod is never initialised here, so any collective would raise: a decision that
@@ -10,7 +10,8 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.parallel import distributed as dist
-from distseg.training import compression, factory
+from distseg.training.startup import compression
+from distseg.training.step import factory
 
 from support import write_config
 
@@ -26,8 +27,8 @@ def _cfg(value: str = "auto", preset: str = "demo") -> config_lib.Config:
 
 
 def _steps(cfg: config_lib.Config, ranks: int) -> factory.TrainSteps:
-    """Steps with none built yet (the decision only tells them the config)."""
-    return factory.TrainSteps(cfg, None, (128, 128), ranks)
+    """Steps with none built yet (a decision taken without timing builds none)."""
+    return factory.TrainSteps(None, (128, 128), ranks, compression=cfg.train.compression)
 
 
 def test_auto_is_every_presets_default_and_exact_until_decided():
@@ -53,7 +54,7 @@ def test_one_host_keeps_exact_float32_without_measuring(size, local_size, why, c
     cfg = compression.exact(_cfg())
     steps = _steps(cfg, size)
     decided = compression.decide(cfg, "auto", _ctx(size, local_size), None, steps, None)
-    assert decided.cfg.train.compression == "none" and steps.cfg is decided.cfg
+    assert decided.cfg.train.compression == "none" and steps.traced == {}
     reason = decided.record.pop("reason")
     assert decided.record == {"requested": "auto", "choice": "none", "ranks": size,
                               "one_host": True, "decision_s": 0.0}
@@ -74,13 +75,15 @@ def test_a_multi_rank_step_is_not_built_before_the_decision():
         factory.train_step(_cfg(), (None, None), (128, 128), ranks=2, batch=4)
 
 
-def test_deciding_fp16_drops_the_exact_steps_traced_so_far():
+def test_deciding_fp16_drops_the_exact_steps_traced_so_far(monkeypatch):
+    """The steps hold no config: the config their caller holds names the compression,
+    and a step traced for another one is dropped."""
+    monkeypatch.setattr(factory, "train_step", lambda cfg, *args: f"the {cfg.train.compression} step")
     exact = compression.exact(_cfg())
-    steps = factory.TrainSteps(exact, None, (128, 128), 2, {4: "the exact step"})
-    steps.use(exact)
-    assert steps.traced == {4: "the exact step"}
-    steps.use(_cfg("fp16"))
-    assert steps.traced == {} and steps.cfg.train.compression == "fp16"
+    steps = factory.TrainSteps(None, (128, 128), 2, {4: "the exact step"}, "none")
+    assert steps.for_batch(exact, 4) == "the exact step"
+    assert steps.for_batch(_cfg("fp16"), 4) == "the fp16 step"
+    assert steps.traced == {4: "the fp16 step"} and steps.compression == "fp16"
 
 
 def test_a_run_from_before_auto_resumes_with_what_it_trained_with(tmp_path):

@@ -84,8 +84,8 @@ def test_validation_reads_are_never_replaced(sparse):
 def test_the_lr_range_test_reads_foreground_at_the_configured_share(sparse):
     """The range test reads its batches as training does (``prefetch.read_as_training``):
     with the same share of slices made to hold foreground, not the plain slices."""
-    from distseg.training import lrfind
-    from distseg.training.plan import EpochPlan
+    from distseg.training.progress.plan import EpochPlan
+    from distseg.training.startup import lrfind
 
     feed = _feed(sparse, 1 / 3)
     cfg = config_lib.smoke()

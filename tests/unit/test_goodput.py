@@ -1,5 +1,5 @@
 """The goodput batch policy's arithmetic (``distseg.core.goodput``) and its run state
-(``distseg.training.batchpolicy``), on step times and noise scales known by hand."""
+(``distseg.training.progress.batchpolicy``), on step times and noise scales known by hand."""
 
 import dataclasses
 import math
@@ -9,7 +9,7 @@ import pytest
 from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
-from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
+from distseg.training.progress.batchpolicy import BatchPolicy, kept_per_rank
 
 
 def test_efficiency_is_the_noise_scale_ratio():

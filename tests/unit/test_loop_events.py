@@ -31,8 +31,10 @@ import pytest
 
 from distseg.core import config as config_lib
 from distseg.core.errors import Interrupted
-from distseg.training import checkpoint, loop, modelparts, weightema
-from distseg.training.observers import Observer
+from distseg.training import loop
+from distseg.training.checkpoints import checkpoint
+from distseg.training.epoch import modelparts, weightema
+from distseg.training.epoch.observers import Observer
 
 from support import REPO, command_env, log_records
 
@@ -213,7 +215,7 @@ def _seen(fields: dict) -> Seen:
 def launches(tiny, tmp_path_factory) -> Launches:
     base = tmp_path_factory.mktemp("events")
     run_dir, out = str(base / "run"), base / "launches.json"
-    env = command_env(PYTHONPATH=os.path.join(REPO, "tests"))
+    env = command_env(PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     done = subprocess.run([sys.executable, __file__, tiny, run_dir, str(out)], env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -12,16 +12,19 @@ import pytest
 
 from distseg.core import config as config_lib
 from distseg.core import lr
-from distseg.training.noise import Average
-from distseg.training.state import TrainingState
+from distseg.training.progress.noise import Average
+from distseg.training.progress.state import TrainingState
 
 SAMPLES = 64  # the run's training samples: 8 steps of a global batch of 8 an epoch
 
 
+def _train(schedule: str, epochs: int = 4, warmup: float = 1.0) -> config_lib.TrainConfig:
+    return dataclasses.replace(config_lib.smoke().train, lr=1e-3, global_batch=8, epochs=epochs,
+                               warmup_epochs=warmup, lr_schedule=schedule, max_steps_per_epoch=0)
+
+
 def _scaling(schedule: str, ranks: int = 1, epochs: int = 4, warmup: float = 1.0) -> TrainingState:
-    t = dataclasses.replace(config_lib.smoke().train, lr=1e-3, global_batch=8, epochs=epochs,
-                            warmup_epochs=warmup, lr_schedule=schedule, max_steps_per_epoch=0)
-    return TrainingState.initial(t, SAMPLES, ranks)
+    return TrainingState.initial(_train(schedule, epochs, warmup), SAMPLES, ranks)
 
 
 @pytest.mark.parametrize("schedule, mid, end", [("constant", 1.0, 1.0), ("cosine", 0.5, 0.0),
@@ -62,7 +65,7 @@ def test_a_checkpoint_keeps_the_clock_and_the_horizon(tmp_path):
         s.lr(step)
         s.observe([1.0, 1.0, 1.0, 1.0], applied=True)
     kept = json.loads(json.dumps(s.state()))
-    again = TrainingState.initial(s.train_cfg, SAMPLES, 2, kept)
+    again = TrainingState.initial(_train("cosine"), SAMPLES, 2, kept)
     again.restore(kept, global_step=12)
     assert (again.trained, again.horizon, again.note) == (96, s.horizon, None)
     assert again.lr(12) == s.lr(12)
@@ -73,7 +76,7 @@ def test_more_epochs_on_resume_stretch_the_horizon_and_say_so():
     for step in range(16):
         s.observe([1.0, 1.0, 1.0, 1.0], applied=True)
     kept = json.loads(json.dumps(s.state()))
-    longer = dataclasses.replace(s.train_cfg, epochs=8)
+    longer = _train("cosine", epochs=8)
     again = TrainingState.initial(longer, SAMPLES, 1, kept)
     again.restore(kept, global_step=16)
     assert again.horizon == 2 * s.horizon and again.warm == s.warm

@@ -1,4 +1,4 @@
-"""``--lr auto``'s arithmetic (``distseg.training.lrfind``): the sweep's lrs, the grid
+"""``--lr auto``'s arithmetic (``distseg.training.startup.lrfind``): the sweep's lrs, the grid
 every rank snaps to, the suggestion on curves whose steepest point is known, and the
 curves it refuses. The range test in real runs: tests/e2e/test_lr_auto.py."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from distseg.training import lrfind
+from distseg.training.startup import lrfind
 
 LRS = lrfind.sweep_lrs()
 

@@ -1,4 +1,4 @@
-"""``distseg.training.modelparts``: the parts that change the model come in ``ORDER``
+"""``distseg.training.epoch.modelparts``: the parts that change the model come in ``ORDER``
 whatever order they are opened in, and are saved and restored through one hook. The
 parts here are the real ones (the average of the weights, the best checkpoint's
 choice) on a tiny Keras model; the order of their hooks in the loop is
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from distseg.core.errors import InputError
-from distseg.training import best, modelparts, weightema
+from distseg.training.epoch import bestcheckpoint, modelparts, weightema
 
 
 def _model():
@@ -29,25 +29,25 @@ class Named(modelparts.ModelPart):
 
 
 def test_the_parts_come_in_the_declared_order_whatever_order_they_are_opened_in():
-    average, chooser = weightema.WeightAverage(_model(), 0.9), best.BestDice(3, 1)
+    average, chooser = weightema.WeightAverage(_model(), 0.9), bestcheckpoint.BestDice(3, 1)
     for given in ((chooser, None, average), (average, chooser), (None, chooser, average)):
         assert modelparts.ordered(*given) == (average, chooser)
     assert [p.key for p in (average, chooser)] == [modelparts.WEIGHT_AVERAGE, modelparts.BEST]
     with pytest.raises(ValueError, match="each must be one of"):
         modelparts.ordered(Named("mystery"))
     with pytest.raises(ValueError, match="each must be one of"):
-        modelparts.ordered(chooser, best.BestDice(3, 1))
+        modelparts.ordered(chooser, bestcheckpoint.BestDice(3, 1))
 
 
 def test_every_part_is_saved_and_restored_through_one_hook():
     model = _model()
-    average, chooser = weightema.WeightAverage(model, 0.9), best.BestDice(3, 1)
+    average, chooser = weightema.WeightAverage(model, 0.9), bestcheckpoint.BestDice(3, 1)
     chooser.before_checkpoint({"epoch": 0, "val_dice": {"background": 1.0, "liver": 0.5}})
     kept = modelparts.saved(modelparts.ordered(average, chooser))
     assert kept.states == {"best": chooser.state()}
     assert sorted(kept.arrays) == [f"{weightema.AVERAGE_KEY}{i}" for i in range(2)]
 
-    again = modelparts.ordered(weightema.WeightAverage(model, 0.9), best.BestDice(3, 1))
+    again = modelparts.ordered(weightema.WeightAverage(model, 0.9), bestcheckpoint.BestDice(3, 1))
     for v in model.trainable_variables:  # the model moved on: the average must come back
         v.assign(v.numpy() + 1.0)
     modelparts.restore(again, modelparts.Kept(kept.states, kept.arrays, "ck.state.npz"))

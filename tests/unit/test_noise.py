@@ -1,4 +1,4 @@
-"""The gradient noise scale (``distseg.training.noise``) and the norms the train step
+"""The gradient noise scale (``distseg.training.progress.noise``) and the norms the train step
 feeds it: known noise recovered by both methods, the preconditioner as Adam's own, the
 gain, the bias-corrected averages, resume."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from distseg.core.errors import InputError
-from distseg.training import noise as noise_lib
-from distseg.training.noise import NoiseScale
+from distseg.training.progress import noise as noise_lib
+from distseg.training.progress.noise import NoiseScale
 
 
 def _draws(rng, true_g, sigma, small, ranks):
@@ -210,7 +210,7 @@ def test_the_one_rank_step_logs_the_norms_of_its_last_two_gradients():
     import keras
     import tensorflow as tf
 
-    from distseg.training import steps
+    from distseg.training.step import steps
     cfg, model = _smoke_model()
     optimizer = keras.optimizers.Adam(1e-3)
     size = cfg.model.image_size
@@ -237,7 +237,7 @@ def test_the_preconditioner_is_adams_bias_corrected_second_moment():
     import keras
     import tensorflow as tf
 
-    from distseg.training import steps
+    from distseg.training.step import steps
     cfg, model = _smoke_model()
     variables = model.trainable_variables
     optimizer = keras.optimizers.Adam(1e-3, epsilon=1e-7)
@@ -280,7 +280,7 @@ def _model(norm: str, ghost: int = 0):
     ("batch", 2, 8, True), ("batch", 4, 8, True), ("batch", 4, 4, False),
     ("batch", 0, 8, False)])
 def test_a_step_halves_only_where_no_layer_mixes_the_halves(norm, ghost, batch, want):
-    from distseg.training import steps
+    from distseg.training.step import steps
     _, model = _model(norm, ghost)
     assert steps.can_halve(model, batch) is want
 
@@ -291,7 +291,7 @@ def _halves_gradients(model, images, masks, c: int, loss: str) -> list:
     import tensorflow as tf
 
     from distseg import losses
-    from distseg.training import steps
+    from distseg.training.step import steps
     out = []
     for mine in (0, 1):
         with tf.GradientTape() as tape:
@@ -307,7 +307,7 @@ def _halves_gradients(model, images, masks, c: int, loss: str) -> list:
 def test_the_halved_step_trains_as_one_pass_and_measures_its_halves(norm, ghost):
     import keras
 
-    from distseg.training import steps
+    from distseg.training.step import steps
     cfg, model = _model(norm, ghost)
     _, other = _model(norm, ghost)
     _, probe = _model(norm, ghost)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from distseg.training import noise as noise_lib
-from distseg.training.noise import KEEP, MEASURE, SKIP, Cadence, NoiseScale
+from distseg.training.progress import noise as noise_lib
+from distseg.training.progress.noise import KEEP, MEASURE, SKIP, Cadence, NoiseScale
 
 
 @pytest.mark.parametrize("every,want", [
@@ -76,7 +76,7 @@ def test_a_checkpoint_keeps_an_auto_decision_and_a_fixed_cadence_stays():
                                      {"batch_policy": "goodput"}])
 def test_auto_measures_every_step_where_the_estimate_steers_training(changes):
     from distseg.core import config as config_lib
-    from distseg.training.state import TrainingState
+    from distseg.training.progress.state import TrainingState
     cfg = dataclasses.replace(config_lib.demo().train, **changes)
     cadence = TrainingState.initial(cfg, train_samples=64, ranks=2).cadence
     for step in range(40):
@@ -107,7 +107,7 @@ def test_sparse_estimates_keep_the_averages_horizon_in_samples():
 
 def test_the_training_state_feeds_only_measured_steps():
     from distseg.core import config as config_lib
-    from distseg.training.state import TrainingState
+    from distseg.training.progress.state import TrainingState
     cfg = dataclasses.replace(config_lib.demo().train, noise_every=3)
     state = TrainingState.initial(cfg, train_samples=64, ranks=1)
     assert state.cadence.every == 3 and not state.cadence.auto
@@ -144,7 +144,7 @@ def test_the_step_measures_only_where_told_traced_once(norm, ghost, halved):
     # only on the told steps, and one trace for every kind of step.
     import keras
 
-    from distseg.training import steps
+    from distseg.training.step import steps
     cfg, model = _model(norm, ghost)
     _, other = _model(norm, ghost)
     other.set_weights(model.get_weights())
@@ -174,7 +174,7 @@ def test_the_step_measures_only_where_told_traced_once(norm, ghost, halved):
 def test_a_skipped_step_forgets_the_consecutive_estimators_gradient():
     import keras
 
-    from distseg.training import steps
+    from distseg.training.step import steps
     cfg, model = _model("batch", 0)
     size, c = cfg.model.image_size, cfg.model.num_classes
     step = steps.make_train_step(model, keras.optimizers.SGD(0.05), (size, size), c,
@@ -211,29 +211,30 @@ def test_the_flag_refuses_anything_else_in_one_line(given, says):
                          ids=["auto", "every-step", "every-5th", "steering"])
 def test_a_trial_times_the_kind_of_step_the_run_mostly_takes(changes, want):
     from distseg.core import config as config_lib
-    from distseg.training import trial
+    from distseg.training.startup import timedsteps
     cfg = config_lib.demo()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
-    assert trial.usual_noise_mode(cfg) == want
+    assert timedsteps.usual_noise_mode(cfg) == want
 
 
 def test_a_timed_step_runs_in_the_trial_s_kind_and_put_back_measures_again():
     import keras
 
-    from distseg.training import steps, trial
+    from distseg.training.startup import timedsteps
+    from distseg.training.step import steps
     cfg, model = _model("batch", 2)
     size, c = cfg.model.image_size, cfg.model.num_classes
     optimizer = keras.optimizers.SGD(0.05)
     step = steps.make_train_step(model, optimizer, (size, size), c, cfg.train.loss, batch=4)
-    candidate = trial.Candidate.of((model, optimizer, None), SKIP)
+    candidate = timedsteps.Candidate.of((model, optimizer, None), SKIP)
     candidate.step = step
     seen = []
     images, masks = next(_batches(1, 4, size))
     for _ in range(2):
-        trial.timed_step(candidate, (images, masks, 4), "the test", "a step",
+        timedsteps.timed_step(candidate, (images, masks, 4), "the test", "a step",
                          lambda: seen.append(int(step.noise_mode.numpy())))
     assert seen == [SKIP, SKIP]
-    trial.put_back(candidate)
+    timedsteps.put_back(candidate)
     assert int(step.noise_mode.numpy()) == MEASURE
     for v, kept in zip(candidate.variables, candidate.kept):
         np.testing.assert_array_equal(np.asarray(v), kept)

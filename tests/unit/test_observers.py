@@ -1,4 +1,4 @@
-"""``distseg.training.observers``: what ``Timeline`` and ``Console`` promise, hook by
+"""``distseg.training.epoch.observers``: what ``Timeline`` and ``Console`` promise, hook by
 hook, in one process.
 
 ``Timeline`` runs with the real ``dist.start_timeline``/``stop_timeline`` over a fake of
@@ -19,7 +19,7 @@ import pytest
 from distseg.core import rundir, timeline
 from distseg.core.timeline import GRADIENT_TENSORS, TIMELINE_STEPS
 from distseg.parallel import distributed as dist
-from distseg.training.observers import Console, Timeline
+from distseg.training.epoch.observers import Console, Timeline
 
 #: More steps than the timeline records.
 EPOCH_STEPS = TIMELINE_STEPS + 4

@@ -13,7 +13,7 @@ keras = pytest.importorskip("keras")
 
 from distseg.core import config as config_lib  # noqa: E402
 from distseg.core.errors import InputError  # noqa: E402
-from distseg.training import factory  # noqa: E402
+from distseg.training.step import factory  # noqa: E402
 
 
 def _cfg(**train) -> config_lib.Config:

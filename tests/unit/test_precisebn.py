@@ -1,4 +1,4 @@
-"""Precise BatchNorm (``distseg.training.precisebn``): the statistics installed are the
+"""Precise BatchNorm (``distseg.training.epoch.precisebn``): the statistics installed are the
 mean of the batches' own statistics (ghost batches included), for distseg's BatchNorm
 and Keras' alike; dropout's seeds and everything else come back as they were; a model
 without BatchNorm is left alone."""
@@ -11,7 +11,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from distseg.networks.unet import FusedBatchNorm  # noqa: E402
-from distseg.training import precisebn  # noqa: E402
+from distseg.training.epoch import precisebn  # noqa: E402
 
 SHAPE = (8, 8)
 

@@ -10,7 +10,7 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError
 from distseg.networks import spec as spec_lib
-from distseg.training import precision
+from distseg.training.startup import precision
 
 EPYC = ("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 "
         "avx512_vnni\nbogomips\t: 4800\n")

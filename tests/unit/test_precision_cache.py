@@ -16,8 +16,8 @@ import pytest
 from distseg.core import config as config_lib
 from distseg.core.errors import InputError, RunError
 from distseg.parallel import distributed as dist
-from distseg.training import precision, precision_cache
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.startup import precision, precision_cache
 
 CPU = {"model": "AMD EPYC", "flags": ["avx512_bf16"]}
 VERSIONS = {"tensorflow": "2.18.1", "tensorflow_build": "v2.18.0", "onednn": True,

@@ -1,4 +1,4 @@
-"""distseg/training/steps.py and distseg/training/checkpoint.py in one process: the learning-rate
+"""distseg/training/step/steps.py and distseg/training/checkpoints/checkpoint.py in one process: the learning-rate
 schedule, the weight checksum, and a checkpoint that comes back as it was saved."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from distseg.core import config as config_lib
 from distseg.core import lr, rundir
 from distseg.core.config import smoke
 from distseg.core.errors import InputError
-from distseg.training import checkpoint, steps
-from distseg.training.plan import EpochPlan
+from distseg.training.checkpoints import checkpoint
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.step import steps
 
 
 @pytest.mark.parametrize("scaling, size, want", [
@@ -190,7 +191,7 @@ def test_the_files_of_a_checkpoint_are_those_rundir_names(tmp_path):
 
 
 def test_resuming_at_another_size_falls_back_to_the_epoch_boundary(tmp_path):
-    from distseg.training import resume
+    from distseg.training.checkpoints import resume
     model, opt = _tiny_state(1)
     run_dir = str(tmp_path)
     _save(run_dir, model, opt, 1)

@@ -245,7 +245,7 @@ class _Failing:
 
 
 def test_a_board_that_cannot_write_warns_once_and_the_run_goes_on(monkeypatch, capsys):
-    from distseg.training import board as board_lib
+    from distseg.training.epoch import board as board_lib
 
     gathered = []
     monkeypatch.setattr(board_lib.dist, "allgather_object",

@@ -1,4 +1,4 @@
-"""The training state that changes with progress (``distseg.training.state.TrainingState``),
+"""The training state that changes with progress (``distseg.training.progress.state.TrainingState``),
 without Horovod: the lr's clocks, what a step feeds it, the ``goodput`` policy's
 decide / take / restore, and a checkpoint's ``scaling`` state written before the state
 was one object."""
@@ -13,8 +13,8 @@ import os
 import pytest
 
 from distseg.core import config as config_lib
-from distseg.training.noise import Average
-from distseg.training.state import TrainingState
+from distseg.training.progress.noise import Average
+from distseg.training.progress.state import TrainingState
 
 from support import REPO
 
@@ -25,10 +25,13 @@ def _train(**changes) -> config_lib.TrainConfig:
     return dataclasses.replace(config_lib.smoke().train, lr=1e-3, **changes)
 
 
+def _goodput_train() -> config_lib.TrainConfig:
+    return _train(batch_size=2, global_batch=0, batch_policy="goodput", max_batch_per_rank=8,
+                  warmup_epochs=0.0)
+
+
 def _goodput(ranks: int = 2, samples: int = SAMPLES) -> TrainingState:
-    t = _train(batch_size=2, global_batch=0, batch_policy="goodput", max_batch_per_rank=8,
-               warmup_epochs=0.0)
-    return TrainingState.initial(t, samples, ranks)
+    return TrainingState.initial(_goodput_train(), samples, ranks)
 
 
 def _noisy(s: TrainingState, phi: float) -> None:
@@ -67,7 +70,7 @@ def test_the_policy_switches_to_a_larger_batch_when_the_noise_scale_pays_for_it(
     _noisy(s, 1e4)
     choice = s.decide()
     assert choice.switched and choice.per_rank > 2
-    assert s.take(choice)
+    assert s.take(choice, _goodput_train())
     batch = s.plan.batch
     assert (batch.per_rank, batch.global_batch, batch.kind) == (choice.per_rank, 2 * choice.per_rank,
                                                                  "chosen")
@@ -80,14 +83,14 @@ def test_the_policy_switches_to_a_larger_batch_when_the_noise_scale_pays_for_it(
 def test_the_policy_keeps_its_batch_until_it_has_measured_and_never_goes_below_the_base():
     s = _goodput()
     choice = s.decide()  # no step timed, no noise scale yet
-    assert not choice.switched and not s.take(choice) and s.plan.batch.per_rank == 2
+    assert not choice.switched and not s.take(choice, _goodput_train()) and s.plan.batch.per_rank == 2
     for _ in range(3):
         s.observe([4.0, 1.0, 4.0, 1.0], applied=True, seconds=0.4)
     _noisy(s, 0.5)
     choice = s.decide()  # little noise: the smallest batch the lr was set for (2 = 2 x 1)
-    assert choice.per_rank == 1 and min(choice.goodput) == 1 and s.take(choice)
+    assert choice.per_rank == 1 and min(choice.goodput) == 1 and s.take(choice, _goodput_train())
     assert (s.plan.batch.global_batch, s.noise.big) == (2, 2)
-    assert not s.take(None)  # after the last epoch
+    assert not s.take(None, _goodput_train())  # after the last epoch
     fixed = TrainingState.initial(_train(batch_size=2, global_batch=0), SAMPLES, 2)
     assert fixed.decide() is None and "goodput" not in fixed.epoch_fields(2, None)
 
@@ -97,16 +100,16 @@ def test_a_restored_state_continues_the_batch_the_averages_and_the_clocks():
     for _ in range(3):
         s.observe([4.0, 1.0, 4.0, 1.0], applied=True, seconds=0.4)
     _noisy(s, 1e4)
-    s.take(s.decide())
+    s.take(s.decide(), _goodput_train())
     s.observe([5.0, 2.0, 5.0, 2.0], applied=True, seconds=None)
     kept = json.loads(json.dumps(s.state()))  # as a checkpoint's JSON holds it
-    again = TrainingState.initial(s.train_cfg, SAMPLES, 2, kept)
+    again = TrainingState.initial(_goodput_train(), SAMPLES, 2, kept)
     again.restore(kept, global_step=4)
     assert again.plan == s.plan
     assert again.state() == s.state()
     assert again.noise.record() == s.noise.record()
     # Another number of ranks: the policy and the averages start afresh.
-    other = TrainingState.initial(s.train_cfg, SAMPLES, 4, kept)
+    other = TrainingState.initial(_goodput_train(), SAMPLES, 4, kept)
     other.restore(kept, global_step=4)
     assert other.plan.batch.per_rank == 2 and other.progress == 0.0 and other.samples == 0
     assert other.noise.averages["preconditioned"].g2 is None

@@ -1,4 +1,4 @@
-"""2D validation's per-case Dice (``distseg.training.validation.score_slices``): each
+"""2D validation's per-case Dice (``distseg.training.step.validation.score_slices``): each
 validation case scored whole by the one rank that holds its first slice, the totals
 unchanged, and the eval step's per-sample counts held to the numpy form."""
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 from distseg import metrics
 from distseg.core import config as config_lib
 from distseg.data import feeds, synth
-from distseg.training import factory, validation
+from distseg.training.step import factory, validation
 
 
 @pytest.fixture(scope="module")

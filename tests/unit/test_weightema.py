@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distseg.core.errors import InputError
-from distseg.training import modelparts, weightema
+from distseg.training.epoch import modelparts, weightema
 
 
 def _model():
@@ -89,7 +89,7 @@ def test_a_resumed_run_gets_back_the_average_and_the_live_weights(tmp_path):
     epoch's end and its checkpoint): the weights file (what predict reads) holds the
     average; resumed (``resume``'s load on rank 0, then the parts' ``restore``), the
     model holds the live weights again and a fresh part the same average."""
-    from distseg.training import checkpoint, resume
+    from distseg.training.checkpoints import checkpoint, resume
     model, part, live = _trained(2)
     part.before_validation()
     average = [v.numpy() for v in model.trainable_variables]

@@ -1,6 +1,6 @@
 """Back-end ``sim``: N data-parallel ranks emulated step for step in one process.
 
-Each rank's batch comes from the loop's own epoch plan (``training.plan``: parts of fixed global
+Each rank's batch comes from the loop's own epoch plan (``training.progress.plan``: parts of fixed global
 batches, or ``distseg.data.sharding.shard_batches``), each rank has its own forward and
 backward pass and its own BatchNorm moving statistics, the gradients are averaged,
 the loop's Adam update applied (``steps.apply_adam``), the BatchNorm statistics
@@ -12,7 +12,7 @@ A global batch grown past G can be emulated as fewer ranks of more slices each
 (``study.Emulated``: with GroupNorm and the global loss the same training up to float
 rounding), and under ``train.batch_policy`` goodput the per-rank batch is chosen at each
 epoch's end as the loop chooses it (``policy_step``), from given step times. The lr, the
-noise scale and the policy are the loop's own object (``training.state.TrainingState``).
+noise scale and the policy are the loop's own object (``training.progress.state.TrainingState``).
 
 A measuring copy is held to the real thing: ``tests/e2e/test_bench_stateff_parity.py``
 runs ``distseg-train`` at 1 and 2 ranks and this emulation on the same config, seed
@@ -48,7 +48,7 @@ class SimRanks:
         import tensorflow as tf
 
         from distseg import losses
-        from distseg.training import factory, steps
+        from distseg.training.step import factory, steps
         self.cfg, self.ranks = cfg, ranks
         # As the run builds them, from rank 0's seed (its initial state is broadcast).
         spatial = (cfg.model.image_size, cfg.model.image_size)
@@ -86,7 +86,7 @@ class SimRanks:
         return value, tape.gradient(surrogate, self.model.trainable_variables)
 
     def _apply(self, grads):
-        from distseg.training import steps
+        from distseg.training.step import steps
         # The loop's fused update, not Keras' apply_gradients: the same Adam, rounded
         # as the real step rounds it (Keras' own differed in the 7th digit).
         steps.apply_adam(self.optimizer, grads, self.model.trainable_variables)
@@ -107,7 +107,7 @@ class SimRanks:
         gradient as the second (``steps.PreviousGradient``, NaN at the first step)."""
         import tensorflow as tf
 
-        from distseg.training import steps
+        from distseg.training.step import steps
         variables, opt = self.model.trainable_variables, self.optimizer
         if len(per_rank) == 1:
             return self.previous.norms(opt, mean, variables)
@@ -160,7 +160,7 @@ class SimRanks:
 
 def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[dict]:
     """One benchmark epoch of ``sim`` under ``scaling`` (the loop's own
-    ``training.state.TrainingState``: its plan's batches, its lr, fed each step's gradient
+    ``training.progress.state.TrainingState``: its plan's batches, its lr, fed each step's gradient
     norms as the loop feeds it); ``clock`` holds the global step; returns its ``step``
     records, shaped like the loop's."""
     t = sim.cfg.train
@@ -183,13 +183,13 @@ def sim_epoch(sim: SimRanks, scaling, loaded, epoch: int, clock: dict) -> list[d
 
 
 def find_lr(sim: SimRanks, plan, loaded, seed: int, configured: float) -> dict:
-    """``--lr auto``'s range test on ``sim``, as ``distseg.training.lrfind.find`` runs it:
+    """``--lr auto``'s range test on ``sim``, as ``distseg.training.startup.lrfind.find`` runs it:
     its lrs, its batches (epochs ``lrfind.FIND_EPOCH`` on, of ``plan``), its stop once
     the smoothed loss diverges and its choice (``lrfind.decide``); the model, optimizer
     and BatchNorm statistics put back. Returns ``decide``'s dict with the curve
     (``losses``) and its length (``steps``)."""
-    from distseg.training import lrfind
-    from distseg.training import steps as steps_lib
+    from distseg.training.startup import lrfind
+    from distseg.training.step import steps as steps_lib
     images, masks, train_ids = loaded
     variables = steps_lib.trial_variables(sim.model, sim.optimizer)
     kept, banks = [v.numpy() for v in variables], [list(b) for b in sim.banks]
@@ -216,13 +216,14 @@ def held(records: list[dict], stop_at: float, hold: int) -> bool:
     return len(dice) >= hold and all(d >= stop_at for d in dice[-hold:])
 
 
-def policy_step(scaling, step_seconds: dict):
+def policy_step(scaling, step_seconds: dict, train_cfg):
     """The goodput policy at an epoch's end, as the loop takes it (``TrainingState.decide`` and
-    ``take``) at the emulated ranks, the seconds of a step at each per-rank batch from
-    ``step_seconds`` (measured throughput, not this process's clock). Returns the
-    choice; on a switch ``scaling`` holds the new batch's plan and noise-scale sizes."""
+    ``take``, by the run's ``train_cfg``) at the emulated ranks, the seconds of a step at each
+    per-rank batch from ``step_seconds`` (measured throughput, not this process's clock).
+    Returns the choice; on a switch ``scaling`` holds the new batch's plan and noise-scale
+    sizes."""
     choice = scaling.decide(step_seconds.get)
-    scaling.take(choice)
+    scaling.take(choice, train_cfg)
     return choice
 
 
@@ -247,8 +248,8 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
     import numpy as np
 
     from distseg.data import slices as data
-    from distseg.training import steps as steps_lib
-    from distseg.training.state import TrainingState
+    from distseg.training.progress.state import TrainingState
+    from distseg.training.step import steps as steps_lib
 
     from benchlib.stateff.study import Emulated
     emulated = emulated or Emulated(ranks, ranks)
@@ -277,7 +278,7 @@ def simulate(cfg, ranks: int, emulated=None, step_seconds: dict | None = None) -
         record = epoch_record(scaling, epoch, time.perf_counter() - t0, steps,
                               sim.validate(*val), plan)
         if scaling.policy is not None and epoch + 1 < cfg.train.epochs:
-            choice = policy_step(scaling, step_seconds)
+            choice = policy_step(scaling, step_seconds, cfg.train)
             record["goodput"] = {"next_per_rank": choice.per_rank, "reason": choice.reason,
                                  "goodput": {str(b): v for b, v in choice.goodput.items()}}
         records += steps + [record]

@@ -18,7 +18,9 @@ from distseg.core.errors import RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import compression, factory, lrfind, precision, resume
+from distseg.training.checkpoints import resume
+from distseg.training.startup import compression, lrfind, precision
+from distseg.training.step import factory
 
 
 def check_inputs(cfg: config_lib.Config, ctx: dist.Context) -> feeds.Opened:
@@ -137,15 +139,14 @@ def prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
         measured = measure_link(ctx)
         decided = precision.decide(compression.exact(cfg), ctx, feed)
         state = decided.state or factory.build_state(decided.cfg, ctx, feed.input_shape)
-        train_steps = factory.TrainSteps(decided.cfg, state, feed.input_shape, ctx.size,
-                                         decided.traced)
+        train_steps = factory.TrainSteps(state, feed.input_shape, ctx.size, decided.traced,
+                                         decided.cfg.train.compression)
         chosen = compression.decide(decided.cfg, cfg.train.compression, ctx, feed, train_steps,
                                     measured, decided.record)
         found = lrfind.find(chosen.cfg, ctx, feed, train_steps)
     except RunError:
         _forget_probe(cfg.run_dir, ctx)
         raise
-    train_steps.use(found.cfg)  # the one live config from here on
     agreement.agree(_write_config, found.cfg, ctx)
     return Prepared(found.cfg, state, train_steps, None, decided.record, found.record,
                     chosen.record, measured)
@@ -165,7 +166,7 @@ def _forget_probe(run_dir: str, ctx: dist.Context) -> None:
 def _resumed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed) -> Prepared:
     state = factory.build_state(cfg, ctx, feed.input_shape)
     resumed = open_run_dir(cfg, ctx, state, resuming=True)
-    return Prepared(cfg, state, factory.TrainSteps(cfg, state, feed.input_shape, ctx.size),
+    return Prepared(cfg, state, factory.TrainSteps(state, feed.input_shape, ctx.size),
                     resumed, link=measure_link(ctx))
 
 

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from distseg.parallel import agreement
-from distseg.training import modelparts
+from distseg.training.epoch import modelparts
 
 
 def batchnorm_layers(model) -> list:

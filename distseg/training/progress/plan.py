@@ -64,13 +64,14 @@ class EpochPlan:
         return None
 
 
-def epoch_batches(plan: EpochPlan, ids, rank: int, size: int, train_cfg,
+def epoch_batches(plan: EpochPlan, ids, rank: int, size: int, epochs: int, seed: int,
                   start: tuple[int, int]):
     """This rank's batches of ``plan`` from (epoch, step) ``start`` to the end of
-    training, each tagged with its epoch (what the prefetcher reads)."""
-    for e in range(start[0], train_cfg.epochs):
+    training (``epochs``, the run's seed ``seed``), each tagged with its epoch (what the
+    prefetcher reads)."""
+    for e in range(start[0], epochs):
         first = start[1] if e == start[0] else 0
-        for batch_ids in plan.batches(ids, rank, size, e, train_cfg.seed)[first:plan.steps]:
+        for batch_ids in plan.batches(ids, rank, size, e, seed)[first:plan.steps]:
             yield prefetch.EpochBatch(e, batch_ids)
 
 
@@ -87,12 +88,14 @@ class PlannedBatches:
     an (epoch, step) on. Close it when done.
 
     ``transform`` (the training augmentation, ``data.augment.for_training``; None: none)
-    runs in the prefetcher's thread on every batch as it is read."""
+    runs in the prefetcher's thread on every batch as it is read. It takes the two
+    values of the run's config it reads, ``epochs`` and ``seed``, not the config."""
 
-    def __init__(self, reader, ids, rank: int, size: int, train_cfg, depth: int,
+    def __init__(self, reader, ids, rank: int, size: int, epochs: int, seed: int, depth: int,
                  transform=None):
         self.reader, self.ids, self.rank, self.size = reader, ids, rank, size
-        self.train_cfg, self.depth, self.transform = train_cfg, depth, transform
+        self.epochs, self.seed = epochs, seed
+        self.depth, self.transform = depth, transform
         self.plan: EpochPlan | None = None
         """The plan in force (``use``)."""
         self._prefetcher = None
@@ -101,7 +104,8 @@ class PlannedBatches:
     def use(self, plan: EpochPlan, start: tuple[int, int]) -> None:
         self.close()
         self.plan = plan
-        batches = epoch_batches(plan, self.ids, self.rank, self.size, self.train_cfg, start)
+        batches = epoch_batches(plan, self.ids, self.rank, self.size, self.epochs, self.seed,
+                                start)
         self._prefetcher = prefetch.Prefetcher(self.reader, batches, depth=self.depth,
                                                transform=self.transform)
         self._batches = iter(self._prefetcher)
@@ -118,7 +122,7 @@ class PlannedBatches:
         out = []
         for e in range(epoch, -1, -1):
             for ids in self.plan.batches(self.ids, self.rank, self.size, e,
-                                         self.train_cfg.seed)[:steps - len(out)]:
+                                         self.seed)[:steps - len(out)]:
                 out.append(prefetch.read_as_training(self.reader, ids, e, self.transform)[0])
             if len(out) >= steps:
                 break

@@ -355,7 +355,7 @@ class Cadence:
     def usual_mode(self) -> int:
         """What most of the run's steps do: ``MEASURE`` where every step measures, else
         ``SKIP`` (``auto`` settles on a cadence of several steps unless it steers). The
-        kind of step a trial times (``trial.timed_step``)."""
+        kind of step a trial times (``timedsteps.timed_step``)."""
         return MEASURE if self.every == 1 else SKIP
 
     def observe(self, mode: int, seconds: float | None) -> None:

@@ -24,7 +24,7 @@ import time
 
 from distseg.core import rundir, tbscalars
 from distseg.parallel import distributed as dist
-from distseg.training.observers import Observer
+from distseg.training.epoch.observers import Observer
 
 #: Seconds after which a step's scalars are flushed (epochs flush at their end).
 FLUSH_S = 10.0

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 
-from distseg.training import checkpoint, modelparts
-from distseg.training.observers import Console
+from distseg.training.checkpoints import checkpoint
+from distseg.training.epoch import modelparts
+from distseg.training.epoch.observers import Console
 
 #: nnU-Net's weight on the old value of the moving average.
 EMA_WEIGHT = 0.9

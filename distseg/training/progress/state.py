@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from distseg.core import batchplan, goodput, lr
 from distseg.core import config as config_lib
-from distseg.training import noise as noise_lib
-from distseg.training.batchpolicy import BatchPolicy, kept_per_rank
-from distseg.training.noise import Cadence, NoiseScale
-from distseg.training.plan import EpochPlan, origin_step
+from distseg.training.progress import noise as noise_lib
+from distseg.training.progress.batchpolicy import BatchPolicy, kept_per_rank
+from distseg.training.progress.noise import Cadence, NoiseScale
+from distseg.training.progress.plan import EpochPlan, origin_step
 
 
 def noise_steers(train_cfg) -> bool:
@@ -32,8 +32,12 @@ def noise_steers(train_cfg) -> bool:
 class TrainingState:
     """The lr and batch of every step of one launch, and what they depend on.
 
+    It holds the values of the run's ``TrainConfig`` it reads at every step (the
+    schedule's ``epochs``, ``warmup_epochs`` and ``lr_schedule``), not the config: the
+    loop's session holds that, and hands it to ``take``, which plans a new batch by it.
+
     Args:
-      train_cfg: the run's ``TrainConfig``.
+      epochs, warmup_epochs, lr_schedule: the run's (``train.*``).
       train_samples: training samples in the data file.
       ranks: ranks of this launch (the emulation's: processes it emulates).
       fold: how many ranks each of ``ranks`` stands for (the benchmark's emulation of a
@@ -41,7 +45,9 @@ class TrainingState:
         per stood-for rank.
     """
 
-    train_cfg: config_lib.TrainConfig
+    epochs: int
+    warmup_epochs: float
+    lr_schedule: str
     train_samples: int
     ranks: int
     plan: EpochPlan
@@ -87,7 +93,8 @@ class TrainingState:
                                  batch.per_rank // fold)
         planned = EpochPlan.of(train_cfg, train_samples, ranks * fold)
         horizon = float(train_cfg.epochs * planned.steps * planned.batch.global_batch)
-        return cls(train_cfg, train_samples, ranks, plan, noise, policy, fold, horizon=horizon,
+        return cls(train_cfg.epochs, train_cfg.warmup_epochs, train_cfg.lr_schedule,
+                   train_samples, ranks, plan, noise, policy, fold, horizon=horizon,
                    cadence=Cadence.of(train_cfg.noise_every, noise_steers(train_cfg)))
 
     @classmethod
@@ -108,11 +115,11 @@ class TrainingState:
     @property
     def warm(self) -> float:
         """Samples of the warm-up, on the schedule's clock."""
-        return self.train_cfg.warmup_epochs * self.horizon / self.train_cfg.epochs
+        return self.warmup_epochs * self.horizon / self.epochs
 
     def decay(self) -> float:
         """The schedule's factor on the lr of the next step (``lr.decay``)."""
-        return lr.decay(self.train_cfg.lr_schedule, self.trained, self.warm, self.horizon)
+        return lr.decay(self.lr_schedule, self.trained, self.warm, self.horizon)
 
     # --- each step -------------------------------------------------------------------
 
@@ -165,12 +172,13 @@ class TrainingState:
         avg = self.noise.averages["preconditioned"]
         return self.policy.decide(avg.g2, avg.tr_sigma, seconds)
 
-    def take(self, choice: goodput.Choice | None) -> bool:
-        """Adopts rank 0's ``choice``; on a new batch, the plan of that batch and the
-        noise scale resized to it. Returns whether the batch changed."""
+    def take(self, choice: goodput.Choice | None, train_cfg: config_lib.TrainConfig) -> bool:
+        """Adopts rank 0's ``choice``; on a new batch, the plan of that batch by
+        ``train_cfg``'s batch rule (the run's) and the noise scale resized to it.
+        Returns whether the batch changed."""
         if choice is None or not self.policy.take(choice):
             return False
-        self.plan = EpochPlan.of(self.train_cfg, self.train_samples, self.ranks,
+        self.plan = EpochPlan.of(train_cfg, self.train_samples, self.ranks,
                                  self.policy.per_rank * self.fold)
         self.noise.resize(self.plan.batch.per_rank, self.plan.batch.global_batch)
         return True
@@ -191,7 +199,7 @@ class TrainingState:
         progress."""
         batch = self.plan.batch
         return {"rule": batch.lr_scaling, "lr": self.lr_now,
-                "schedule": self.train_cfg.lr_schedule, "horizon": self.horizon,
+                "schedule": self.lr_schedule, "horizon": self.horizon,
                 "gain": self.noise.gain(batch.global_batch), "progress": self.progress,
                 "global_batch": batch.global_batch, "base_batch": batch.base}
 
@@ -201,7 +209,7 @@ class TrainingState:
         """What a checkpoint keeps (its ``training`` entry; ``restore`` reads it back)."""
         return {"noise": self.noise.state(), "progress": self.progress,
                 "samples": self.samples, "global_batch": self.plan.batch.global_batch,
-                "trained": self.trained, "horizon": self.horizon, "epochs": self.train_cfg.epochs,
+                "trained": self.trained, "horizon": self.horizon, "epochs": self.epochs,
                 "cadence": self.cadence.record(),
                 "policy": None if self.policy is None else self.policy.state()}
 
@@ -228,11 +236,11 @@ class TrainingState:
     def _keep_horizon(self, horizon: float, epochs: int) -> None:
         """The first launch's horizon; stretched in proportion when a resume changes
         ``--epochs`` (then ``note`` says how the next step's lr moves)."""
-        before = lr.decay(self.train_cfg.lr_schedule, self.trained,
-                             self.train_cfg.warmup_epochs * horizon / epochs, horizon)
-        self.horizon = horizon * self.train_cfg.epochs / epochs
-        if epochs != self.train_cfg.epochs and self.train_cfg.lr_schedule != "constant":
-            self.note = (f"--epochs {epochs} -> {self.train_cfg.epochs} moves the end of the "
-                         f"{self.train_cfg.lr_schedule} lr schedule from {horizon:,.0f} to "
+        before = lr.decay(self.lr_schedule, self.trained,
+                          self.warmup_epochs * horizon / epochs, horizon)
+        self.horizon = horizon * self.epochs / epochs
+        if epochs != self.epochs and self.lr_schedule != "constant":
+            self.note = (f"--epochs {epochs} -> {self.epochs} moves the end of the "
+                         f"{self.lr_schedule} lr schedule from {horizon:,.0f} to "
                          f"{self.horizon:,.0f} samples: the next step's lr is "
                          f"{self.decay():.3g} x the base where it would have been {before:.3g} x")

@@ -43,13 +43,13 @@ class Measured:
 def measure(spec: UNetSpec, batch: int, steps: int = 3, threads: int = 1,
             timeout: float = 1800.0) -> Measured:
     """Runs ``steps`` train steps of ``spec`` at ``batch`` in a fresh Python process
-    (``python -m distseg.training.memprobe``) and returns what it measured. A fresh process, so the
+    (``python -m distseg.training.step.memprobe``) and returns what it measured. A fresh process, so the
     baseline is TensorFlow alone and no earlier allocation hides the peak."""
     request = {"spec": {**dataclasses.asdict(spec), "spatial": list(spec.spatial)},
                "batch": batch, "steps": steps, "threads": threads}
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     try:
-        done = subprocess.run([sys.executable, "-m", "distseg.training.memprobe", json.dumps(request)],
+        done = subprocess.run([sys.executable, "-m", "distseg.training.step.memprobe", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise RunError(f"measuring took more than {timeout:.0f} s") from None
@@ -96,7 +96,7 @@ def _probe(request: dict) -> dict:
 
     from distseg.networks import unet
     from distseg.parallel import distributed as dist
-    from distseg.training import steps
+    from distseg.training.step import steps
     dist.init()
     spec = UNetSpec(**{**request["spec"], "spatial": tuple(request["spec"]["spatial"])})
     batch = request["batch"]

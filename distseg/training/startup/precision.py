@@ -45,8 +45,9 @@ from distseg.core import config as config_lib
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, precision_cache, steps, trial
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.startup import precision_cache, timedsteps
+from distseg.training.step import factory, steps
 
 #: /proc/cpuinfo flags of native bfloat16 arithmetic (AVX-512 BF16, AMX).
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -212,13 +213,13 @@ LABEL = "--precision auto's trial"
 def _agreed(what: str, fn, *args):
     """Collective: ``fn(*args)`` on every rank; a failure on any raises the same
     ``RunError`` on every rank, naming the piece ``what`` and the rank."""
-    return trial.agreed(LABEL, what, fn, *args)
+    return timedsteps.agreed(LABEL, what, fn, *args)
 
 
 def _first_batch(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed):
-    """This rank's first batch of the run and the static batch (``trial.first_batch``)."""
+    """This rank's first batch of the run and the static batch (``timedsteps.first_batch``)."""
     _injected(ctx, "batch")
-    return trial.first_batch(cfg, ctx, feed)
+    return timedsteps.first_batch(cfg, ctx, feed)
 
 
 def _build(cfg: config_lib.Config, ctx: dist.Context, input_shape) -> factory.State:
@@ -244,15 +245,15 @@ def _prepare(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed, batch)
     dist.broadcast_variables(state.synced, root=0)
     kept = [v.numpy() for v in steps.trial_variables(state.model, state.optimizer)]
     step = _agreed(f"tracing the {p} step", _trace, cfg, ctx, state, feed.input_shape, batch[2])
-    candidate = trial.Candidate(state, step, kept, trial.usual_noise_mode(cfg))
+    candidate = timedsteps.Candidate(state, step, kept, timedsteps.usual_noise_mode(cfg))
     _step(candidate, batch, ctx, f"the first {p} step")
     return candidate
 
 
-def _step(candidate: trial.Candidate, batch, ctx: dist.Context, what: str) -> float:
-    """Collective: one timed step of ``candidate`` (``trial.timed_step``), where
+def _step(candidate: timedsteps.Candidate, batch, ctx: dist.Context, what: str) -> float:
+    """Collective: one timed step of ``candidate`` (``timedsteps.timed_step``), where
     ``FAIL_ENV`` may make this rank fail."""
-    return trial.timed_step(candidate, batch, LABEL, what, functools.partial(_injected, ctx, "step"))
+    return timedsteps.timed_step(candidate, batch, LABEL, what, functools.partial(_injected, ctx, "step"))
 
 
 def _trial(cfg, ctx, feed, flags: list) -> Decision:
@@ -268,7 +269,7 @@ def _trial(cfg, ctx, feed, flags: list) -> Decision:
     slowest = slowest_rank({p: statistics.median(c.seconds) for p, c in candidates.items()})
     choice = choose(slowest)
     chosen = candidates[choice]
-    trial.put_back(chosen)
+    timedsteps.put_back(chosen)
     speedup = slowest["float32"] / slowest["bfloat16"]
     trial_s = time.perf_counter() - start
     record = {"requested": config_lib.AUTO, "flags": flags, "seconds": slowest,

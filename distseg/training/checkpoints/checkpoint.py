@@ -25,7 +25,7 @@ checksums and falls back to an older checkpoint when the newest is damaged. The 
 ``keep`` checkpoints are kept, and the one ``best.json`` names besides them.
 
 ``best.json`` is written with the checkpoint it names, after ``latest.json``, when the
-checkpoint's position says it is the new best (the ``best.BestDice`` part's state in
+checkpoint's position says it is the new best (the ``bestcheckpoint.BestDice`` part's state in
 ``Position.parts``). ``best`` reads it back for ``distseg-predict``: a run without one
 (from before it was kept, or trained without validation) has no best, and a damaged
 one, or one naming a damaged checkpoint, is a warning and no best.
@@ -49,7 +49,8 @@ from distseg.core.errors import InputError, WriteError
 from distseg.core.partial import PartialFile
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import modelparts, noise
+from distseg.training.epoch import modelparts
+from distseg.training.progress import noise
 
 #: A rank's arrays in the state file (``_state_arrays``).
 RANK_ARRAY = re.compile(r"rank\d+_")
@@ -107,7 +108,7 @@ class Position:
     parts: dict | None = None
     """Each part's ``state()`` by its key (``modelparts.saved``: the parts that change
     the model), so ``--resume`` continues them exactly; their arrays are in the state
-    file. When the best checkpoint's (``best.BestDice``) has its ``mark`` set, this
+    file. When the best checkpoint's (``bestcheckpoint.BestDice``) has its ``mark`` set, this
     checkpoint is the new best and ``write`` points ``best.json`` at it. None: no part
     kept a state (tests). Manifests written before the parts had one hook hold the best
     checkpoint's state as ``best``."""

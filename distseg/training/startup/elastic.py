@@ -14,7 +14,9 @@ from distseg.core import config as config_lib
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, compression, factory, lrfind, precision, resume, startup
+from distseg.training.checkpoints import checkpoint, resume
+from distseg.training.startup import compression, lrfind, precision, prepare
+from distseg.training.step import factory
 
 
 def resumed_from(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
@@ -24,7 +26,7 @@ def resumed_from(elastic: Any, cfg: config_lib.Config, ctx: dist.Context,
     plain run; a later one, after a rank was lost or hosts changed, continues from the
     state committed after the last epoch, at the new size."""
     if not elastic.started:
-        resumed = startup.open_run_dir(cfg, ctx, state, resuming)
+        resumed = prepare.open_run_dir(cfg, ctx, state, resuming)
         elastic.started = True
         elastic.epoch = resumed.position.epoch if resumed else 0
         elastic.commit()  # a rank lost in the first epoch must not set up the run again
@@ -44,10 +46,10 @@ def launch(elastic: Any, train, cfg: config_lib.Config, resuming: bool,
     ctx = dist.context()
     # cfg: as run() filled it, and planned as run() planned the state it built: a
     # --slab auto plan depends on the data file and the config alone, never the ranks.
-    cfg, feed = agreement.agree(startup.check_inputs, cfg, ctx)
+    cfg, feed = agreement.agree(prepare.check_inputs, cfg, ctx)
     resumed = resumed_from(elastic, cfg, ctx, resuming, state)
-    steps = factory.TrainSteps(cfg, state, feed.input_shape, ctx.size)
-    return train(startup.Prepared(cfg, state, steps, resumed), ctx, feed, threads,
+    steps = factory.TrainSteps(state, feed.input_shape, ctx.size)
+    return train(prepare.Prepared(cfg, state, steps, resumed), ctx, feed, threads,
                  elastic=elastic)
 
 
@@ -57,7 +59,7 @@ def run(cfg: config_lib.Config, ctx: dist.Context, resuming: bool, threads: tupl
     joins later runs this alone), then Horovod's elastic loop calls ``launch`` for
     every incarnation."""
     cfg = feeds.with_classes(cfg)  # the data file's classes, as check_inputs gives them
-    cfg = startup.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
+    cfg = prepare.with_model_source(cfg)  # a --model-fn's source, as check_inputs records it
     cfg = precision.without_trial(cfg)  # no collective yet: no timed trial
     cfg = compression.exact(cfg)  # nor a measured link: exact float32
     lrfind.refuse_elastic(cfg)  # nor a range test

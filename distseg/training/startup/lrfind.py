@@ -31,8 +31,8 @@ from distseg.core.errors import EXIT_BAD_INPUT, RunError
 from distseg.data import feeds, prefetch
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import factory, steps
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.step import factory, steps
 
 #: Steps of the sweep, at most (it stops once the loss has diverged).
 STEPS = 60
@@ -236,7 +236,7 @@ def find(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
     variables = steps.trial_variables(model, optimizer)
     kept = [v.numpy() for v in variables]
     plan = EpochPlan.of(cfg.train, len(feed.train_ids), ctx.size)
-    step = train_steps.for_batch(plan.static_batch(len(feed.train_ids), ctx.size))
+    step = train_steps.for_batch(cfg, plan.static_batch(len(feed.train_ids), ctx.size))
     lrs, losses = _sweep(cfg, ctx, feed, plan, optimizer, step)
     steps.put_back(variables, kept, step)
     decided = dist.broadcast_object(decide(lrs, losses, cfg.train.lr) if ctx.is_root() else None)

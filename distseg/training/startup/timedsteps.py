@@ -30,9 +30,10 @@ from distseg.core.errors import Interrupted, RunError
 from distseg.data import feeds
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import noise, steps
-from distseg.training.plan import EpochPlan
-from distseg.training.state import noise_steers
+from distseg.training.progress import noise
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.progress.state import noise_steers
+from distseg.training.step import steps
 
 
 def failure(label: str, what: str, e: BaseException) -> tuple[str, int]:

@@ -40,7 +40,8 @@ from typing import Sequence
 import numpy as np
 
 from distseg.parallel import agreement
-from distseg.training import checkpoint, modelparts
+from distseg.training.checkpoints import checkpoint
+from distseg.training.epoch import modelparts
 
 #: TensorFlow's ``ExponentialMovingAverage(num_updates=t)``: the decay at step t is at
 #: most ``(1 + t) / (WARM + t)``.

@@ -1,14 +1,14 @@
-"""The loop's observers, as parts: built once per launch, an ordered tuple called on
-every rank in the same order (some parts make collectives), each keeping its own state.
+"""The loop's observers: built once per launch, an ordered tuple called on every rank
+in the same order (some observers make collectives), each keeping its own state.
 
-A part sees what the loop logs: each ``step`` record as it is written and each
+An observer sees what the loop logs: each ``step`` record as it is written and each
 ``epoch`` record once it is written, plus the start of an epoch and the moment its
-training time is taken. A part that adds fields to the ``epoch`` record returns them
+training time is taken. An observer that adds fields to the ``epoch`` record returns them
 from ``epoch_fields`` (``records.epoch_record`` is the one place that gathers them).
 Keras callbacks, Lightning callbacks and MONAI's event handlers are the model; there is
 no event bus: the loop calls the hooks by name.
 
-The parts: ``Timeline`` (Horovod's timeline over the second epoch's first steps, what
+The observers: ``Timeline`` (Horovod's timeline over the second epoch's first steps, what
 the ``comm`` field reports), ``board.Board`` (live TensorBoard scalars) and ``Console``
 (rank 0's progress bar and epoch lines).
 """
@@ -23,7 +23,7 @@ from distseg.parallel import distributed as dist
 
 
 class Observer:
-    """A do-nothing observer: a part overrides the hooks it needs."""
+    """A do-nothing observer: an observer overrides the hooks it needs."""
 
     def on_run(self, record: dict) -> None:
         """This rank's ``run`` record, as written at the launch's start."""
@@ -38,7 +38,7 @@ class Observer:
         """The epoch's steps are done and its training time taken."""
 
     def epoch_fields(self) -> dict:
-        """Fields this part adds to the epoch's ``epoch`` record."""
+        """Fields this observer adds to the epoch's ``epoch`` record."""
         return {}
 
     def on_epoch_end(self, record: dict) -> None:

@@ -20,7 +20,7 @@ from distseg.core import config as config_lib
 from distseg.core import lr
 from distseg.data import augment
 from distseg.parallel import distributed as dist
-from distseg.training import steps
+from distseg.training.step import steps
 
 
 class State(NamedTuple):
@@ -121,22 +121,26 @@ def stand_in(cfg: config_lib.Config, input_shape: Sequence[int], n: int):
 class TrainSteps:
     """The train step traced for each per-rank batch a run trains (``train_step``; the
     ``goodput`` policy may come back to a batch it left). ``traced``: steps already
-    made for this state (by the precision trial or the lr range test)."""
+    made for this state (by the precision trial), with gradient compression
+    ``compression``.
 
-    def __init__(self, cfg: config_lib.Config, state, input_shape: Sequence[int], ranks: int,
-                 traced: dict | None = None):
-        self.cfg, self.state, self.input_shape, self.ranks = cfg, state, input_shape, ranks
+    It holds no config: each ``for_batch`` is given the one the caller holds, so a
+    decision start-up takes after the steps exist (the compression) reaches them
+    without being told twice."""
+
+    def __init__(self, state, input_shape: Sequence[int], ranks: int,
+                 traced: dict | None = None, compression: str | None = None):
+        self.state, self.input_shape, self.ranks = state, input_shape, ranks
         self.traced: dict = dict(traced or {})
+        self.compression = compression
+        """The gradient compression of the steps in ``traced``."""
 
-    def use(self, cfg: config_lib.Config) -> None:
-        """Builds steps from ``cfg`` from here on; a step traced for another gradient
-        compression is dropped (its compression is fixed in its graph)."""
-        if cfg.train.compression != self.cfg.train.compression:
+    def for_batch(self, cfg: config_lib.Config, batch: int | None):
+        """``cfg``'s train step for ``batch`` samples per rank; the steps traced for
+        another gradient compression are dropped (it is fixed in their graphs)."""
+        if cfg.train.compression != self.compression:
             self.traced.clear()
-        self.cfg = cfg
-
-    def for_batch(self, batch: int | None):
+            self.compression = cfg.train.compression
         if batch not in self.traced:
-            self.traced[batch] = train_step(self.cfg, self.state, self.input_shape,
-                                            self.ranks, batch)
+            self.traced[batch] = train_step(cfg, self.state, self.input_shape, self.ranks, batch)
         return self.traced[batch]

@@ -39,8 +39,9 @@ from distseg.core import config as config_lib
 from distseg.core import link
 from distseg.data import feeds
 from distseg.parallel import distributed as dist
-from distseg.training import factory, precision, trial
-from distseg.training.plan import EpochPlan
+from distseg.training.progress.plan import EpochPlan
+from distseg.training.startup import precision, timedsteps
+from distseg.training.step import factory
 
 #: Steps of the exact step timed where ``--precision auto``'s trial did not run, after
 #: the one that traces it.
@@ -74,10 +75,10 @@ def params_of(model) -> int:
     return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
 
 
-def _traced(train_steps: factory.TrainSteps, static: int | None):
+def _traced(cfg: config_lib.Config, train_steps: factory.TrainSteps, static: int | None):
     """The run's step for ``static`` samples per rank, traced (no step runs: tracing
     needs no other rank); kept by ``train_steps`` for the run."""
-    step = train_steps.for_batch(static)
+    step = train_steps.for_batch(cfg, static)
     step.get_concrete_function()
     return step
 
@@ -86,14 +87,14 @@ def _timed(cfg: config_lib.Config, ctx: dist.Context, feed: feeds.Feed,
            train_steps: factory.TrainSteps) -> float:
     """Collective: the slowest rank's median seconds of the run's exact step on its first
     batch (``TIMED_STEPS`` after the one that traces it), the state put back."""
-    batch = trial.agreed(LABEL, "reading its first batch", trial.first_batch, cfg, ctx, feed)
+    batch = timedsteps.agreed(LABEL, "reading its first batch", timedsteps.first_batch, cfg, ctx, feed)
     # The values before the steps; the kind of step the run mostly takes.
-    candidate = trial.Candidate.of(train_steps.state, trial.usual_noise_mode(cfg))
-    candidate.step = trial.agreed(LABEL, "tracing the step", _traced, train_steps, batch[2])
-    trial.timed_step(candidate, batch, LABEL, "the first step")
-    seconds = [trial.timed_step(candidate, batch, LABEL, f"timed step {i + 1}")
+    candidate = timedsteps.Candidate.of(train_steps.state, timedsteps.usual_noise_mode(cfg))
+    candidate.step = timedsteps.agreed(LABEL, "tracing the step", _traced, cfg, train_steps, batch[2])
+    timedsteps.timed_step(candidate, batch, LABEL, "the first step")
+    seconds = [timedsteps.timed_step(candidate, batch, LABEL, f"timed step {i + 1}")
                for i in range(TIMED_STEPS)]
-    trial.put_back(candidate)
+    timedsteps.put_back(candidate)
     return precision.slowest_rank({"none": statistics.median(seconds)})["none"]
 
 
@@ -130,7 +131,8 @@ def decide(cfg: config_lib.Config, asked: str, ctx: dist.Context, feed: feeds.Fe
            tried: dict | None = None) -> Decision:
     """Collective where a step must be predicted: the compression a new run trains with,
     ``asked`` the one its config named. ``cfg``: the run's config so far (``exact``:
-    its steps exact until now), ``train_steps`` its steps (told the decision),
+    its steps exact until now), ``train_steps`` its steps (the decision reaches them
+    through the config their next caller holds),
     ``measured`` the link probe's fit (None on one rank), ``tried`` ``--precision
     auto``'s record (None: the config named the precision)."""
     if asked != config_lib.AUTO:
@@ -143,7 +145,6 @@ def decide(cfg: config_lib.Config, asked: str, ctx: dist.Context, feed: feeds.Fe
         record = _predicted(cfg, ctx, feed, train_steps, measured, tried)
     record = {"requested": config_lib.AUTO, **record}
     decided = _with_compression(cfg, record["choice"])
-    train_steps.use(decided)
     precision.say(ctx, f"compression auto: {record['choice']}: {record['reason']}")
     return Decision(decided, record)
 

@@ -1,5 +1,5 @@
 """Resuming a run across ranks: ``restore`` has rank 0 find, verify and load the newest
-whole checkpoint (``distseg.training.checkpoint``, which also saves them) and every
+whole checkpoint (``distseg.training.checkpoints.checkpoint``, which also saves them) and every
 rank receive it by broadcast. It runs on every rank and agrees on failures.
 
 What the checkpoint kept of the parts that change the model goes back to them through
@@ -16,7 +16,8 @@ from distseg.core import rundir
 from distseg.core.errors import InputError, RunError
 from distseg.parallel import agreement
 from distseg.parallel import distributed as dist
-from distseg.training import checkpoint, modelparts
+from distseg.training.checkpoints import checkpoint
+from distseg.training.epoch import modelparts
 
 
 def local_variables(model) -> list:

@@ -91,7 +91,7 @@ class StepResult(NamedTuple):
     grad_sq: Any
     """[mean over ranks of |g_rank|^2, |g|^2 of the averaged gradient], then the same two
     of the gradients preconditioned by Adam (``preconditioned_sq``): what
-    ``training.noise`` estimates from. On one rank the batch's two halves stand in for
+    ``training.progress.noise`` estimates from. On one rank the batch's two halves stand in for
     two ranks (``can_halve``), or else the previous step's gradient for a second rank
     (NaN at a launch's first step)."""
 
@@ -136,7 +136,7 @@ def halved_loss_and_grads(model, images, masks, num_classes: int, loss: str):
     (``losses.surrogate``), the global loss's sums added over the halves. Returns (the
     loss, the same, the mean of the halves' gradients, [each half's gradients]): the
     mean is the batch's gradient, and the halves are the two gradients the noise scale
-    needs (``training.noise``, method ``halves``) without a second pass. The moving
+    needs (``training.progress.noise``, method ``halves``) without a second pass. The moving
     statistics (float non-trainable variables) move as one pass over the batch moves
     them: each half's move from the same start, averaged (``can_halve``)."""
     import tensorflow as tf
@@ -226,7 +226,7 @@ def adam_scale(optimizer, variables):
     ``noise.PRECONDITION_AFTER`` steps, nor for any optimizer but plain Adam."""
     import tensorflow as tf
 
-    from distseg.training.noise import PRECONDITION_AFTER
+    from distseg.training.progress.noise import PRECONDITION_AFTER
     if not _plain_adam(optimizer):
         return tf.ones([sum(math.prod(v.shape) for v in variables)]), tf.constant(False)
     if not optimizer.built:  # as apply_adam does: the moments on first use
@@ -261,7 +261,7 @@ def _pair_norms(a, b, scale, use):
 
 class PreviousGradient:
     """The last step's gradient on a one-rank run, as one flat vector: the second
-    gradient of the noise scale's difference estimator (``training.noise``)."""
+    gradient of the noise scale's difference estimator (``training.progress.noise``)."""
 
     def __init__(self, variables):
         import tensorflow as tf
@@ -456,7 +456,7 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     otherwise the BatchNorm statistics are put back as they were before the step.
 
     The gradient norms (``StepResult.grad_sq``) are the two batch sizes of the gradient
-    noise scale (``training.noise``), raw and preconditioned by Adam; the small batch's
+    noise scale (``training.progress.noise``), raw and preconditioned by Adam; the small batch's
     ride in the same allreduce. On one rank the gradient is taken as two halves where
     ``can_halve`` allows (``train_step.gradients_per_rank`` is 2), else the last step's gradient is
     kept as the second. They (and the halves) are taken only on a call whose
@@ -473,7 +473,7 @@ def make_train_step(model, optimizer, spatial_shape: Sequence[int], num_classes:
     """
     import tensorflow as tf
 
-    from distseg.training import noise
+    from distseg.training.progress import noise
 
     halved = halves and ranks == 1 and can_halve(model, batch)
     previous = PreviousGradient(model.trainable_variables) if ranks == 1 and not halved else None
