@@ -32,7 +32,7 @@ RUNS_COLS = ("run", "path", "ranks", "nodes", "hosts", "ranks_logged", "launches
              "precision", "input_shape", "onednn", "intra_op_threads")
 TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
             "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
-            "throughput_samples_s", "throughput_per_rank", "throughput_voxels_s",
+            "outside_training_pct", "throughput_samples_s", "throughput_per_rank", "throughput_voxels_s",
             "throughput_voxels_per_rank", "status")
 SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
                 "speedup", "efficiency", "throughput_samples_s", "throughput_voxels_s",
@@ -104,7 +104,10 @@ def time_per_epoch_section(t: Tables) -> Section:
     fallback = [r for r, time in zip(tpe["run"], tpe["time"]) if time != TRAIN_TIME]
     intro = ("*_train_s: seconds of training per epoch, the slowest rank's train_time (no "
              "validation; a synchronous epoch lasts as long as its slowest rank). "
-             "median_epoch_s: the slowest rank's epoch_time, with validation. The first "
+             "median_epoch_s: the slowest rank's epoch_time, with validation. "
+             "outside_training_pct: the share of an epoch's wall-clock time (one epoch's end "
+             "to the next's) spent outside training: validation, records, TensorBoard, "
+             "checkpoints, the ranks agreeing; what short epochs pay. The first "
              "epoch of each launch is warm-up: shown as warmup_train_s and left out of the "
              "other columns. throughput_samples_s = samples of all ranks / training seconds, "
              "over the epochs after warm-up.")

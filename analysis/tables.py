@@ -57,14 +57,15 @@ def epoch_summary(run: RunData) -> pd.DataFrame:
     """One row per finished epoch, all ranks combined.
 
     Columns: ``epoch``, ``segment``, ``warmup``, ``wall_s`` (end of the epoch on the
-    run's wall clock), ``epoch_s`` (slowest rank's ``epoch_time``: training plus
-    validation), ``train_s`` (slowest rank's ``train_time``: training only; ``epoch_s``
-    where no rank logged it), ``train_time_logged``, ``ranks_logged``, ``samples`` (all
-    ranks; scaled up by size / ranks_logged when ranks are missing), ``throughput``
-    (samples / train_s).
+    run's wall clock), ``wall_gap_s`` (``wall_s`` since the launch's previous epoch
+    ended: the whole epoch as the run paid it, NaN for a launch's first), ``epoch_s``
+    (slowest rank's ``epoch_time``: training plus validation), ``train_s`` (slowest
+    rank's ``train_time``: training only; ``epoch_s`` where no rank logged it),
+    ``train_time_logged``, ``ranks_logged``, ``samples`` (all ranks; scaled up by size /
+    ranks_logged when ranks are missing), ``throughput`` (samples / train_s).
     """
-    cols = ["epoch", "segment", "warmup", "wall_s", "epoch_s", "train_s", "train_time_logged",
-            "ranks_logged", "samples", "throughput"]
+    cols = ["epoch", "segment", "warmup", "wall_s", "wall_gap_s", "epoch_s", "train_s",
+            "train_time_logged", "ranks_logged", "samples", "throughput"]
     e = run.epochs
     if not len(e):
         return pd.DataFrame(columns=cols)
@@ -84,7 +85,9 @@ def epoch_summary(run: RunData) -> pd.DataFrame:
     first = out.groupby("segment")["epoch"].transform("min")
     out["warmup"] = out["epoch"] == first
     out["throughput"] = out["samples"] / out["train_s"]
-    return out[cols].sort_values("epoch").reset_index(drop=True)
+    out = out.sort_values("epoch").reset_index(drop=True)
+    out["wall_gap_s"] = out.groupby("segment")["wall_s"].diff()
+    return out[cols]
 
 
 def _steady(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -160,6 +163,21 @@ TRAIN_TIME = "train_time: slowest rank, training only (no validation)"
 EPOCH_TIME_FALLBACK = "epoch_time: slowest rank, training + validation (train_time not logged)"
 
 
+#: ``time_per_epoch``'s columns of what an epoch pays outside training (``outside_training``).
+OUTSIDE_COLUMNS = ("median_wall_epoch_s", "outside_training_pct")
+
+
+def outside_training(steady: pd.DataFrame) -> dict[str, float]:
+    """``median_wall_epoch_s`` and ``outside_training_pct`` (``time_per_epoch``) of the
+    steady epochs of ``epoch_summary`` (NaN where no epoch follows another in a launch)."""
+    timed = steady[steady["wall_gap_s"].notna()]
+    if not len(timed):
+        return {"median_wall_epoch_s": math.nan, "outside_training_pct": math.nan}
+    outside = (timed["wall_gap_s"] - timed["train_s"]).clip(lower=0.0)
+    return {"median_wall_epoch_s": float(timed["wall_gap_s"].median()),
+            "outside_training_pct": float(100.0 * outside.sum() / timed["wall_gap_s"].sum())}
+
+
 def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
     """Per run: seconds per epoch (warm-up apart) and training throughput.
 
@@ -168,14 +186,17 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
     slowest rank's ``epoch_time`` (training plus validation). ``throughput_samples_s``
     is the samples of all ranks over the steady epochs divided by the sum of their
     ``train_s`` (``distseg.core.ranktime.throughput``). ``time`` says which time the
-    ``*_train_s`` columns hold. The last
-    columns (``VOXEL_COLUMNS``) are the same throughput in voxels (``voxel_rates``).
+    ``*_train_s`` columns hold. Then ``VOXEL_COLUMNS``: the same throughput in voxels
+    (``voxel_rates``); last ``OUTSIDE_COLUMNS``: ``median_wall_epoch_s``, the median
+    wall-clock time from one epoch's end to the next's, and ``outside_training_pct``, the
+    share of it spent outside training (validation, the epoch's records, TensorBoard,
+    checkpoints, the ranks' agreement at its end and start): what short epochs pay.
     """
     cols = ["run", "ranks", "nodes", "epochs", "steady_epochs", "time", "warmup_train_s",
             "median_train_s", "mean_train_s", "min_train_s", "max_train_s", "warmup_epoch_s",
             "median_epoch_s", "samples_per_epoch", "throughput_samples_s",
             "throughput_per_rank", "steps_per_epoch", "global_batch_size", "basis", "status",
-            *VOXEL_COLUMNS]
+            *VOXEL_COLUMNS, *OUTSIDE_COLUMNS]
     rows = []
     for run in runs:
         s = epoch_summary(run)
@@ -201,6 +222,7 @@ def time_per_epoch(runs: Sequence[RunData]) -> pd.DataFrame:
                 "max_train_s": float(steady["train_s"].max()),
                 "warmup_epoch_s": float(warm["epoch_s"].iloc[0]) if len(warm) else math.nan,
                 "median_epoch_s": float(steady["epoch_s"].median()),
+                **outside_training(steady),
                 "samples_per_epoch": float(steady["samples"].median()),
                 "throughput_samples_s": throughput,
                 "throughput_per_rank": throughput / run.ranks if run.ranks else math.nan,

@@ -66,7 +66,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from benchlib import launch, machine, table  # noqa: E402
-from benchlib.args import add_results_dir  # noqa: E402
+from benchlib.args import add_config, add_results_dir  # noqa: E402
 from benchlib.runlogs import rank_records, run_precision, run_throughput  # noqa: E402
 from benchlib.table import Goal  # noqa: E402
 
@@ -128,6 +128,7 @@ class Settings:
     bf16_dice_seeds: str = "0"
     trainers: list[str] = field(default_factory=lambda: list(BASE_TRAINERS))
     skip: set = field(default_factory=set)
+    config: str | None = None
     workdir: str = ""
     env: dict = field(default_factory=dict)
 
@@ -141,7 +142,7 @@ def parse_args(argv=None) -> Settings:
                    help="interleaved rounds of every training run (the median of 3 resists one disturbed round)")
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (inter-op: 1)")
-    add_results_dir(p)
+    add_config(add_results_dir(p))
     p.add_argument("--ab", default="", help="extra distseg runs, e.g. distseg-1+kerasbn,distseg-2+nocheck")
     p.add_argument("--trainers", default=",".join(BASE_TRAINERS),
                    help="the base runs of every round (a subset, for a quick A/B)")
@@ -169,7 +170,8 @@ def parse_args(argv=None) -> Settings:
     return Settings(data=a.data, preset=a.preset, epochs=a.epochs, rounds=a.rounds,
                     batch_size=a.batch_size, threads=a.threads, results_dir=a.results_dir,
                     ab=ab, bf16_dice_epochs=a.bf16_dice_epochs, bf16_dice_seeds=a.bf16_dice_seeds,
-                    trainers=trainers, skip=skip, env=launch.command_env())
+                    trainers=trainers, skip=skip, env=launch.command_env(),
+                    config=os.path.abspath(a.config) if a.config else None)
 
 
 def check_trainer_name(name: str, error) -> None:
@@ -211,8 +213,14 @@ def run_json(cmd: list[str], s: Settings, env: dict | None = None, timeout: floa
     return json.loads(found[-1])
 
 
+def config_args(s: Settings) -> list[str]:
+    """``--config FILE`` where the benchmark was given one: every trainer, distseg and
+    peer alike, builds its model and optimizer from the preset under it."""
+    return ["--config", s.config] if s.config else []
+
+
 def train_args(s: Settings) -> list[str]:
-    return ["--preset", s.preset, "--data", s.data, "--epochs", str(s.epochs),
+    return ["--preset", s.preset, *config_args(s), "--data", s.data, "--epochs", str(s.epochs),
             "--batch-size", str(s.batch_size), "--no-validate", "--checkpoint-every", "0"]
 
 
@@ -290,7 +298,8 @@ def run_trainer(name: str, s: Settings, precision: str | None = None) -> dict:
         peer = {"keras-fit": ["peers.keras_fit"], "mwms-2": ["peers.mwms", "--workers", "2"]}[name]
         result = run_json([sys.executable, "-m", *peer, "--data", s.data, "--preset", s.preset,
                            "--epochs", str(s.epochs), "--batch-size", str(s.batch_size),
-                           "--threads", str(s.threads), "--precision", precision], s, timeout=900)
+                           "--threads", str(s.threads), "--precision", precision,
+                           *config_args(s)], s, timeout=900)
     paired = {"precision_of": lead_of(name)} if precision else {}
     return {**result, **paired, "wall_s": time.perf_counter() - start, "load_before": load}
 

@@ -40,9 +40,9 @@ def install(step: str = "distseg", model: str = "keras", checksum: str = "distse
 
 def _uncompressed(build, *args, compression: str = "none", **kwargs):
     """A step variant built as the loop builds its step (``compression`` is the loop's
-    keyword; the variants allreduce exact float32 only), with the ``forget()`` of
-    ``steps.make_train_step``, which ``--precision auto``'s trial calls after its timed
-    steps."""
+    keyword; the variants allreduce exact float32 only), with what the loop and
+    ``--precision auto``'s trial use of ``steps.make_train_step``'s: ``forget()``,
+    ``gradients_per_rank`` and ``noise_mode``."""
     if compression != "none":
         raise SystemExit(f"step variants allreduce uncompressed, not --compression {compression}")
     step = build(*args, **kwargs)
@@ -52,6 +52,13 @@ def _uncompressed(build, *args, compression: str = "none", **kwargs):
         step.forget = _nothing
     if not hasattr(step, "gradients_per_rank"):
         step.gradients_per_rank = 1  # the variants take one gradient per rank
+    if not hasattr(step, "noise_mode"):
+        # The loop tells every step its noise mode (``steps.tell_noise_mode``); a variant
+        # without the noise scale's norms keeps the variable and ignores it.
+        import tensorflow as tf
+
+        from distseg.training.progress import noise
+        step.noise_mode = tf.Variable(noise.MEASURE, dtype=tf.int32, trainable=False)
     return step
 
 

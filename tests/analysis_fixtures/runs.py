@@ -4,8 +4,8 @@ A run is described by a ``RunSpec``; ``write_run`` produces ``config.json`` and 
 per rank in the format of ``distseg.core.schema`` (and of ``distseg.training.runlog``: compact JSON,
 one record per line), by the names of its current version or of an older one
 (``RunSpec.schema_version``). Time is exact: step ``k`` of a launch ends at
-``t = (k + 1) * step_time + (epochs finished in the launch) * val_time`` (with no
-``warmup_step_time``), so tests can place a loss value at exactly 3.5 h.
+``t = (k + 1) * step_time + (epochs finished in the launch) * (val_time +
+end_time)`` (with no ``warmup_step_time``), so tests can place a loss value at exactly 3.5 h.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class RunSpec:
     """Seconds per step in the first epoch of each launch (default: ``step_time``)."""
     data_wait: float | Sequence[float] = 0.0
     val_time: float = 0.0
+    end_time: float = 0.0
+    """Seconds each epoch's end takes after its record (TensorBoard, checkpoint), before
+    the next epoch's first step."""
     loss: Callable[[int], float] = lambda k: -0.1 - 0.01 * k
     """Training loss (mean over ranks) at global step k."""
     val_dice: Callable[[int, int, str], float | None] = (
@@ -269,6 +272,7 @@ def records(spec: RunSpec, rank: int, run_dir: str) -> list[dict | str]:
                         "val_samples_local": 2, "weight_checksum": [1.0, 2.0],
                         **case_fields(spec, epoch, rank),
                         **noise_fields(spec, "epoch", epoch), **spec.extra_epoch_fields})
+            t += spec.end_time
         if not launch.killed_after:
             out.append({"type": "end", "rank": rank, "time": start + t, "status": launch.status,
                         "reason": "finished" if launch.status == "ok" else "boom", "t": t,

@@ -132,6 +132,19 @@ def test_time_per_epoch_uses_training_time_and_skips_the_warmup_epoch(study):
         assert row["time"] == tables.TRAIN_TIME
 
 
+def test_what_an_epoch_pays_outside_training_is_its_share_of_the_wall_clock(tmp_path):
+    # 4 steps of 1 s, 0.5 s of validation, 0.3 s of epoch end after the record: the
+    # wall clock from one epoch's end to the next is 4.8 s, of which 0.8 s outside.
+    run = write_run(str(tmp_path / "np2"), RunSpec(size=2, val_time=0.5, end_time=0.3))
+    row = one_row(build([run]).tables.time_per_epoch, run="np2")
+    assert row["median_train_s"] == pytest.approx(4.0)
+    assert row["median_wall_epoch_s"] == pytest.approx(4.8)
+    assert row["outside_training_pct"] == pytest.approx(100 * 0.8 / 4.8)
+    # One epoch after warm-up: no epoch follows another, nothing to say.
+    short = write_run(str(tmp_path / "short"), RunSpec(size=1, epochs=1))
+    assert math.isnan(one_row(build([short]).tables.time_per_epoch, run="short")["outside_training_pct"])
+
+
 def test_scaling_against_the_smallest_run(study):
     sc = build(study).tables.scaling
     np2, np4 = one_row(sc, run="np2"), one_row(sc, run="np4")
