@@ -400,7 +400,11 @@ class Configuration:
     recorded)."""
     largest: dict[str, dict] = field(default_factory=dict)
     """Foreground class -> its largest-component decision out of fold (``apply``,
-    ``dice_without``, ``dice_with``: ``distseg.core.oof.postprocessing``)."""
+    ``dice_without``, ``dice_with``, on the prediction mirroring chose:
+    ``distseg.core.oof.postprocessing``)."""
+    mirror: dict = field(default_factory=dict)
+    """Its mirroring decision out of fold (``apply``, ``dice_plain``, ``dice_mirror``,
+    ``scored``; ``as_scored`` for a file of one pass: ``distseg.core.oof.mirroring``)."""
 
     @property
     def score(self) -> float:
@@ -412,10 +416,24 @@ class Configuration:
         return tuple(c for c, d in self.largest.items() if d["apply"])
 
     @property
+    def mirror_text(self) -> str:
+        """``yes``, ``no``, or ``-`` where mirroring was not scored (``--tta none``)."""
+        if not self.mirror or self.mirror.get("scored") is False:
+            return "-"
+        return "yes" if self.mirror.get("apply") else "no"
+
+    @property
     def post_oof(self) -> dict[str, float]:
-        """``oof`` with each class's largest component kept where that was decided."""
-        out = {c: (self.largest[c]["dice_with"] if c in self.kept else v)
-               for c, v in self.oof.items() if c != FOREGROUND}
+        """The Dice after post-processing: per class, of the prediction mirroring chose
+        with its largest component where that was decided (``oof`` where no decision
+        gives one)."""
+        out = {}
+        for c, v in self.oof.items():
+            if c == FOREGROUND:
+                continue
+            d = self.largest.get(c) or {}
+            chosen = d.get("dice_with") if d.get("apply") else d.get("dice_without")
+            out[c] = v if chosen is None else chosen
         out[FOREGROUND] = mean_foreground(out, list(out))
         return out
 
@@ -437,8 +455,9 @@ def configurations(rows: Sequence, classes: Sequence[str], groups: Sequence[Grou
                    ) -> list[Configuration]:
     """One ``Configuration`` per node count and configuration of ``rows`` (the
     ``distseg.core.oof.CaseScore`` rows, in their order), its hours from the recipes'
-    ``groups`` and ``predict_seconds(nodes, members)``, its post-processing from
-    ``decided(nodes, configuration)`` (``distseg.core.oof.postprocessing``)."""
+    ``groups`` and ``predict_seconds(nodes, members)``, its mirroring and
+    post-processing from ``decided(nodes, configuration)``
+    (``distseg.core.oof.postprocessing``)."""
     keys = list(dict.fromkeys((r.nodes, r.configuration) for r in rows))
     out = []
     for nodes, name in keys:
@@ -453,7 +472,8 @@ def configurations(rows: Sequence, classes: Sequence[str], groups: Sequence[Grou
             interval([mean_foreground(r.dice, classes) for r in mine]).sd, per_fold,
             interval(list(per_fold.values())), _members_hours(groups, members, nodes),
             predict_seconds(nodes, members) / 3600.0,
-            ((decided(nodes, name) or {}).get("largest_component") or {}).get("classes", {})))
+            ((decided(nodes, name) or {}).get("largest_component") or {}).get("classes", {}),
+            (decided(nodes, name) or {}).get("mirror") or {}))
     return out
 
 

@@ -332,6 +332,7 @@ def configs_frame(reports: Sequence[CvReport]) -> pd.DataFrame:
                          "cases": c.cases, "case_sd": c.case_sd,
                          **_interval_cols("folds", c.over_folds),
                          "fold_values": _folds_text(list(c.folds.values())),
+                         "mirror": c.mirror_text,
                          "largest_component": " ".join(c.kept) or "-",
                          "post_mean_foreground": c.post_oof[cv.FOREGROUND],
                          **{f"post_{k}": c.post_oof.get(k, math.nan)
@@ -443,14 +444,17 @@ def _config_line(rep: CvReport, unit: TimeUnit) -> str:
 
 
 def _post_words(rep: CvReport, name: str) -> str:
-    """``, with the largest component of liver 0.8123`` (averaged over node counts), or
-    nothing where no class keeps it."""
+    """``, mirrored, with the largest component of liver: 0.8123`` (the score after
+    post-processing, averaged over node counts), or nothing where neither is applied."""
     mine = [c for c in rep.configs if c.name == name]
     kept = list(dict.fromkeys(k for c in mine for k in c.kept))
-    if not kept:
+    mirrored = any(c.mirror_text == "yes" for c in mine)
+    if not (kept or mirrored):
         return ""
     score = statistics.fmean(c.post_oof[cv.FOREGROUND] for c in mine)
-    return f", with the largest component of {' and '.join(kept)} {score:.4f}"
+    words = (["mirrored"] if mirrored else []) + (
+        [f"with the largest component of {' and '.join(kept)}"] if kept else [])
+    return f", {', '.join(words)} {score:.4f}"
 
 
 def answer_items(reports: Sequence[CvReport],
@@ -516,8 +520,8 @@ def _configs_section(extra: Mapping[str, pd.DataFrame], unit: TimeUnit) -> Secti
     shown = in_unit(in_unit(table, "train_h", unit), "predict_h", unit)
     classes = [c for c in table.columns if c.startswith("oof_")]
     columns = ("cv", "configuration", "model", "nodes", *classes, "cases", "case_sd",
-               "folds_mean", "folds_low", "folds_high", "fold_values", "largest_component",
-               "post_mean_foreground",
+               "folds_mean", "folds_low", "folds_high", "fold_values", "mirror",
+               "largest_component", "post_mean_foreground",
                *(c for c in shown.columns if c.startswith(("train_", "predict_"))), "shipped")
     return Section(CONFIGS_TITLE, Role.TABLE, "Each recipe and each pair's ensemble (the mean "
                    "of the two recipes' softmax probabilities, case by case), scored on every "
@@ -526,10 +530,12 @@ def _configs_section(extra: Mapping[str, pd.DataFrame], unit: TimeUnit) -> Secti
                    "and of their mean over the foreground classes (nnU-Net's "
                    "find_best_configuration score); case_sd its sd over cases; folds_* the "
                    "mean and 95 % interval over the folds' means, fold_values each fold's. "
+                   "mirror: test-time mirroring, decided on these cases (yes where it raises "
+                   "the mean foreground Dice; -: not scored, --tta none); "
                    "largest_component: the classes that keep only their largest connected "
-                   "component, decided on these cases (where it raises the class's mean "
-                   "Dice), and post_*: the Dice with it; the ranking is before it, as "
-                   "nnU-Net's. "
+                   "component, decided on the prediction so chosen (where it raises the "
+                   "class's mean Dice), and post_*: the Dice with both; the ranking is before "
+                   "them, as nnU-Net's. "
                    f"train: every fold's training {unit.word} added up (an ensemble: both "
                    "recipes'); predict: its networks over the out-of-fold cases. shipped: the "
                    "highest oof_mean_foreground averaged over node counts, a tie within "

@@ -49,8 +49,10 @@ from distseg.cli.data import parse_window
               help="Checkpoint: best (checkpoints/best.json, the best EMA of the validation Dice; "
                    "the newest when the run has none) or latest (the newest).")
 @click.option("--tta", default="auto", show_default=True, type=click.Choice(["auto", "mirror", "none"]),
-              help="Test-time mirroring: auto where RUN/postprocessing.json says it helps, mirror "
-                   "always, none never.")
+              help="Test-time mirroring: auto where RUN/postprocessing.json (or the CV's "
+                   "out-of-fold scores) says it helps, mirror always, none never. With "
+                   "--out-of-fold: auto and mirror also score every case mirrored (mirror: "
+                   "then applied), none does not.")
 @click.option("--postprocess", default="auto", show_default=True, type=click.Choice(["auto", "none"]),
               help="Keep only the largest connected component of the classes RUN/postprocessing.json "
                    "says it helps (auto), or of none.")

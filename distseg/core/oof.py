@@ -11,15 +11,19 @@ its configurations and their pairwise ensembles::
                   configuration, members, fold, case, then dice_<class> for every
                   foreground class (empty: the class is in neither the truth nor the
                   prediction of that case), then lcc_<class>: that class's Dice with
-                  only its largest connected component kept
-      oof.json    what was predicted: schema, classes, mirroring, per run its
+                  only its largest connected component kept; then the same two of
+                  the prediction mirrored at test time, mirror_dice_<class> and
+                  mirror_lcc_<class> (empty: not scored, ``--tta none``)
+      oof.json    what was predicted: schema, classes, ``tta``, per run its
                   checkpoint and the seconds its cases took to predict
 
 An ensemble is named by its members joined with ``" + "`` (recipe names hold no
 spaces: ``cvplan.NAME``); ``members`` lists them separated by spaces.
 
-``postprocessing`` decides, per configuration, which classes keep only their largest
-component (``core.postchoice``, on the cases as scored): the report prints it and
+Configurations are ranked on their plain predictions, before any post-processing, as
+nnU-Net ranks them. ``postprocessing`` then decides, per configuration, whether to
+mirror at test time and which classes keep only their largest component
+(``core.postchoice``, on the cases as scored): the report prints it and
 ``distseg-predict --cv`` applies it to the configuration it ships.
 
 Plain Python (csv, json): the report reads these files through this module.
@@ -46,6 +50,12 @@ SCHEMA = 1
 JOIN = " + "
 #: The columns before the classes' Dice.
 KEYS = ("nodes", "configuration", "members", "fold", "case")
+#: The Dice columns, ``<prefix>_<class>``: plain, its largest component, mirrored, and
+#: mirrored with its largest component (the last two absent from files written before
+#: mirroring was scored).
+PREFIXES = ("dice", "lcc", "mirror_dice", "mirror_lcc")
+#: What the mirroring decision was made on, in predict's words.
+BASIS = "out-of-fold Dice"
 
 
 def ensemble_name(members: Sequence[str]) -> str:
@@ -69,6 +79,10 @@ class CaseScore:
     dice_lcc: Mapping[str, float] = field(default_factory=dict)
     """Foreground class -> its Dice with only its largest connected component kept
     (the other classes untouched); empty where not scored."""
+    mirror: Mapping[str, float] = field(default_factory=dict)
+    """``dice`` of the prediction mirrored at test time; empty where not scored."""
+    mirror_lcc: Mapping[str, float] = field(default_factory=dict)
+    """``dice_lcc`` of the prediction mirrored at test time; empty where not scored."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +132,11 @@ def write(cv_dir: str, scores: Scores) -> list[str]:
     cases = path_of(cv_dir, CASES_FILE)
     with PartialFile(cases, f"{cases}.tmp") as part, open(part.partial, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow([*KEYS, *(f"dice_{c}" for c in scores.classes),
-                      *(f"lcc_{c}" for c in scores.classes)])
+        out.writerow([*KEYS, *(f"{prefix}_{c}" for prefix in PREFIXES for c in scores.classes)])
         for r in scores.rows:
+            kinds = (r.dice, r.dice_lcc, r.mirror, r.mirror_lcc)
             out.writerow([r.nodes, r.configuration, " ".join(r.members), r.fold, r.case,
-                          *(_cell(r.dice.get(c, math.nan)) for c in scores.classes),
-                          *(_cell(r.dice_lcc.get(c, math.nan)) for c in scores.classes)])
+                          *(_cell(kind.get(c, math.nan)) for kind in kinds for c in scores.classes)])
     info = path_of(cv_dir, INFO_FILE)
     write_json(info, {**scores.info, "schema": SCHEMA, "classes": list(scores.classes),
                       "costs": [c.__dict__ for c in scores.costs]})
@@ -164,8 +177,9 @@ def _rows(path: str, classes: Sequence[str]) -> tuple[CaseScore, ...]:
         with open(path, newline="") as f:
             table = list(csv.DictReader(f))
         return tuple(CaseScore(int(r["nodes"]), r["configuration"], tuple(r["members"].split()),
-                               int(r["fold"]), r["case"], _dice(r, "dice", classes),
-                               _dice(r, "lcc", classes)) for r in table)
+                               int(r["fold"]), r["case"],
+                               *(_dice(r, prefix, classes) for prefix in PREFIXES))
+                     for r in table)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(f"{path}: not the per-case table distseg-predict --out-of-fold "
                          f"writes (columns {', '.join(KEYS)}, dice_<class>, lcc_<class>; "
@@ -173,23 +187,48 @@ def _rows(path: str, classes: Sequence[str]) -> tuple[CaseScore, ...]:
 
 
 def _dice(row: Mapping[str, str], prefix: str, classes: Sequence[str]) -> dict[str, float]:
-    return {c: float(row[f"{prefix}_{c}"]) if row[f"{prefix}_{c}"] else math.nan
-            for c in classes}
+    """The row's ``<prefix>_<class>`` Dice (NaN where empty); empty where the file has
+    no such columns, or all its cells are empty (not scored)."""
+    cells = [row.get(f"{prefix}_{c}") or "" for c in classes]
+    if prefix in PREFIXES[2:] and not any(cells):
+        return {}
+    return {c: float(v) if v else math.nan for c, v in zip(classes, cells)}
 
 
 def postprocessing(scores: Scores, nodes: int, configuration: str) -> dict | None:
     """What one configuration applies after its network, decided on its out-of-fold
-    cases at ``nodes`` (None: the configuration was not scored there): mirroring as
-    the pass predicted (``--tta``), and each class's largest component where it raises
-    that class's mean Dice (``postchoice.largest_component``). The layout of
-    ``RUN/postprocessing.json``'s decisions, so predict reads both alike."""
+    cases at ``nodes`` (None: the configuration was not scored there) by the rules of
+    ``postchoice``: mirroring where it raises the mean foreground Dice (``--tta mirror``
+    forces it, ``--tta none`` left it unscored and off), then, on the prediction so
+    chosen, each class's largest component where it raises that class's mean Dice. The
+    layout of ``RUN/postprocessing.json``'s decisions, so predict reads both alike."""
     rows = [r for r in scores.rows if (r.nodes, r.configuration) == (nodes, configuration)]
     if not rows:
         return None
-    mirror = bool(scores.info.get("mirror", False))
-    without = [postchoice.class_mean(r.dice.get(c) for r in rows) for c in scores.classes]
-    with_ = [postchoice.class_mean(r.dice_lcc.get(c) for r in rows) for c in scores.classes]
-    on = "mirror" if mirror else "plain"
-    return {"cases": len(rows), "mirror": {"apply": mirror, "as_scored": True},
+    mirror = mirroring(scores, rows)
+    mirrored = mirror["apply"] and not mirror.get("as_scored")
+    chosen, chosen_lcc = ((lambda r: r.mirror), (lambda r: r.mirror_lcc)) if mirrored else (
+        (lambda r: r.dice), (lambda r: r.dice_lcc))
+    without = [postchoice.class_mean(chosen(r).get(c) for r in rows) for c in scores.classes]
+    with_ = [postchoice.class_mean(chosen_lcc(r).get(c) for r in rows) for c in scores.classes]
+    on = "mirror" if mirror["apply"] else "plain"
+    return {"cases": len(rows), "mirror": mirror,
             "largest_component": {"on": on, "classes": postchoice.largest_component(
                 scores.classes, without, with_)}}
+
+
+def mirroring(scores: Scores, rows: Sequence[CaseScore]) -> dict:
+    """The mirroring decision of one configuration's ``rows`` (``postprocessing``).
+    A file from before mirroring was scored (no ``tta`` in ``oof.json``): as its one
+    pass predicted (``as_scored``)."""
+    tta = scores.info.get("tta")
+    if tta is None:
+        return {"apply": bool(scores.info.get("mirror", False)), "as_scored": True}
+    if not all(r.mirror for r in rows):
+        return {"apply": False, "dice_plain": None, "dice_mirror": None, "scored": False,
+                "basis": BASIS}
+    decided = postchoice.mirroring(
+        [postchoice.class_mean(r.dice.get(c) for r in rows) for c in scores.classes],
+        [postchoice.class_mean(r.mirror.get(c) for r in rows) for c in scores.classes])
+    return {**decided, "apply": decided["apply"] or tta == "mirror", "scored": True,
+            "basis": BASIS, **({"forced": True} if tta == "mirror" else {})}

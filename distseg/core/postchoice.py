@@ -1,11 +1,14 @@
-"""The rule that keeps a class's largest connected component, from per-case Dice.
+"""The rules that decide test-time mirroring and keep a class's largest connected
+component, from per-case Dice.
 
-One rule for every place that decides post-processing: ``distseg-predict --decide``
+One pair of rules for every place that decides post-processing: ``distseg-predict --decide``
 (one run's validation cases), the pooled decision of an ensemble of runs, and
 ``distseg-predict --cv CV --out-of-fold`` (each configuration's out-of-fold cases,
 read back by ``distseg-report``). As nnU-Net decides it on its out-of-fold
-predictions: a class keeps only its largest component where that raises the mean of
-its Dice over the cases, strictly (an equal score keeps the prediction as the network
+predictions: mirroring is applied where it raises the mean foreground Dice (the mean
+over the foreground classes of each class's mean over the cases), strictly, and then,
+on the prediction so chosen, a class keeps only its largest component where that
+raises the mean of its Dice over the cases, strictly (an equal score keeps the prediction as the network
 made it). Reducing one class to its largest component turns the voxels removed into
 background, so the other classes' Dice does not change and each class is decided on
 its own.
@@ -25,6 +28,15 @@ def class_mean(values: Iterable[float | None]) -> float | None:
     None when no case has one."""
     known = [float(v) for v in values if v is not None and math.isfinite(v)]
     return sum(known) / len(known) if known else None
+
+
+def mirroring(plain: Sequence[float | None], mirror: Sequence[float | None]) -> dict:
+    """Whether to mirror at test time, from each foreground class's mean Dice predicted
+    plain (``plain[i]``) and mirrored (``mirror[i]``): where the mean over the classes
+    rises, strictly (both means kept beside the choice, None where no class has one)."""
+    mean_plain, mean_mirror = class_mean(plain), class_mean(mirror)
+    apply = mean_plain is not None and mean_mirror is not None and mean_mirror > mean_plain
+    return {"apply": bool(apply), "dice_plain": mean_plain, "dice_mirror": mean_mirror}
 
 
 def largest_component(names: Sequence[str], without: Sequence[float | None],

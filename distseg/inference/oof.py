@@ -19,11 +19,12 @@ checkpoint and validation cases, the cases matched by name across recipes and th
 grids compared), ``score_mine`` (this rank's share of the cases, dealt by voxel count;
 each case predicted by every recipe's model of its fold, then ``score_case`` scores the
 singles and every pair), then rank 0 writes ``CV/oof/`` (``core.oof``), which
-``distseg-report CV`` turns into its configurations table. Predictions are plain
-(mirroring only with ``--tta mirror``) and ranked before any post-processing, as
-nnU-Net compares its configurations; each class is also scored with its largest
-component alone, from which each configuration's post-processing is decided
-(``oof_lib.postprocessing``) and applied when ``distseg-predict --cv`` ships it.
+``distseg-report CV`` turns into its configurations table. Configurations are ranked
+on their plain predictions, before any post-processing, as nnU-Net compares them; each
+case is also predicted mirrored (not with ``--tta none``) and each class scored with
+its largest component alone, from which each configuration's mirroring and
+post-processing are decided (``oof_lib.postprocessing``) and applied when
+``distseg-predict --cv`` ships it.
 """
 
 from __future__ import annotations
@@ -203,20 +204,39 @@ def start(opts: predict.Options) -> Start:
 
 
 def network_of(m: Member, opts: predict.Options) -> predict.Network:
-    """The run's checkpoint (``--which``) as predict runs it, mirrored with ``--tta
-    mirror`` only, never post-processed."""
-    tta = "mirror" if opts.tta == "mirror" else "none"
-    own = dataclasses.replace(opts, run_dir=m.run_dir, tta=tta, postprocess="none")
+    """The run's checkpoint (``--which``) as predict runs it, plain and never
+    post-processed (``predict_case`` mirrors it)."""
+    own = dataclasses.replace(opts, run_dir=m.run_dir, tta="none", postprocess="none")
     return predict.network(m.cfg, own, m.data)
 
 
-def predict_case(m: Member, net: predict.Network, reader, case: str) -> tuple[np.ndarray, np.ndarray, float]:
-    """(class probabilities (D, H, W, C), truth (D, H, W), seconds) of one case."""
+def scores_mirrored(opts: predict.Options) -> bool:
+    """Whether the pass also predicts every case mirrored (all but ``--tta none``), so
+    mirroring is decided out of fold (``oof_lib.postprocessing``)."""
+    return opts.tta != "none"
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """One case as one run's model predicted it."""
+
+    plain: np.ndarray
+    """Class probabilities (D, H, W, C)."""
+    mirror: np.ndarray | None
+    """The same mirrored at test time (``postprocess.mirrored``); None: not asked."""
+    truth: np.ndarray
+    seconds: float
+
+
+def predict_case(m: Member, net: predict.Network, reader, case: str, mirror: bool) -> Predicted:
+    """One case, plain and (``mirror``) mirrored, through the sliding-window inferer."""
     image, truth = decide.read_case(reader, m.cases[case], m.cfg.model.spatial_dims)
     began = time.perf_counter()
-    probs = sliding.sliding_window(net.predict, image, net.window, net.overlap,
-                                   batch=net.batch_size)
-    return probs, truth, time.perf_counter() - began
+    fns = [net.predict] + ([postprocess.mirrored(net.predict, postprocess.mirror_axes(net.window))]
+                           if mirror else [])
+    probs = [sliding.sliding_window(fn, image, net.window, net.overlap, batch=net.batch_size)
+             for fn in fns]
+    return Predicted(probs[0], probs[1] if mirror else None, truth, time.perf_counter() - began)
 
 
 def check_truths(case: str, truths: Mapping[str, np.ndarray], members: Mapping[str, Member]) -> None:
@@ -234,24 +254,34 @@ def check_truths(case: str, truths: Mapping[str, np.ndarray], members: Mapping[s
                              "data files must hold the same case on one grid")
 
 
-def score_case(item: Item, probs: Mapping[str, np.ndarray], truth: np.ndarray,
+def score_case(item: Item, predicted: Mapping[str, Predicted], truth: np.ndarray,
                class_names: Sequence[str]) -> list[oof_lib.CaseScore]:
     """One case's Dice per foreground class under every configuration of the recipes
-    in ``probs`` (recipe -> its probabilities): each recipe alone, and every pair by the
-    mean of their probabilities (``ensemble.mean_of``); each class also with only its
-    largest connected component kept (the other classes untouched, as ``--decide``
-    scores it), for ``oof_lib.postprocessing``."""
+    in ``predicted`` (recipe -> its prediction): each recipe alone, and every pair by
+    the mean of their probabilities (``ensemble.mean_of``); plain and, where predicted,
+    mirrored; each class also with only its largest connected component kept (the
+    other classes untouched, as ``--decide`` scores it), for ``oof_lib.postprocessing``."""
     out = []
-    for members in configurations(list(probs)):
-        mean = ensemble.mean_of(probs[r] for r in members)
-        seg = np.argmax(mean, axis=-1)
-        dice, lcc = {}, {}
-        for c, name in enumerate(class_names[1:], start=1):
-            dice[name] = _number(metrics.dice(truth == c, seg == c))
-            lcc[name] = _number(metrics.dice(truth == c, postprocess.largest_component(seg == c)))
+    for members in configurations(list(predicted)):
+        plain = dice_of(ensemble.mean_of(predicted[r].plain for r in members), truth, class_names)
+        unmirrored = any(predicted[r].mirror is None for r in members)
+        mirror = ({}, {}) if unmirrored else dice_of(
+            ensemble.mean_of(predicted[r].mirror for r in members), truth, class_names)
         out.append(oof_lib.CaseScore(item.nodes, oof_lib.ensemble_name(members), members,
-                                     item.fold, item.case, dice, lcc))
+                                     item.fold, item.case, *plain, *mirror))
     return out
+
+
+def dice_of(probs: np.ndarray, truth: np.ndarray,
+            class_names: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """(Dice per foreground class of the argmax of ``probs``, the same with each class
+    alone reduced to its largest connected component)."""
+    seg = np.argmax(probs, axis=-1)
+    dice, lcc = {}, {}
+    for c, name in enumerate(class_names[1:], start=1):
+        dice[name] = _number(metrics.dice(truth == c, seg == c))
+        lcc[name] = _number(metrics.dice(truth == c, postprocess.largest_component(seg == c)))
+    return dice, lcc
 
 
 def _number(value: float | None) -> float:
@@ -269,12 +299,12 @@ def score_group(s: Start, nodes: int, fold: int, items: Sequence[Item],
         readers = {r: stack.enter_context(decide.open_reader(m.cfg, m.data, nets[r].window))
                    for r, m in runs.items()}
         for item in items:
-            probs, truths = {}, {}
-            for r, m in runs.items():
-                probs[r], truths[r], took = predict_case(m, nets[r], readers[r], item.case)
-                seconds[(nodes, r, fold)] = seconds.get((nodes, r, fold), 0.0) + took
-            check_truths(item.case, truths, runs)
-            rows += score_case(item, probs, truths[s.recipes[0]], s.class_names)
+            predicted = {r: predict_case(m, nets[r], readers[r], item.case,
+                                         scores_mirrored(s.opts)) for r, m in runs.items()}
+            for r, p in predicted.items():
+                seconds[(nodes, r, fold)] = seconds.get((nodes, r, fold), 0.0) + p.seconds
+            check_truths(item.case, {r: p.truth for r, p in predicted.items()}, runs)
+            rows += score_case(item, predicted, predicted[s.recipes[0]].truth, s.class_names)
     return rows
 
 
@@ -303,7 +333,7 @@ def costs_of(s: Start, gathered: Sequence[dict]) -> tuple[oof_lib.RunCost, ...]:
 
 def record(s: Start) -> dict:
     """What ``oof.json`` says was predicted, beside the scores."""
-    return {"which": s.opts.which, "mirror": s.opts.tta == "mirror",
+    return {"which": s.opts.which, "tta": s.opts.tta, "mirror_scored": scores_mirrored(s.opts),
             "recipes": list(s.recipes),
             "runs": [{"nodes": n, "recipe": r, "fold": f, "run": os.path.abspath(m.run_dir),
                       "data": m.data, "checkpoint": m.checkpoint}
@@ -323,8 +353,10 @@ def conclude(s: Start, rows: list[oof_lib.CaseScore], gathered: Sequence[dict],
     configs = len(configurations(s.recipes))
     return [f"out of fold: {len(s.items)} case prediction(s) x {len(s.recipes)} recipe(s), "
             f"{configs} configuration(s) (each recipe, each pair's mean probabilities); "
-            f"mirroring {'on' if s.opts.tta == 'mirror' else 'off'}; each class also scored "
-            "with its largest component alone",
+            + ("each also mirrored, mirroring decided per configuration"
+               + (" (--tta mirror: applied)" if s.opts.tta == "mirror" else "")
+               if scores_mirrored(s.opts) else "not mirrored (--tta none)")
+            + "; each class also scored with its largest component alone",
             *(f"wrote {p}" for p in paths),
             f"next: distseg-report {s.cv_dir} (its configurations table and answer)"]
 

@@ -126,25 +126,18 @@ def _means(rows: list[dict], kind: str, classes: int) -> list[float | None]:
     return [postchoice.class_mean(r[kind][c] for r in rows) for c in range(classes)]
 
 
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return float(np.mean(known)) if known else None
-
-
 def decide(rows: list[dict], class_names: Sequence[str]) -> dict:
-    """The decisions from every validation case's ``case_row``: mirroring when it
-    raises the mean foreground Dice (strictly), then, on the prediction so chosen, the
-    largest component of each class whose mean Dice it raises (strictly). Every number
-    behind a decision is kept beside it."""
+    """The decisions from every validation case's ``case_row`` by the rules of
+    ``postchoice``: mirroring where it raises the mean foreground Dice, then, on the
+    prediction so chosen, the largest component of each class whose mean Dice it
+    raises. Every number behind a decision is kept beside it."""
     names = list(class_names)[1:]
     plain, mirror = _means(rows, "plain", len(names)), _means(rows, "mirror", len(names))
-    mean_plain, mean_mirror = _mean(plain), _mean(mirror)
-    use_mirror = None not in (mean_plain, mean_mirror) and mean_mirror > mean_plain
-    on = "mirror" if use_mirror else "plain"
+    chosen = postchoice.mirroring(plain, mirror)
+    on = "mirror" if chosen["apply"] else "plain"
     without, with_ = _means(rows, on, len(names)), _means(rows, f"{on}_lcc", len(names))
     return {
-        "mirror": {"apply": bool(use_mirror), "dice_plain": mean_plain, "dice_mirror": mean_mirror,
-                   "classes_plain": dict(zip(names, plain)),
+        "mirror": {**chosen, "classes_plain": dict(zip(names, plain)),
                    "classes_mirror": dict(zip(names, mirror))},
         "largest_component": {"on": on, "classes": postchoice.largest_component(names, without, with_)},
     }
@@ -203,10 +196,7 @@ def from_decisions(doc: dict, class_names: Sequence[str], tta: str, postprocess:
     """What ``doc`` (for this checkpoint) says, with the flags' overrides."""
     m = doc["mirror"]
     mirror = m["apply"] if tta == "auto" else tta == "mirror"
-    said = f"mirroring {'on' if mirror else 'off'} " + (
-        f"(--tta {tta})" if tta != "auto" else "(as the out-of-fold pass predicted)"
-        if m.get("as_scored") else f"(validation Dice {number(m.get('dice_plain'))} plain, "
-        f"{number(m.get('dice_mirror'))} mirrored)")
+    said = f"mirroring {'on' if mirror else 'off'} ({_mirror_basis(m, tta)})"
     classes = doc["largest_component"]["classes"]
     largest, parts = [], []
     for c, name in enumerate(class_names):
@@ -221,6 +211,21 @@ def from_decisions(doc: dict, class_names: Sequence[str], tta: str, postprocess:
            "largest component: none (--postprocess none)" if postprocess == "none" else
            "largest component: none")
     return Applied(bool(mirror), tuple(largest), f"{said}; {lcc}")
+
+
+def _mirror_basis(m: dict, tta: str) -> str:
+    """Why mirroring is on or off, in a few words: the flag, the one pass an old
+    out-of-fold file was predicted with, its not being scored, or the two Dice."""
+    if tta != "auto":
+        return f"--tta {tta}"
+    if m.get("as_scored"):
+        return "as the out-of-fold pass predicted"
+    basis = m.get("basis", "validation Dice")
+    if m.get("scored") is False:
+        return f"not scored: no {basis} of it (--tta none)"
+    forced = "; --tta mirror when scored" if m.get("forced") else ""
+    return (f"{basis} {number(m.get('dice_plain'))} plain, {number(m.get('dice_mirror'))} "
+            f"mirrored{forced}")
 
 
 def number(value) -> str:

@@ -118,12 +118,16 @@ def _score(rows) -> float:
     return statistics.fmean(_class_means(rows).values())
 
 
-def _post_score(rows) -> tuple[list[str], float]:
-    """The classes whose largest component raises their mean out of fold, and the mean
-    foreground Dice with it kept for them, by hand."""
-    plain, lcc = _class_means(rows), _class_means(rows, "lcc")
-    kept = [c for c in plain if lcc[c] > plain[c]]
-    return kept, statistics.fmean(lcc[c] if c in kept else plain[c] for c in plain)
+def _post_score(rows) -> tuple[bool, list[str], float]:
+    """By hand: whether mirroring raises the mean foreground Dice out of fold; on the
+    prediction so chosen, the classes whose largest component raises their mean; and
+    the mean foreground Dice with both."""
+    plain, mirror = _class_means(rows), _class_means(rows, "mirror_dice")
+    mirrored = statistics.fmean(mirror.values()) > statistics.fmean(plain.values())
+    chosen, lcc = (mirror, _class_means(rows, "mirror_lcc")) if mirrored else (
+        plain, _class_means(rows, "lcc"))
+    kept = [c for c in chosen if lcc[c] > chosen[c]]
+    return mirrored, kept, statistics.fmean(lcc[c] if c in kept else chosen[c] for c in chosen)
 
 
 def test_singles_score_each_case_as_training_validated_it(trained):
@@ -166,7 +170,8 @@ def test_the_configurations_table_and_the_answer_follow_the_cases(trained):
         mine = [r for r in rows if r["configuration"] == name]
         scores[name] = _score(mine)
         assert float(table[name]["oof_mean_foreground"]) == pytest.approx(scores[name])
-        kept, post = _post_score(mine)
+        mirrored, kept, post = _post_score(mine)
+        assert table[name]["mirror"] == ("yes" if mirrored else "no")
         assert table[name]["largest_component"] == (" ".join(kept) or "-")
         assert float(table[name]["post_mean_foreground"]) == pytest.approx(post)
         assert int(table[name]["cases"]) == 6
@@ -203,27 +208,29 @@ def test_a_volume_file_on_another_grid_is_refused_in_one_line(trained, tmp_path)
     assert _cases(cv_dir) == before  # nothing written
 
 
-def _scan_probabilities(run, path):
+def _scan_probabilities(run, path, mirror: bool):
     """One member alone, its probabilities taken back onto the scan's own grid: each
-    member's own reading (its data file's preprocessing, its sliding window)."""
+    member's own reading (its data file's preprocessing, its sliding window), mirrored
+    at test time where ``mirror``."""
     cfg = predict.run_config(run)
     opts = predict.Options(run, (), "", tta="none", postprocess="none")
     known = predict.training_data(cfg, opts)
     net = predict.network(cfg, opts, known.path)
+    fn = postprocess.mirrored(net.predict, postprocess.mirror_axes(net.window)) if mirror else net.predict
     img = sources.load(path)
     voxels = sources.image_voxels(img, path)
     prep = known.prep
     geom = geometry.Geometry.of(img.affine, voxels.raw.shape, size=prep.size, target=prep.spacing)
     volume = forward_channels((voxels,), geom, prep.intensities)[0]
-    probs = sliding.sliding_window(net.predict, volume, net.window, net.overlap,
-                                   batch=net.batch_size)
+    probs = sliding.sliding_window(fn, volume, net.window, net.overlap, batch=net.batch_size)
     return geometry.inverse(probs, geom, order=1, fill=np.eye(probs.shape[-1], dtype=np.float32)[0])
 
 
 def test_the_shipped_2d_3d_ensemble_predicts_new_scans_on_their_own_grid(trained):
     """Ships "two + three" whatever the toy CV ranked first (the pair is what is new):
     every fold model of both recipes, the 2D ones on slices, the 3D ones on windows,
-    averaged on each scan's grid, then the largest components decided out of fold."""
+    averaged on each scan's grid, mirrored and reduced to the largest components as
+    decided out of fold."""
     root, cv_dir, _ = trained
     scans, truth = held_out(root / "new")
     out = root / "new" / "seg"
@@ -234,12 +241,14 @@ def test_the_shipped_2d_3d_ensemble_predicts_new_scans_on_their_own_grid(trained
     where = oof_lib.path_of(cv_dir, oof_lib.DIR)
     assert f"decided out of fold on the 6 case(s) of {where} (two + three)" in said
     decided = oof_lib.postprocessing(oof_lib.read(cv_dir), 1, "two + three")
+    mirror = decided["mirror"]["apply"]
+    assert f"mirroring {'on' if mirror else 'off'} (out-of-fold Dice " in said
     largest = [c for c, name in enumerate(CLASSES)
                if decided["largest_component"]["classes"].get(name, {}).get("apply")]
     runs = ensemble.cv_runs(cv_dir, "two", 1) + ensemble.cv_runs(cv_dir, "three", 1)
     for seed, _ in HELD_OUT:
         path = str(scans / f"held_{seed}.nii.gz")
-        mean = np.mean([_scan_probabilities(run, path) for run in runs], axis=0)
+        mean = np.mean([_scan_probabilities(run, path, mirror) for run in runs], axis=0)
         want = np.argmax(mean, axis=-1)
         want = postprocess.keep_largest(want, largest) if largest else want
         seg = nib.load(out / f"held_{seed}_seg.nii.gz")

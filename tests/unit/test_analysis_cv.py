@@ -301,17 +301,27 @@ OOF_CASES = {
 }
 
 
-def _oof_rows(cases_of: dict, nodes=(1,)):
+def _oof_rows(cases_of: dict, nodes=(1,), mirror_gain: dict | None = None):
+    """The rows of ``cases_of``; with ``mirror_gain`` (configuration -> gain), each case
+    also scored mirrored: its Dice plus that gain (its largest component: the same)."""
     from distseg.core import oof
+
+    def mirrored(name, li, le):
+        if mirror_gain is None:
+            return {}, {}
+        d = {"liver": li + mirror_gain.get(name, 0.0), "lesion": le + mirror_gain.get(name, 0.0)}
+        return d, dict(d)
     return [oof.CaseScore(n, name, tuple(name.split(oof.JOIN)), fold, f"case_{fold}{i}",
-                          {"liver": li, "lesion": le})
+                          {"liver": li, "lesion": le}, {"liver": li, "lesion": le},
+                          *mirrored(name, li, le))
             for n in nodes for name, by_fold in cases_of.items()
             for fold, cases in by_fold.items() for i, (li, le) in enumerate(cases)]
 
 
-def _dims_cv(tmp_path, cases_of: dict, nodes=(1,)):
+def _dims_cv(tmp_path, cases_of: dict, nodes=(1,), mirror_gain: dict | None = None):
     """A CV of a 2D recipe ``s2`` and a 3D one ``v3`` over 3 folds, and its CV/oof/ of
-    ``cases_of`` (configuration -> fold -> cases' Dice), 2 s per case to predict."""
+    ``cases_of`` (configuration -> fold -> cases' Dice), 2 s per case to predict; with
+    ``mirror_gain``, scored mirrored too (``_oof_rows``; ``--tta auto``)."""
     from distseg.core import oof
     cv_dir = str(tmp_path / "cv")
 
@@ -321,8 +331,9 @@ def _dims_cv(tmp_path, cases_of: dict, nodes=(1,)):
     write_cv(cv_dir, ["s2", "v3"], (0, 1, 2), list(nodes), spec_of)
     costs = tuple(oof.RunCost(n, r, f, 2.0 * len(OOF_CASES[r][f]), 2)
                   for n in nodes for r in ("s2", "v3") for f in (0, 1, 2))
-    oof.write(cv_dir, oof.Scores(("liver", "lesion"), tuple(_oof_rows(cases_of, nodes)), costs,
-                                 {"which": "best"}))
+    info = {"which": "best", **({} if mirror_gain is None else {"tta": "auto"})}
+    oof.write(cv_dir, oof.Scores(("liver", "lesion"), tuple(_oof_rows(cases_of, nodes, mirror_gain)),
+                                 costs, info))
     return cv_dir
 
 
@@ -370,6 +381,23 @@ def test_configurations_table_and_answer_follow_the_per_case_dice(tmp_path):
     assert cvrender.CONFIGS_TITLE in titles and cvrender.DIMS_TITLE not in titles
     write(rep, str(tmp_path / "out"))
     assert os.path.isfile(tmp_path / "out" / "cv_configs.csv")
+
+
+def test_mirroring_is_decided_per_configuration_and_the_answer_says_so(tmp_path):
+    cases_of = {**OOF_CASES, "s2 + v3": _ensemble_cases(0.03)}
+    cv_dir = _dims_cv(tmp_path, cases_of, mirror_gain={"s2 + v3": 0.02, "s2": -0.01, "v3": 0.0})
+    table = build([cv_dir], ReportOptions(), processes=0).optional["cv_configs"]
+    assert list(table["mirror"]) == ["no", "no", "yes"]  # v3: equal, so not mirrored
+    pair = one_row(table, configuration="s2 + v3")
+    score = _expected(cases_of["s2 + v3"])[0]
+    assert pair["oof_mean_foreground"] == pytest.approx(score)  # ranked plain
+    assert pair["post_mean_foreground"] == pytest.approx(score + 0.02)
+    assert pair["largest_component"] == "-"
+    assert one_row(table, configuration="s2")["post_mean_foreground"] == pytest.approx(
+        _expected(OOF_CASES["s2"])[0])
+    rep = build([cv_dir], ReportOptions(), processes=0)
+    line = next(i for i in rep.document().sections[0].items if "configurations out of fold" in i)
+    assert f", mirrored {score + 0.02:.4f}: " in line
 
 
 @pytest.mark.parametrize("gain, shipped", [(0.00005, "s2"), (0.0003, "s2 + v3")])
