@@ -80,9 +80,10 @@ tier-parallel:
 E2E_ALONE := $(addprefix tests/e2e/,test_faults.py test_jobs_signal.py test_netns.py \
   test_precision_auto.py test_precision_cache.py test_elastic_docs.py test_elastic.py \
   test_tensorboard.py test_augment_exact.py test_train.py test_horovod_errors.py)
-E2E_LONGEST := $(addprefix tests/e2e/,test_noise_halves.py test_model_fn.py \
-  test_predict_ensemble.py test_multichannel.py test_lr_auto.py test_cv_local.py \
-  test_lr_schedule_runs.py test_predict.py test_cv_configurations.py test_full_disk.py)
+E2E_LONGEST := $(addprefix tests/e2e/,test_noise_halves.py test_weight_ema.py \
+  test_model_fn.py test_predict_ensemble.py test_train_cli.py test_output_dirs.py \
+  test_multichannel.py test_lr_auto.py test_cv_local.py test_lr_schedule_runs.py \
+  test_predict.py test_bench_stateff_parity.py test_cv_configurations.py test_full_disk.py)
 E2E_BESIDE := $(E2E_LONGEST) $(filter-out $(E2E_ALONE) $(E2E_LONGEST),$(sort $(wildcard tests/e2e/test_*.py)))
 tier-e2e:
 	@status=0; \
