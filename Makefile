@@ -21,7 +21,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_TEST_TOOLS := 1
 endif
 
-.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean tier-unit tier-parallel tier-e2e tier-slurm tiers-beside-slurm
+.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean tier-unit tier-parallel tier-e2e tier-e2e-beside tier-slurm tiers-beside-slurm
 
 install:
 	@bash scripts/install.sh
@@ -71,8 +71,29 @@ tier-parallel:
 	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
 	timeout $(PARALLEL_TIMEOUT) $(BIN)/horovodrun -np 2 -H localhost:2 --gloo \
 	  $(BIN)/python -m pytest tests/parallel $(PYTEST_FLAGS) -rs
+# tests/e2e in two groups. Files that time how fast something ends or is decided (a
+# fault, a kill, a signal, a trial, a link) run alone in one pytest; every other file
+# runs in its own pytest, two at once (make -j2 takes the next file when one ends, the
+# longest first; -k: a failing file does not stop the others), its output shown when it
+# ends. Both groups always run; the tier fails if either failed. A new e2e file that
+# bounds a wall time belongs in E2E_ALONE (docs/development.md#tiers).
+E2E_ALONE := $(addprefix tests/e2e/,test_faults.py test_jobs_signal.py test_netns.py \
+  test_precision_auto.py test_precision_cache.py test_elastic_docs.py test_elastic.py \
+  test_tensorboard.py test_augment_exact.py test_train.py test_horovod_errors.py)
+E2E_LONGEST := $(addprefix tests/e2e/,test_noise_halves.py test_weight_ema.py \
+  test_model_fn.py test_predict_ensemble.py test_train_cli.py test_output_dirs.py \
+  test_multichannel.py test_lr_auto.py test_cv_local.py test_lr_schedule_runs.py \
+  test_predict.py test_bench_stateff_parity.py test_cv_configurations.py test_full_disk.py)
+E2E_BESIDE := $(E2E_LONGEST) $(filter-out $(E2E_ALONE) $(E2E_LONGEST),$(sort $(wildcard tests/e2e/test_*.py)))
 tier-e2e:
-	$(BIN)/python -m pytest tests/e2e $(PYTEST_FLAGS) -rs
+	@status=0; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target tier-e2e-beside || status=1; \
+	echo "$(BIN)/python -m pytest $(E2E_ALONE) $(PYTEST_FLAGS) -rs"; \
+	$(BIN)/python -m pytest $(E2E_ALONE) $(PYTEST_FLAGS) -rs || status=1; \
+	exit $$status
+tier-e2e-beside: $(E2E_BESIDE:%=e2e-file/%)
+e2e-file/%:
+	$(BIN)/python -m pytest $* $(PYTEST_FLAGS) -rs
 tier-slurm:
 	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
 tiers-beside-slurm: tier-unit
@@ -80,8 +101,8 @@ tiers-beside-slurm: tier-unit
 
 # The unit and parallel tiers run beside the Slurm tier, whose jobs mostly wait on
 # slurmctld's 30-second checks and on a user's install; each tier's output is shown
-# when it ends (--output-sync). Then the e2e tier alone: its fault tests time how fast
-# every rank of a run ends. (docs/development.md#how-long-make-test-takes)
+# when it ends (--output-sync). Then the e2e tier, in its two groups (tier-e2e).
+# (docs/development.md#how-long-make-test-takes)
 test: lint slurm-install
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse tiers-beside-slurm tier-slurm
 	$(MAKE) --no-print-directory tier-e2e

@@ -52,20 +52,34 @@ def ok(*cmd, timeout=TIMEOUT):
     return out
 
 
-def phantoms(root, *volume_flags):
-    """A slice file and a volume file (converted with ``volume_flags``) of the same 6
-    phantom scans, 2 folds over them."""
+def _task(root) -> str:
+    """The 6 phantom scans, as a folder of NIfTI files."""
     task = str(root / "Task03_Liver")
     if not os.path.isdir(task):
         samples.write_task(task, 6, size=SIZE, slices=SLICES, orientations=("RAS", "LPS"),
                            spacing_ras=SPACING)
-    two, three = str(root / "s.h5"), str(root / "v.h5")
-    ok(f"{BIN}/distseg-data", "convert", task, two, "--size", str(SIZE), "--no-progress")
-    ok(f"{BIN}/distseg-data", "convert", task, three, "--ndim", "3", *volume_flags,
+    return task
+
+
+def _folded(path):
+    ok(f"{BIN}/distseg-data", "folds", path, "--folds", "2", "--seed", "1")
+    return path
+
+
+def volumes(root, *volume_flags):
+    """A volume file (converted with ``volume_flags``) of the 6 phantom scans, 2 folds
+    over them."""
+    three = str(root / "v.h5")
+    ok(f"{BIN}/distseg-data", "convert", _task(root), three, "--ndim", "3", *volume_flags,
        "--no-progress")
-    for path in (two, three):
-        ok(f"{BIN}/distseg-data", "folds", path, "--folds", "2", "--seed", "1")
-    return two, three
+    return _folded(three)
+
+
+def phantoms(root):
+    """A slice file and a volume file of the same 6 phantom scans, 2 folds over each."""
+    two = str(root / "s.h5")
+    ok(f"{BIN}/distseg-data", "convert", _task(root), two, "--size", str(SIZE), "--no-progress")
+    return _folded(two), volumes(root)
 
 
 def held_out(root):
@@ -193,7 +207,7 @@ def test_a_volume_file_on_another_grid_is_refused_in_one_line(trained, tmp_path)
     plan = cvplan.read(cv_dir)
     three, before = plan.data_of("three"), _cases(cv_dir)
     # The same cases and folds, resampled to twice the in-plane spacing: 16x16 slices.
-    _, coarser = phantoms(tmp_path, "--spacing", f"{SPACING[2]},1.6,1.6")
+    coarser = volumes(tmp_path, "--spacing", f"{SPACING[2]},1.6,1.6")
     os.replace(three, str(tmp_path / "kept.h5"))
     os.replace(coarser, three)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -29,10 +30,22 @@ def _close(a: float, b: float, tol: float = 1e-4) -> bool:
     return abs(a - b) <= tol * max(1.0, abs(a))
 
 
-def test_validation_reads_the_average_training_does_not_and_two_ranks_agree(tiny, tmp_path):
-    plain, one, two = (str(tmp_path / n) for n in ("plain", "one", "two"))
+@pytest.fixture(scope="module")
+def averaged(tiny, tmp_path_factory) -> str:
+    """One rank, 2 epochs with ``--weight-ema 0.9``: read by the first test, and copied
+    by the second as the run it stops after 2 epochs and resumes (the copy, so this one
+    stays as trained)."""
+    run_dir = str(tmp_path_factory.mktemp("ema") / "one")
+    proc_group.train(*RUN, "--data", tiny, "--run-dir", run_dir, "--epochs", "2",
+                     "--weight-ema", "0.9")
+    return run_dir
+
+
+def test_validation_reads_the_average_training_does_not_and_two_ranks_agree(
+        tiny, averaged, tmp_path):
+    plain, two = (str(tmp_path / n) for n in ("plain", "two"))
+    one = averaged
     proc_group.train(*RUN, "--data", tiny, "--run-dir", plain, "--epochs", "2")
-    proc_group.train(*RUN, "--data", tiny, "--run-dir", one, "--epochs", "2", "--weight-ema", "0.9")
     proc_group.train(*RUN, "--data", tiny, "--run-dir", two, "--epochs", "2", "--weight-ema", "0.9",
            ranks=2)
 
@@ -57,10 +70,10 @@ def _newest_state(run_dir: str) -> dict:
         return {k: saved[k] for k in saved.files}
 
 
-def test_a_resumed_run_validates_and_saves_what_the_uninterrupted_run_does(tiny, tmp_path):
+def test_a_resumed_run_validates_and_saves_what_the_uninterrupted_run_does(tiny, averaged, tmp_path):
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
     proc_group.train(*RUN, "--data", tiny, "--run-dir", whole, "--epochs", "3", "--weight-ema", "0.9")
-    proc_group.train(*RUN, "--data", tiny, "--run-dir", parts, "--epochs", "2", "--weight-ema", "0.9")
+    shutil.copytree(averaged, parts)  # the same 2 epochs, stopped there
     proc_group.train("--run-dir", parts, "--resume", "--epochs", "3")
 
     def fields(run_dir):
