@@ -463,6 +463,7 @@ def configurations(rows: Sequence, classes: Sequence[str], groups: Sequence[Grou
     for nodes, name in keys:
         mine = [r for r in rows if (r.nodes, r.configuration) == (nodes, name)]
         members = mine[0].members
+        decision = decided(nodes, name) or {}
         per_fold = {f: case_means({r.case: r.dice for r in mine if r.fold == f},
                                   classes)[FOREGROUND]
                     for f in sorted({r.fold for r in mine})}
@@ -472,8 +473,8 @@ def configurations(rows: Sequence, classes: Sequence[str], groups: Sequence[Grou
             interval([mean_foreground(r.dice, classes) for r in mine]).sd, per_fold,
             interval(list(per_fold.values())), _members_hours(groups, members, nodes),
             predict_seconds(nodes, members) / 3600.0,
-            ((decided(nodes, name) or {}).get("largest_component") or {}).get("classes", {}),
-            (decided(nodes, name) or {}).get("mirror") or {}))
+            (decision.get("largest_component") or {}).get("classes", {}),
+            decision.get("mirror") or {}))
     return out
 
 

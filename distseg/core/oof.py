@@ -206,11 +206,14 @@ def postprocessing(scores: Scores, nodes: int, configuration: str) -> dict | Non
     if not rows:
         return None
     mirror = mirroring(scores, rows)
+    # The CaseScore fields of the prediction mirroring chose (a one-pass file's ``dice``
+    # is that pass, mirrored or not).
     mirrored = mirror["apply"] and not mirror.get("as_scored")
-    chosen, chosen_lcc = ((lambda r: r.mirror), (lambda r: r.mirror_lcc)) if mirrored else (
-        (lambda r: r.dice), (lambda r: r.dice_lcc))
-    without = [postchoice.class_mean(chosen(r).get(c) for r in rows) for c in scores.classes]
-    with_ = [postchoice.class_mean(chosen_lcc(r).get(c) for r in rows) for c in scores.classes]
+    chosen, chosen_lcc = ("mirror", "mirror_lcc") if mirrored else ("dice", "dice_lcc")
+    without = [postchoice.class_mean(getattr(r, chosen).get(c) for r in rows)
+               for c in scores.classes]
+    with_ = [postchoice.class_mean(getattr(r, chosen_lcc).get(c) for r in rows)
+             for c in scores.classes]
     on = "mirror" if mirror["apply"] else "plain"
     return {"cases": len(rows), "mirror": mirror,
             "largest_component": {"on": on, "classes": postchoice.largest_component(
