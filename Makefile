@@ -79,7 +79,7 @@ tier-parallel:
 # bounds a wall time belongs in E2E_ALONE (docs/development.md#tiers).
 E2E_ALONE := $(addprefix tests/e2e/,test_faults.py test_jobs_signal.py test_netns.py \
   test_precision_auto.py test_precision_cache.py test_elastic_docs.py test_elastic.py \
-  test_tensorboard.py test_augment_exact.py test_train.py test_horovod_errors.py)
+  test_tensorboard.py test_augment_exact.py test_horovod_errors.py)
 E2E_LONGEST := $(addprefix tests/e2e/,test_noise_halves.py test_weight_ema.py \
   test_model_fn.py test_predict_ensemble.py test_train_cli.py test_output_dirs.py \
   test_multichannel.py test_lr_auto.py test_cv_local.py test_lr_schedule_runs.py \

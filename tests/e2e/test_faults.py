@@ -10,15 +10,12 @@ import json
 import os
 import signal
 
-import numpy as np
 import pytest
 
-from distseg.core import rundir, schema
-from distseg.data import slices as data
+from distseg.core import rundir
 
 import proc_group
-from proc_group import run_group
-from support import BIN, background, command_env, log_records, tree_bytes, wait_for, wait_for_log
+from support import background, command_env, log_records, wait_for, wait_for_log
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -28,7 +25,7 @@ SMOKE = ["--preset", "smoke", *THREADS]
 
 def horovodrun(*args, controller="mpi"):
     return proc_group.horovodrun("distseg-train", *THREADS, *args, controller=controller,
-                                 timeout=TIMEOUT)
+                                 timeout=TIMEOUT, launcher="horovodrun")
 
 
 def records(run_dir: str, rank: int) -> list[dict]:
@@ -50,7 +47,7 @@ def launch(run_dir, data_path, controller, *extra):
     is killed when the block ends, a test that failed included)."""
     cmd = proc_group.horovodrun_cmd("distseg-train", *SMOKE, "--data", data_path,
                                     "--run-dir", run_dir, "--epochs", "1000", "--no-validate",
-                                    *extra, controller=controller)
+                                    *extra, controller=controller, launcher="horovodrun")
     with background(cmd, env=command_env()) as proc:
         yield Launch(run_dir, proc)
 
@@ -171,69 +168,3 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny, tmp_path):
         assert got_steps == want_steps and got_epochs == want_epochs
         kinds = [r["type"] for r in records(cut, rank)]
         assert kinds.count("resume") == 1 and kinds.count("end") == 2
-
-
-def test_resume_at_another_size_keeps_coverage_exact(tiny, tmp_path):
-    """2 ranks for 1 epoch, 1 rank for the 2nd, 2 ranks again for the 3rd: each epoch's
-    digests still add up to the train split, and the lr follows the size."""
-    run_dir = str(tmp_path / "run")
-    first = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
-                       "--epochs", "1", "--lr", "0.004")
-    assert first.returncode == 0, first.stdout[-3000:]
-    one = run_group([f"{BIN}/distseg-train", "--run-dir", run_dir, "--resume", "--epochs", "2"],
-                    timeout=TIMEOUT, env=command_env())
-    assert one.returncode == 0, one.stderr[-3000:]
-    again = horovodrun("--run-dir", run_dir, "--resume", "--epochs", "3")
-    assert again.returncode == 0, again.stdout[-3000:]
-    train_ids = data.examine(tiny).train_indices
-    by_epoch: dict[int, list] = {}
-    for rank in (0, 1):
-        for r in records(run_dir, rank):
-            if r["type"] == "epoch":
-                by_epoch.setdefault(r["epoch"], []).append(r["sample_digest"])
-    assert sorted(by_epoch) == [0, 1, 2] and [len(v) for v in by_epoch.values()] == [2, 1, 2]
-    for digests in by_epoch.values():
-        assert schema.combine_digests(digests) == schema.sample_digest(train_ids)
-    runs = [r for r in records(run_dir, 0) if r["type"] == "run"]
-    assert [(r["size"], r["lr_scaled"]) for r in runs] == [(2, 0.008), (1, 0.004), (2, 0.008)]
-    resumes = [r for r in records(run_dir, 0) if r["type"] == "resume"]
-    assert [(r["from_epoch"], r["size_before"], r["size"]) for r in resumes] == [(1, 2, 1), (2, 1, 2)]
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--lr", "0.5"], "config field train.lr: the run was trained with 0.005; --resume cannot change it to 0.5"),
-    (["--batch-size", "2"], "config field train.batch_size: the run was trained with 4"),
-    (["--preset", "demo"], "--preset cannot be combined with --resume"),
-    (["--epochs", "1"], "the run has finished 1 epoch(s) already; pass --epochs N with N > 1"),
-])
-def test_resume_refuses_what_would_change_the_result(finished_run, args, message):
-    before = tree_bytes(finished_run)
-    out = run_group([f"{BIN}/distseg-train", "--run-dir", finished_run, "--resume", *args],
-                    timeout=TIMEOUT, env=command_env())
-    assert out.returncode == 2, out.stderr[-2000:]
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
-    assert tree_bytes(finished_run) == before
-
-
-def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):
-    """--on-nonfinite skip: a NaN pixel in one training slice skips that step's update
-    on both ranks (counted); the run finishes with finite weights."""
-    import h5py
-
-    from distseg.data import synth
-    path = str(tmp_path / "one-nan.h5")
-    synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)
-    with h5py.File(path, "r+") as f:
-        first_train = int(np.flatnonzero(f["split"][()] == schema.SPLITS["train"])[0])
-        f["images"][first_train, 0, 0, 0] = np.nan
-    run_dir = str(tmp_path / "run")
-    out = horovodrun("--preset", "smoke", "--data", path, "--run-dir", run_dir, "--epochs", "2",
-                     "--on-nonfinite", "skip", "--no-validate")
-    assert out.returncode == 0, out.stdout[-3000:]
-    per_rank = []
-    for rank in (0, 1):
-        epochs = [r for r in records(run_dir, rank) if r["type"] == "epoch"]
-        per_rank.append([e["skipped_steps"] for e in epochs])
-        assert all(np.isfinite(e["weight_checksum"]).all() for e in epochs)
-    assert per_rank[0] == per_rank[1] == [1, 1]  # the slice comes up once per epoch

@@ -1,5 +1,6 @@
 """The trainer's behaviour as a user meets it: the learning-rate schedule in the logs,
-checkpoint rotation, core pinning, SIGTERM and a non-finite loss.
+checkpoint rotation, core pinning, SIGTERM, a non-finite loss stopping the run or its
+step skipped.
 
 Every launch goes through ``run_group`` with a timeout, so a hang fails fast.
 """
@@ -28,8 +29,9 @@ TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 
 
-def horovodrun(*args, np_=2):
-    return proc_group.horovodrun("distseg-train", *args, ranks=np_, timeout=TIMEOUT)
+def horovodrun(*args, np_=2, launcher="mpirun"):
+    return proc_group.horovodrun("distseg-train", *args, ranks=np_, timeout=TIMEOUT,
+                                 launcher=launcher)
 
 
 def test_learning_rate_is_scaled_and_warmed_up_in_the_logs(tiny, tmp_path):
@@ -56,7 +58,8 @@ def sqrt_run(tiny, tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("sqrt") / "run")
     out = horovodrun("--preset", "smoke", "--data", tiny, "--run-dir", run_dir,
                      "--lr", "0.001", "--lr-scaling", "sqrt", "--warmup-epochs", "0",
-                     "--max-steps-per-epoch", "2", "--no-validate")
+                     "--max-steps-per-epoch", "2", "--no-validate",
+                     launcher="horovodrun")  # what horovodrun leaves unbound is pinned
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run_dir
 
@@ -135,3 +138,24 @@ def test_a_non_finite_loss_stops_every_rank(tiny, tmp_path):
     for rank in (0, 1):
         end = records(run_dir, rank)[-1]
         assert (end["status"], end["reason"], end["epochs_done"]) == ("error", lines[0], 0)
+
+
+def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):
+    """--on-nonfinite skip: a NaN pixel in one training slice skips that step's update
+    on both ranks (counted); the run finishes with finite weights."""
+    path = str(tmp_path / "one-nan.h5")
+    synth.make_dataset(path, cases=10, size=32, seed=0, slices_per_case=16)
+    with h5py.File(path, "r+") as f:
+        first_train = int(np.flatnonzero(f["split"][()] == schema.SPLITS["train"])[0])
+        f["images"][first_train, 0, 0, 0] = np.nan
+    run_dir = str(tmp_path / "run")
+    out = horovodrun("--preset", "smoke", "--intra-op-threads", "1", "--inter-op-threads", "1",
+                     "--data", path, "--run-dir", run_dir, "--epochs", "2",
+                     "--on-nonfinite", "skip", "--no-validate")
+    assert out.returncode == 0, out.stdout[-3000:]
+    per_rank = []
+    for rank in (0, 1):
+        epochs = [r for r in records(run_dir, rank) if r["type"] == "epoch"]
+        per_rank.append([e["skipped_steps"] for e in epochs])
+        assert all(np.isfinite(e["weight_checksum"]).all() for e in epochs)
+    assert per_rank[0] == per_rank[1] == [1, 1]  # the slice comes up once per epoch

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 60)
 
 def horovodrun(*args, np_=2, gloo=False):
     return proc_group.horovodrun("distseg-train", *args, ranks=np_,
-                                 controller="gloo" if gloo else None, timeout=TIMEOUT)
+                                 controller="gloo" if gloo else None, timeout=TIMEOUT,
+                                 launcher="horovodrun")
 
 
 def single(*args):
