@@ -12,7 +12,9 @@ export PATH := $(BIN):$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # Multi-process suites are killed after this many seconds, so a hang fails fast.
 PARALLEL_TIMEOUT ?= 600
-PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider
+# Every tier lists its tests of 10 s and more (at most 10), so a CI log shows where the
+# suite's minutes went (docs/development.md#how-long-make-test-takes).
+PYTEST_FLAGS ?= -q --color=no -p no:cacheprovider --durations=10 --durations-min=10
 
 # A run of the tests installs the test tools too (one apt step, the first time):
 # headless Chromium for the screenshot test of report.html (tests/e2e/test_report_e2e.py),

@@ -337,12 +337,21 @@ def _described(m: config_lib.ModelConfig) -> str:
             f"depth {m.depth}, base filters {m.base_filters}")
 
 
-def predictor(net, spatial_dims: int) -> Callable[[np.ndarray], np.ndarray]:
-    """The Keras model as a sliding-window ``predict`` (numpy in and out, one traced
-    inference function); a 2D model through ``sliding.slicewise``."""
+def inference(net):
+    """``net`` in inference mode as one TensorFlow function, traced once for any number
+    of windows: a scan's last batch is shorter than the others, and a function traced
+    per batch size traced again at nearly every scan."""
     import tensorflow as tf
-    fn = tf.function(lambda x: net(x, training=False), reduce_retracing=True)
-    predict = lambda x: fn(tf.convert_to_tensor(x)).numpy()  # noqa: E731
+    spec = tf.TensorSpec([None, *net.input_shape[1:]], tf.float32)
+    return tf.function(lambda x: net(x, training=False), input_signature=[spec])
+
+
+def predictor(net, spatial_dims: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The Keras model as a sliding-window ``predict`` (numpy in and out, ``inference``);
+    a 2D model through ``sliding.slicewise``."""
+    import tensorflow as tf
+    fn = inference(net)
+    predict = lambda x: fn(tf.convert_to_tensor(x, tf.float32)).numpy()  # noqa: E731
     return sliding.slicewise(predict) if spatial_dims == 2 else predict
 
 

@@ -231,3 +231,21 @@ def test_shard_cases_balances_by_voxels():
     assert sliding.shard_cases(cases, 0, 2).tolist() == [0, 1]
     with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
         sliding.shard_cases(cases, 2, 2)
+
+
+def test_the_inference_function_is_traced_once_for_every_batch_size():
+    """A scan's last batch of windows is shorter than the others: predict's function
+    must not trace again for it (it did, per batch size, with TensorFlow's retracing
+    warning), and it gives each window what the model gives it alone."""
+    from distseg.core.config import ModelConfig
+    from distseg.inference import predict
+    from distseg.networks import models
+
+    cfg = ModelConfig(depth=2, base_filters=2, spatial_dims=3, num_classes=3, precision="float32")
+    net = models.build(cfg, (8, 16, 16))
+    fn = predict.inference(net)
+    x = np.random.default_rng(0).normal(size=(3, 8, 16, 16, 1)).astype(np.float32)
+    outs = [fn(x[:n]).numpy() for n in (1, 3, 2)]
+    assert fn.experimental_get_tracing_count() == 1
+    np.testing.assert_allclose(outs[1][:2], outs[2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[1][:1], net(x[:1], training=False).numpy(), rtol=1e-5, atol=1e-6)
