@@ -12,7 +12,8 @@ from distseg.data import slices as data
 
 import proc_group
 from proc_group import run_group
-from support import BIN, command_env, log_records, tree_bytes
+from support import BIN, command_env, tree_bytes
+from support import log_records as records
 
 TIMEOUT = 300
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)
@@ -21,10 +22,6 @@ THREADS = ["--intra-op-threads", "1", "--inter-op-threads", "1"]
 
 def horovodrun(*args):
     return proc_group.horovodrun("distseg-train", *THREADS, *args, timeout=TIMEOUT)
-
-
-def records(run_dir: str, rank: int) -> list[dict]:
-    return log_records(run_dir, rank)
 
 
 def test_resume_at_another_size_keeps_coverage_exact(tiny, tmp_path):
