@@ -12,6 +12,7 @@ import os
 
 import click
 
+from distseg.cli import quickexit
 from distseg.cli.data import parse_window
 
 
@@ -137,3 +138,9 @@ def predict(inputs, run_dirs, cv, recipe, nodes, out, export_dir, decide, out_of
         lines = agreement.run_command(predict_fn, opts).lines
     if lines:
         click.echo("\n".join(lines))
+
+
+def main() -> None:
+    """The ``distseg-predict`` console script: the command, then the exit without the
+    interpreter's teardown of TensorFlow (``quickexit``)."""
+    quickexit.run(predict)

@@ -10,6 +10,7 @@ import os
 
 import click
 
+from distseg.cli import quickexit
 from distseg.core import config as config_lib
 from distseg.core import rundir
 from distseg.core.errors import fail
@@ -282,3 +283,9 @@ def train(data_path, run_dir, resume, preset, config_file, resize, validate, ten
     from distseg.parallel import agreement
     from distseg.training import loop as train_lib
     agreement.run_command(train_lib.run, cfg, resuming=resume)
+
+
+def main() -> None:
+    """The ``distseg-train`` console script: the command, then the exit without the
+    interpreter's teardown of TensorFlow (``quickexit``)."""
+    quickexit.run(train)
