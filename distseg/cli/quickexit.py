@@ -9,8 +9,10 @@ the critical path (docs/predict.md#many-ranks).
 ``run`` ends the command as the interpreter would, minus that teardown: the
 ``atexit`` handlers (Horovod's shutdown, logging's flush, the caller's own), Python's
 and C's standard streams flushed, then ``os._exit`` with the command's exit code. It
-takes the ordinary exit where a thread that is not a daemon still runs: the
-interpreter waits for such a thread, and so must the command.
+takes the ordinary exit where a thread that is not a daemon still runs (the
+interpreter waits for such a thread, and so must the command), and under a profiler,
+a debugger or a tracer (``python -m cProfile`` writes its profile after the command
+returns).
 
 Plain Python: no TensorFlow or Horovod import here.
 """
@@ -48,8 +50,11 @@ def exit_code(code) -> int:
     return 1
 
 
-def others_running() -> bool:
-    """Whether a thread the interpreter would wait for at exit still runs."""
+def ordinary_exit_needed() -> bool:
+    """Whether something runs after the command that the quick exit would cut off: a
+    thread the interpreter waits for at exit, or a profiler, debugger or tracer."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
     return any(t.is_alive() and not t.daemon for t in threading.enumerate()
                if t is not threading.main_thread())
 
@@ -57,7 +62,7 @@ def others_running() -> bool:
 def leave(code) -> NoReturn:
     """Ends the process with ``code`` (as ``sys.exit`` takes it), the ``atexit``
     handlers run and the streams flushed, without the interpreter's teardown."""
-    if others_running():
+    if ordinary_exit_needed():
         sys.exit(code)
     status = exit_code(code)
     atexit._run_exitfuncs()

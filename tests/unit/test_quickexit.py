@@ -78,6 +78,16 @@ def test_a_thread_that_is_not_a_daemon_is_waited_for(tmp_path):
     assert open(marker + ".atexit").read() == "ran"
 
 
+def test_a_profiler_still_writes_its_profile(tmp_path):
+    script, profile = tmp_path / "cmd.py", tmp_path / "cmd.prof"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), str(script),
+                           "done", str(tmp_path / "m")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert profile.stat().st_size > 0  # cProfile writes it after the command returned
+
+
 def test_the_console_scripts_of_the_tensorflow_commands_end_through_it():
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(os.path.dirname(__file__), "..", "..", "setup.cfg"))
