@@ -1,10 +1,10 @@
 """Ending a command without the interpreter's teardown of TensorFlow.
 
-After ``import tensorflow``, Python's own exit spends about a second destroying
-modules and TensorFlow's C++ state (1.1-1.4 s on the project's 2-core VM), after
-every file is written and Horovod is shut down. Every launch of ``distseg-train``
-and ``distseg-predict`` pays it, and a short prediction job at 2 ranks pays it on
-the critical path (docs/predict.md#many-ranks).
+After ``import tensorflow``, Python's own exit destroys every module and
+TensorFlow's C++ state, after every file is written and Horovod is shut down: time
+that every launch of ``distseg-train`` and ``distseg-predict`` pays for nothing, and a
+short prediction job at 2 ranks pays on its critical path (measured in
+docs/studies/cv-lits117-2026-11-28.md#the-ensembles-prediction-at-2-ranks-where-its-start-goes-and-the-exit-2026-11-29-third-session).
 
 ``run`` ends the command as the interpreter would, minus that teardown: the
 ``atexit`` handlers (Horovod's shutdown, logging's flush, the caller's own), Python's
