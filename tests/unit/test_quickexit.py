@@ -29,7 +29,10 @@ SCRIPT = textwrap.dedent("""
         sys.stdout.write("printed, not flushed")
         if how == "thread":
             def late():
-                time.sleep(0.5)
+                # Writes only once the interpreter has begun its exit (the main thread
+                # stopped, waiting for this one): an exit that does not wait loses it.
+                while threading.main_thread().is_alive():
+                    time.sleep(0.01)
                 open(marker + ".thread", "w").write("done")
             threading.Thread(target=late).start()
         elif how == "fail":
