@@ -30,10 +30,12 @@ ANSWER_TITLE = "The answer"
 RUNS_COLS = ("run", "path", "ranks", "nodes", "hosts", "ranks_logged", "launches", "epochs",
              "train_samples", "batch_per_rank", "wall_h", "config_hash", "status", "model",
              "precision", "input_shape", "onednn", "intra_op_threads")
+#: The throughput in voxels is in the Scaling table (all ranks) and the input size table
+#: (per rank), not here: 16 columns of numbers did not fit a 1280-px window once an
+#: epoch's times fell below 0.1 s (a digit more each).
 TPE_COLS = ("run", "ranks", "nodes", "epochs", "warmup_train_s", "median_train_s",
             "mean_train_s", "min_train_s", "max_train_s", "median_epoch_s",
-            "outside_training_pct", "throughput_samples_s", "throughput_per_rank", "throughput_voxels_s",
-            "throughput_voxels_per_rank", "status")
+            "outside_training_pct", "throughput_samples_s", "throughput_per_rank", "status")
 SCALING_COLS = ("run", "ranks", "nodes", "scale", "median_train_s", "normalised_time",
                 "speedup", "efficiency", "throughput_samples_s", "throughput_voxels_s",
                 "throughput_speedup", "throughput_efficiency")
@@ -111,9 +113,6 @@ def time_per_epoch_section(t: Tables) -> Section:
              "epoch of each launch is warm-up: shown as warmup_train_s and left out of the "
              "other columns. throughput_samples_s = samples of all ranks / training seconds, "
              "over the epochs after warm-up.")
-    if "throughput_voxels_s" in shown(tpe, TPE_COLS):
-        intro += (" throughput_voxels_s = throughput_samples_s x voxels per sample (a "
-                  "slice's H x W, a slab's D x H x W), where the run record logs it.")
     if fallback:
         intro += (f" Runs {', '.join(fallback)} logged no train_time: their *_train_s "
                   "columns are epoch_time, with validation.")
@@ -125,7 +124,8 @@ def scaling_section(t: Tables) -> Section:
                    "time per epoch (median_train_s) and on throughput. normalised_time = T / "
                    "T_base; speedup = T_base / T; efficiency = speedup / (ranks / base ranks); "
                    "throughput_speedup = X / X_base, throughput_efficiency likewise "
-                   "(throughput_voxels_s: the same throughput in voxels).",
+                   "(throughput_voxels_s = throughput_samples_s x voxels per sample, a "
+                   "slice's H x W or a slab's D x H x W, where the run record logs it).",
                    frame=t.scaling, columns=shown(t.scaling, SCALING_COLS))
 
 
