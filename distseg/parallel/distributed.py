@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distseg.core import errors
-from distseg.parallel import mpilib
+from distseg.parallel import mpilib, threads
 
 #: Horovod settings that scale on CPU nodes; each can be overridden from the
 #: environment (compared in docs/studies/horovod-settings-2026-11-22.md).
@@ -156,6 +156,7 @@ def init() -> Context:
     local_rank = _env_int(_LOCAL_RANK_VARS, 0)
     local_size = _env_int(_LOCAL_SIZE_VARS, 1)
     _pinned = pin_to_cores(local_rank, local_size) is not None
+    threads.import_tensorflow()  # before Horovod's import, which imports TensorFlow
     import horovod.tensorflow as hvd  # Horovod: the one import of it in distseg.
     lib = mpilib.loaded()  # importing Horovod loaded its MPI library (not MPI_Init yet)
     _stop_if(mpilib.before_init(lib, mpilib.read_record(), os.environ))

@@ -1,14 +1,57 @@
-"""TensorFlow's thread pools for one rank: the runtime set-up that training and
-``distseg-predict`` share (set before TensorFlow's first op).
+"""TensorFlow's import and thread pools for one rank: the runtime set-up that training
+and ``distseg-predict`` share (set before TensorFlow's first op).
 
 No Horovod here: the caller passes the cores this rank may use (``distributed.Context``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import os
+import sys
 
 from distseg.core import config as config_lib
+
+#: What Keras imports if it can, for what no distseg process asks of it (``fit`` on
+#: pandas frames, its image galleries drawn with pyplot): left out while TensorFlow
+#: loads, importable as ever after. They were about a quarter of every launch's import of
+#: TensorFlow (docs/development.md#how-long-make-test-takes).
+KERAS_OPTIONAL = ("pandas", "matplotlib.pyplot")
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    """An import finder that answers ``ImportError`` for ``names``, as if not installed."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname in self.names:
+            raise ImportError(f"{fullname} left out while TensorFlow loads", name=fullname)
+        return None
+
+
+@contextlib.contextmanager
+def _hidden(names):
+    finder = _Hidden(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def import_tensorflow():
+    """Imports TensorFlow and Keras with ``KERAS_OPTIONAL`` left out (a module already
+    imported stays in use), and returns TensorFlow. Call it where a process first
+    imports TensorFlow; any later ``import tensorflow`` finds it loaded."""
+    if "tensorflow" not in sys.modules:
+        with _hidden(KERAS_OPTIONAL):
+            import keras  # noqa: F401 - all of Keras' own imports under the finder
+            import tensorflow  # noqa: F401
+    import tensorflow as tf
+    return tf
 
 
 def resolve_threads(train_cfg, cores: int) -> tuple[int, int]:
