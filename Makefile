@@ -10,6 +10,10 @@ BIN := $(VENV)/bin
 export PATH := $(BIN):$(PATH)
 # Quiet TensorFlow's C++ start-up banners in test and demo output.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# The repository's own modules compiled once, not in each of the hundreds of processes
+# the tests launch (an environment that sets this, as some CI images do, recompiles them
+# every time).
+unexport PYTHONDONTWRITEBYTECODE
 # Multi-process suites are killed after this many seconds, so a hang fails fast.
 PARALLEL_TIMEOUT ?= 600
 # Every tier lists its tests of 10 s and more (at most 10), so a CI log shows where the
@@ -23,7 +27,7 @@ ifneq ($(filter test test-serial test-quick,$(MAKECMDGOALS)),)
 export WITH_TEST_TOOLS := 1
 endif
 
-.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean tier-unit tier-parallel tier-e2e tier-e2e-beside tier-slurm tiers-beside-slurm
+.PHONY: install install-user demo test test-quick test-parallel test-serial test-slurm slurm-install test-docker lint bench bench-link bench-stateff bench-precision bench-augment clean tier-unit tier-parallel tier-e2e tier-e2e-beside tier-e2e-alone tier-slurm tiers-beside-slurm unit-part/bench unit-part/rest
 
 install:
 	@bash scripts/install.sh
@@ -90,24 +94,39 @@ E2E_BESIDE := $(E2E_LONGEST) $(filter-out $(E2E_ALONE) $(E2E_LONGEST),$(sort $(w
 tier-e2e:
 	@status=0; \
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target tier-e2e-beside || status=1; \
-	echo "$(BIN)/python -m pytest $(E2E_ALONE) $(PYTEST_FLAGS) -rs"; \
-	$(BIN)/python -m pytest $(E2E_ALONE) $(PYTEST_FLAGS) -rs || status=1; \
+	$(MAKE) --no-print-directory tier-e2e-alone || status=1; \
 	exit $$status
 tier-e2e-beside: $(E2E_BESIDE:%=e2e-file/%)
+tier-e2e-alone:
+	$(BIN)/python -m pytest $(E2E_ALONE) $(PYTEST_FLAGS) -rs
 e2e-file/%:
 	$(BIN)/python -m pytest $* $(PYTEST_FLAGS) -rs
 tier-slurm:
 	$(BIN)/python -m pytest tests/slurm $(PYTEST_FLAGS) -rs
-tiers-beside-slurm: tier-unit
-	@$(MAKE) --no-print-directory tier-parallel
+# tests/unit in two pytests for make test's pool: the tests that run each benchmark and
+# study script on tiny data, and the rest.
+UNIT_BENCH := $(sort $(wildcard tests/unit/test_bench*.py tests/unit/test_study*.py))
+unit-part/bench:
+	$(BIN)/python -m pytest $(UNIT_BENCH) $(PYTEST_FLAGS) -rs
+unit-part/rest:
+	$(BIN)/python -m pytest tests/unit $(UNIT_BENCH:%=--ignore=%) $(PYTEST_FLAGS) -rs
+# What make test runs beside the Slurm tier, longest first: two at a time while the
+# Slurm tier runs (its jobs mostly wait on slurmctld's 30-second checks), three after.
+TEST_POOL := unit-part/rest tier-parallel $(E2E_LONGEST:%=e2e-file/%) unit-part/bench \
+  $(filter-out $(E2E_LONGEST:%=e2e-file/%),$(E2E_BESIDE:%=e2e-file/%))
+tiers-beside-slurm: $(TEST_POOL)
 
-# The unit and parallel tiers run beside the Slurm tier, whose jobs mostly wait on
-# slurmctld's 30-second checks and on a user's install; each tier's output is shown
-# when it ends (--output-sync). Then the e2e tier, in its two groups (tier-e2e).
+# The Slurm tier beside a pool of everything that times nothing (the unit tier in two
+# parts, the parallel tier, each side-by-side e2e file), three jobs at a time, each
+# one's output shown when it ends (--output-sync; -k: a failure does not stop the
+# others). Then the e2e files that time how fast something ends, alone.
 # (docs/development.md#how-long-make-test-takes)
 test: lint slurm-install
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse tiers-beside-slurm tier-slurm
-	$(MAKE) --no-print-directory tier-e2e
+	@status=0; \
+	$(MAKE) --no-print-directory -k -j3 --output-sync=target tier-slurm tiers-beside-slurm \
+	  || status=1; \
+	$(MAKE) --no-print-directory tier-e2e-alone || status=1; \
+	exit $$status
 
 # The Docker image built from docker/Dockerfile and run for real without a Docker
 # engine (buildah, chroot isolation): 4 Horovod ranks and the report inside it, the
