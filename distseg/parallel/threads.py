@@ -15,8 +15,8 @@ from distseg.core import config as config_lib
 
 #: What Keras imports if it can, for what no distseg process asks of it (``fit`` on
 #: pandas frames, its image galleries drawn with pyplot): left out while TensorFlow
-#: loads, importable as ever after. They were about a quarter of every launch's import of
-#: TensorFlow (docs/development.md#how-long-make-test-takes).
+#: loads, importable as ever after, so no rank's start pays for them (measured in
+#: docs/development.md#how-long-make-test-takes).
 KERAS_OPTIONAL = ("pandas", "matplotlib.pyplot")
 
 
