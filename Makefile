@@ -83,8 +83,9 @@ tier-parallel:
 # file runs in its own pytest, E2E_JOBS at once (make -j takes the next file when one
 # ends, the longest first; -k: a failing file does not stop the others), its output
 # shown when it ends. Two keep the 2 cores 93 % busy; three took longer and more CPU
-# (docs/development.md#how-long-make-test-takes). Both groups always run; the tier fails if either failed. A new e2e file that
-# bounds a wall time belongs in E2E_ALONE (docs/development.md#tiers).
+# (docs/development.md#how-long-make-test-takes). Both groups always run; the tier
+# fails if either failed. A new e2e file that bounds a wall time belongs in E2E_ALONE
+# (docs/development.md#tiers).
 E2E_ALONE := $(addprefix tests/e2e/,test_faults.py test_jobs_signal.py test_netns.py \
   test_precision_cache.py test_elastic_docs.py test_elastic.py)
 E2E_LONGEST := $(addprefix tests/e2e/,test_noise_halves.py test_weight_ema.py \
